@@ -1,0 +1,217 @@
+//! Configuration from the environment. Every variable is documented in README.md.
+//!
+//! Variables are read once, at `init`, so the hot path never touches the environment.
+
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+
+/// `NCCL_ZIP_COMPRESS`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CompressMode {
+    /// Compress when the adaptive policy predicts a gain (default).
+    Auto,
+    /// Always run the codec (it still falls back to raw per block when coding does not pay).
+    On,
+    /// Never compress: a plain multi-stream TCP transport.
+    Off,
+}
+
+/// `NCCL_ZIP_DTYPE`: overrides the codec's dtype detection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DtypeHint {
+    Auto,
+    Bf16,
+    Fp16,
+    Fp32,
+    Raw,
+}
+
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub compress: CompressMode,
+    pub dtype: DtypeHint,
+    /// TCP streams per comm (`NCCL_ZIP_NSTREAMS`).
+    pub nstreams: usize,
+    /// Largest piece of a message sent as one unit on one stream (`NCCL_ZIP_CHUNK_SIZE`).
+    pub max_chunk: usize,
+    /// Messages below this are never split (`NCCL_ZIP_MIN_CHUNK`).
+    pub min_chunk: usize,
+    /// How long a half-open incoming connection may sit before it is dropped
+    /// (`NCCL_ZIP_HANDSHAKE_TIMEOUT_MS`).
+    pub handshake_timeout: Duration,
+    /// Dead-peer detection: TCP keepalive and `TCP_USER_TIMEOUT` (`NCCL_ZIP_PEER_TIMEOUT_MS`).
+    pub peer_timeout: Duration,
+    /// Interface selection (`NCCL_SOCKET_IFNAME`, NCCL's own syntax).
+    pub socket_ifname: Option<String>,
+    /// `NCCL_SOCKET_FAMILY=AF_INET|AF_INET6`.
+    pub socket_family: Option<Family>,
+    /// Add a CRC32C to every compressed frame (`NCCL_ZIP_CHECKSUM`).
+    pub checksum: bool,
+    /// `NCCL_ZIP_STATS=1`: periodic INFO lines with per-comm stats.
+    pub stats: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Family {
+    V4,
+    V6,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            compress: CompressMode::Auto,
+            dtype: DtypeHint::Auto,
+            nstreams: 4,
+            max_chunk: 256 << 10,
+            min_chunk: 32 << 10,
+            handshake_timeout: Duration::from_secs(30),
+            peer_timeout: Duration::from_secs(10),
+            socket_ifname: None,
+            socket_family: None,
+            checksum: false,
+            stats: false,
+        }
+    }
+}
+
+/// Upper bounds that keep memory and thread counts sane whatever the user sets.
+pub const MAX_STREAMS: usize = 16;
+pub const MAX_CHUNK_LIMIT: usize = 4 << 20;
+
+impl Config {
+    pub fn from_env() -> Result<Self> {
+        Self::from_lookup(|k| std::env::var(k).ok())
+    }
+
+    /// Parses from any key → value lookup (tests pass a map).
+    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Self> {
+        let mut c = Config::default();
+        let bad = |k: &str, v: &str, want: &str| {
+            Error::InvalidArgument(format!("{k}={v}: expected {want}"))
+        };
+        if let Some(v) = get("NCCL_ZIP_COMPRESS") {
+            c.compress = match v.to_ascii_lowercase().as_str() {
+                "auto" | "" => CompressMode::Auto,
+                "on" | "1" | "true" => CompressMode::On,
+                "off" | "0" | "false" => CompressMode::Off,
+                _ => return Err(bad("NCCL_ZIP_COMPRESS", &v, "auto|on|off")),
+            };
+        }
+        if let Some(v) = get("NCCL_ZIP_DTYPE") {
+            c.dtype = match v.to_ascii_lowercase().as_str() {
+                "auto" | "" => DtypeHint::Auto,
+                "bf16" | "bfloat16" => DtypeHint::Bf16,
+                "fp16" | "f16" | "half" => DtypeHint::Fp16,
+                "fp32" | "f32" | "float" => DtypeHint::Fp32,
+                "raw" | "none" => DtypeHint::Raw,
+                _ => return Err(bad("NCCL_ZIP_DTYPE", &v, "auto|bf16|fp16|fp32|raw")),
+            };
+        }
+        let num = |k: &str, lo: usize, hi: usize| -> Result<Option<usize>> {
+            match get(k) {
+                None => Ok(None),
+                Some(v) => match parse_size(&v) {
+                    Some(n) if (lo..=hi).contains(&n) => Ok(Some(n)),
+                    _ => Err(bad(
+                        k,
+                        &v,
+                        &format!("a number in {lo}..={hi} (K/M suffix allowed)"),
+                    )),
+                },
+            }
+        };
+        if let Some(n) = num("NCCL_ZIP_NSTREAMS", 1, MAX_STREAMS)? {
+            c.nstreams = n;
+        }
+        if let Some(n) = num("NCCL_ZIP_CHUNK_SIZE", 4096, MAX_CHUNK_LIMIT)? {
+            c.max_chunk = n;
+        }
+        if let Some(n) = num("NCCL_ZIP_MIN_CHUNK", 512, MAX_CHUNK_LIMIT)? {
+            c.min_chunk = n;
+        }
+        if let Some(n) = num("NCCL_ZIP_HANDSHAKE_TIMEOUT_MS", 10, 3_600_000)? {
+            c.handshake_timeout = Duration::from_millis(n as u64);
+        }
+        if let Some(n) = num("NCCL_ZIP_PEER_TIMEOUT_MS", 1000, 3_600_000)? {
+            c.peer_timeout = Duration::from_millis(n as u64);
+        }
+        c.min_chunk = c.min_chunk.min(c.max_chunk);
+        c.socket_ifname = get("NCCL_SOCKET_IFNAME").filter(|s| !s.is_empty());
+        if let Some(v) = get("NCCL_SOCKET_FAMILY") {
+            c.socket_family = match v.as_str() {
+                "AF_INET" => Some(Family::V4),
+                "AF_INET6" => Some(Family::V6),
+                "" => None,
+                _ => return Err(bad("NCCL_SOCKET_FAMILY", &v, "AF_INET|AF_INET6")),
+            };
+        }
+        let flag = |k: &str| {
+            get(k)
+                .map(|v| matches!(v.as_str(), "1" | "on" | "true" | "yes"))
+                .unwrap_or(false)
+        };
+        c.checksum = flag("NCCL_ZIP_CHECKSUM");
+        c.stats = flag("NCCL_ZIP_STATS");
+        Ok(c)
+    }
+}
+
+/// "4096", "64K", "1M" → bytes.
+fn parse_size(s: &str) -> Option<usize> {
+    let s = s.trim();
+    let (num, mult) = match s.chars().last()? {
+        'k' | 'K' => (&s[..s.len() - 1], 1 << 10),
+        'm' | 'M' => (&s[..s.len() - 1], 1 << 20),
+        _ => (s, 1),
+    };
+    num.parse::<usize>().ok()?.checked_mul(mult)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn cfg(pairs: &[(&str, &str)]) -> Result<Config> {
+        let m: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        Config::from_lookup(|k| m.get(k).cloned())
+    }
+
+    #[test]
+    fn defaults_and_overrides() {
+        let c = cfg(&[]).unwrap();
+        assert_eq!(c.compress, CompressMode::Auto);
+        assert_eq!(c.nstreams, 4);
+        let c = cfg(&[
+            ("NCCL_ZIP_COMPRESS", "off"),
+            ("NCCL_ZIP_NSTREAMS", "8"),
+            ("NCCL_ZIP_CHUNK_SIZE", "1M"),
+        ])
+        .unwrap();
+        assert_eq!(c.compress, CompressMode::Off);
+        assert_eq!(c.nstreams, 8);
+        assert_eq!(c.max_chunk, 1 << 20);
+        assert_eq!(
+            cfg(&[("NCCL_ZIP_DTYPE", "BF16")]).unwrap().dtype,
+            DtypeHint::Bf16
+        );
+    }
+
+    #[test]
+    fn bad_values_are_errors_naming_the_variable() {
+        for (k, v) in [
+            ("NCCL_ZIP_COMPRESS", "maybe"),
+            ("NCCL_ZIP_NSTREAMS", "0"),
+            ("NCCL_ZIP_NSTREAMS", "99"),
+            ("NCCL_ZIP_CHUNK_SIZE", "x"),
+        ] {
+            let e = cfg(&[(k, v)]).unwrap_err().to_string();
+            assert!(e.contains(k), "{e}");
+        }
+    }
+}

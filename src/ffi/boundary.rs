@@ -1,0 +1,87 @@
+//! The one place where Rust meets C: panic capture, error mapping, pointer casts.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use tracing::warn;
+
+use super::abi::ncclResult_t;
+use super::error::to_nccl;
+use crate::error::{Error, Result};
+
+/// Runs one vtable entry: `Ok` → ncclSuccess; `Err` → WARN + mapped code; panic → WARN + ncclInternalError.
+pub fn call(entry: &str, f: impl FnOnce() -> Result<()>) -> ncclResult_t {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(Ok(())) => ncclResult_t::ncclSuccess,
+        Ok(Err(e)) => {
+            warn!("{entry} failed: {e}");
+            to_nccl(&e)
+        }
+        Err(p) => {
+            let what = p
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| p.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "unknown panic".into());
+            warn!("{entry}: internal panic caught at the NCCL boundary: {what}");
+            ncclResult_t::ncclInternalError
+        }
+    }
+}
+
+/// A plugin object behind an opaque pointer. The tag catches a pointer of the wrong
+/// kind (a recv comm passed to isend) and, best effort, one already closed.
+#[repr(C)]
+pub struct Obj<T> {
+    tag: u64,
+    pub val: T,
+}
+
+/// Object kinds NCCL holds pointers to.
+pub trait Kind {
+    const TAG: u64;
+    const NAME: &'static str;
+}
+
+impl<T: Kind> Obj<T> {
+    /// Boxes `val` and hands out the pointer for NCCL to keep.
+    pub fn into_raw(val: T) -> *mut std::ffi::c_void {
+        Box::into_raw(Box::new(Obj { tag: T::TAG, val })) as *mut _
+    }
+
+    /// # Safety
+    /// `p` must be NULL or a pointer this plugin handed out (any kind), not yet freed.
+    pub unsafe fn get<'a>(p: *mut std::ffi::c_void) -> Result<&'a mut T> {
+        let o = (p as *mut Obj<T>)
+            .as_mut()
+            .ok_or_else(|| Error::InvalidArgument(format!("NULL {}", T::NAME)))?;
+        if o.tag != T::TAG {
+            return Err(Error::InvalidArgument(format!(
+                "pointer {p:?} is not a live {}",
+                T::NAME
+            )));
+        }
+        Ok(&mut o.val)
+    }
+
+    /// Takes the object back; dropping it closes it.
+    ///
+    /// # Safety
+    /// As [`Obj::get`]; after this call NCCL must not use `p` again.
+    pub unsafe fn take(p: *mut std::ffi::c_void) -> Result<T> {
+        Self::get(p)?;
+        // Kill the tag before freeing: a later use of the stale pointer is then
+        // likely (not certain) to be caught instead of touching freed memory.
+        (*(p as *mut Obj<T>)).tag = 0;
+        let b = Box::from_raw(p as *mut Obj<T>);
+        Ok(b.val)
+    }
+}
+
+/// `Some(&mut *p)` for a non-NULL out-pointer.
+///
+/// # Safety
+/// `p` must be NULL or valid for writes of `T`.
+pub unsafe fn out<'a, T>(p: *mut T, what: &str) -> Result<&'a mut T> {
+    p.as_mut()
+        .ok_or_else(|| Error::InvalidArgument(format!("NULL {what}")))
+}

@@ -1,0 +1,328 @@
+//! The vtable entries. Each one: check pointers, cast, call [`crate::plugin`], map the result.
+
+use std::ffi::{c_char, c_int, c_void};
+
+use super::abi::*;
+use super::boundary::{call, out, Kind, Obj};
+use crate::error::{Error, Result};
+use crate::plugin::{self, MAX_RECVS};
+use crate::proto::slots::Slot;
+use crate::proto::wire::HANDLE_SIZE;
+use crate::transport::tcp::{ListenComm, RecvComm, SendComm};
+
+impl Kind for ListenComm {
+    const TAG: u64 = u64::from_le_bytes(*b"zipLISTN");
+    const NAME: &'static str = "listen comm";
+}
+impl Kind for SendComm {
+    const TAG: u64 = u64::from_le_bytes(*b"zipSENDC");
+    const NAME: &'static str = "send comm";
+}
+impl Kind for RecvComm {
+    const TAG: u64 = u64::from_le_bytes(*b"zipRECVC");
+    const NAME: &'static str = "recv comm";
+}
+
+/// What `regMr` returns. Host memory needs no registration with TCP; the handle
+/// records the kind so the data path can tell host from device buffers.
+pub struct MemHandle {
+    #[allow(dead_code)]
+    ptr_type: c_int,
+}
+impl Kind for MemHandle {
+    const TAG: u64 = u64::from_le_bytes(*b"zipMHNDL");
+    const NAME: &'static str = "memory handle";
+}
+
+/// # Safety
+/// NCCL passes a buffer of NCCL_NET_HANDLE_MAXSIZE bytes.
+unsafe fn handle_bytes<'a>(h: *mut c_void) -> Result<&'a mut [u8; HANDLE_SIZE]> {
+    out(h as *mut [u8; HANDLE_SIZE], "handle")
+}
+
+unsafe extern "C" fn init(logger: ncclDebugLogger_t) -> ncclResult_t {
+    crate::log::install(logger);
+    call("init", || plugin::init().map(|_| ()))
+}
+
+unsafe extern "C" fn devices(ndev: *mut c_int) -> ncclResult_t {
+    call("devices", || {
+        *out(ndev, "ndev")? = plugin::get()?.devices.len() as c_int;
+        Ok(())
+    })
+}
+
+unsafe extern "C" fn get_properties(
+    dev: c_int,
+    props: *mut ncclNetProperties_v8_t,
+) -> ncclResult_t {
+    call("getProperties", || {
+        let props = out(props, "props")?;
+        let p = plugin::get()?.properties(dev)?;
+        *props = ncclNetProperties_v8_t {
+            name: p.name.as_ptr() as *mut c_char,
+            pciPath: p
+                .pci_path
+                .map_or(std::ptr::null_mut(), |s| s.as_ptr() as *mut c_char),
+            guid: p.guid,
+            ptrSupport: NCCL_PTR_HOST as c_int,
+            regIsGlobal: 0,
+            speed: p.speed_mbps,
+            port: 0,
+            latency: 0.0,
+            maxComms: 65536,
+            maxRecvs: p.max_recvs,
+            netDeviceType: ncclNetDeviceType::NCCL_NET_DEVICE_HOST,
+            netDeviceVersion: 0,
+        };
+        Ok(())
+    })
+}
+
+unsafe extern "C" fn listen(
+    dev: c_int,
+    handle: *mut c_void,
+    listen_comm: *mut *mut c_void,
+) -> ncclResult_t {
+    call("listen", || {
+        let lc = out(listen_comm, "listenComm")?;
+        *lc = std::ptr::null_mut();
+        let l = plugin::get()?.listen(dev, handle_bytes(handle)?)?;
+        *lc = Obj::into_raw(l);
+        Ok(())
+    })
+}
+
+unsafe extern "C" fn connect(
+    dev: c_int,
+    handle: *mut c_void,
+    send_comm: *mut *mut c_void,
+    send_dev_comm: *mut *mut ncclNetDeviceHandle_v8_t,
+) -> ncclResult_t {
+    call("connect", || {
+        let sc = out(send_comm, "sendComm")?;
+        *sc = std::ptr::null_mut();
+        if let Some(d) = send_dev_comm.as_mut() {
+            *d = std::ptr::null_mut();
+        }
+        if let Some(c) = plugin::get()?.connect(dev, handle_bytes(handle)?)? {
+            *sc = Obj::into_raw(c);
+        }
+        Ok(())
+    })
+}
+
+unsafe extern "C" fn accept(
+    listen_comm: *mut c_void,
+    recv_comm: *mut *mut c_void,
+    recv_dev_comm: *mut *mut ncclNetDeviceHandle_v8_t,
+) -> ncclResult_t {
+    call("accept", || {
+        let rc = out(recv_comm, "recvComm")?;
+        *rc = std::ptr::null_mut();
+        if let Some(d) = recv_dev_comm.as_mut() {
+            *d = std::ptr::null_mut();
+        }
+        let l = Obj::<ListenComm>::get(listen_comm)?;
+        if let Some(c) = plugin::accept(l)? {
+            *rc = Obj::into_raw(c);
+        }
+        Ok(())
+    })
+}
+
+unsafe extern "C" fn reg_mr(
+    comm: *mut c_void,
+    _data: *mut c_void,
+    _size: usize,
+    ty: c_int,
+    mhandle: *mut *mut c_void,
+) -> ncclResult_t {
+    call("regMr", || {
+        let mh = out(mhandle, "mhandle")?;
+        *mh = std::ptr::null_mut();
+        if comm.is_null() {
+            return Err(Error::InvalidArgument("regMr on a NULL comm".into()));
+        }
+        if ty != NCCL_PTR_HOST as c_int {
+            return Err(Error::InvalidArgument(format!(
+                "regMr of pointer type {ty}: this build supports host memory only"
+            )));
+        }
+        *mh = Obj::into_raw(MemHandle { ptr_type: ty });
+        Ok(())
+    })
+}
+
+unsafe extern "C" fn reg_mr_dma_buf(
+    _comm: *mut c_void,
+    _data: *mut c_void,
+    _size: usize,
+    ty: c_int,
+    _offset: u64,
+    _fd: c_int,
+    mhandle: *mut *mut c_void,
+) -> ncclResult_t {
+    call("regMrDmaBuf", || {
+        if let Some(m) = mhandle.as_mut() {
+            *m = std::ptr::null_mut();
+        }
+        Err(Error::InvalidArgument(format!(
+            "regMrDmaBuf (type {ty}) is not supported: ptrSupport does not offer DMA-BUF"
+        )))
+    })
+}
+
+unsafe extern "C" fn dereg_mr(_comm: *mut c_void, mhandle: *mut c_void) -> ncclResult_t {
+    call("deregMr", || Obj::<MemHandle>::take(mhandle).map(drop))
+}
+
+unsafe extern "C" fn isend(
+    send_comm: *mut c_void,
+    data: *mut c_void,
+    size: c_int,
+    _tag: c_int,
+    _mhandle: *mut c_void,
+    request: *mut *mut c_void,
+) -> ncclResult_t {
+    call("isend", || {
+        let req = out(request, "request")?;
+        *req = std::ptr::null_mut();
+        let size = usize::try_from(size)
+            .map_err(|_| Error::InvalidArgument(format!("isend of {size} bytes")))?;
+        let c = Obj::<SendComm>::get(send_comm)?;
+        if let Some(slot) = c.isend(data as *const u8, size)? {
+            *req = slot as *const Slot as *mut c_void;
+        }
+        Ok(())
+    })
+}
+
+unsafe extern "C" fn irecv(
+    recv_comm: *mut c_void,
+    n: c_int,
+    data: *mut *mut c_void,
+    sizes: *mut c_int,
+    _tags: *mut c_int,
+    _mhandles: *mut *mut c_void,
+    request: *mut *mut c_void,
+) -> ncclResult_t {
+    call("irecv", || {
+        let req = out(request, "request")?;
+        *req = std::ptr::null_mut();
+        if n != MAX_RECVS {
+            return Err(Error::InvalidArgument(format!(
+                "irecv of {n} buffers: maxRecvs is {MAX_RECVS}"
+            )));
+        }
+        let buf = *out(data, "data")?;
+        let cap = *out(sizes, "sizes")?;
+        let cap = usize::try_from(cap)
+            .map_err(|_| Error::InvalidArgument(format!("irecv of {cap} bytes")))?;
+        let c = Obj::<RecvComm>::get(recv_comm)?;
+        if let Some(slot) = c.irecv(buf as *mut u8, cap)? {
+            *req = slot as *const Slot as *mut c_void;
+        }
+        Ok(())
+    })
+}
+
+unsafe extern "C" fn iflush(
+    _recv_comm: *mut c_void,
+    _n: c_int,
+    _data: *mut *mut c_void,
+    _sizes: *mut c_int,
+    _mhandles: *mut *mut c_void,
+    request: *mut *mut c_void,
+) -> ncclResult_t {
+    // Host buffers are coherent once test() reported done: nothing to flush.
+    call("iflush", || {
+        *out(request, "request")? = std::ptr::null_mut();
+        Ok(())
+    })
+}
+
+unsafe extern "C" fn test(
+    request: *mut c_void,
+    done: *mut c_int,
+    sizes: *mut c_int,
+) -> ncclResult_t {
+    call("test", || {
+        let d = out(done, "done")?;
+        *d = 0;
+        // SAFETY: NCCL passes back a request pointer we returned from isend/irecv.
+        let slot = (request as *const Slot)
+            .as_ref()
+            .ok_or_else(|| Error::InvalidArgument("test on a NULL request".into()))?;
+        if let Some(n) = slot.test()? {
+            *d = 1;
+            if let Some(s) = sizes.as_mut() {
+                *s = n as c_int;
+            }
+        }
+        Ok(())
+    })
+}
+
+unsafe extern "C" fn close_send(c: *mut c_void) -> ncclResult_t {
+    call("closeSend", || Obj::<SendComm>::take(c).map(drop))
+}
+
+unsafe extern "C" fn close_recv(c: *mut c_void) -> ncclResult_t {
+    call("closeRecv", || Obj::<RecvComm>::take(c).map(drop))
+}
+
+unsafe extern "C" fn close_listen(c: *mut c_void) -> ncclResult_t {
+    call("closeListen", || Obj::<ListenComm>::take(c).map(drop))
+}
+
+unsafe extern "C" fn get_device_mr(
+    _comm: *mut c_void,
+    _mhandle: *mut c_void,
+    dptr: *mut *mut c_void,
+) -> ncclResult_t {
+    // Only called for device-offload (netDeviceType != HOST), which we never report.
+    call("getDeviceMr", || {
+        *out(dptr, "dptr_mhandle")? = std::ptr::null_mut();
+        Ok(())
+    })
+}
+
+unsafe extern "C" fn irecv_consumed(
+    _recv_comm: *mut c_void,
+    _n: c_int,
+    _request: *mut c_void,
+) -> ncclResult_t {
+    ncclResult_t::ncclSuccess
+}
+
+/// The exported vtable. `repr(transparent)` keeps NCCL's layout; the wrapper only
+/// lets a struct of raw pointers be a `static`.
+#[repr(transparent)]
+pub struct Vtable(pub ncclNet_v8_t);
+// SAFETY: the vtable is immutable; its pointers are to 'static data and functions.
+unsafe impl Sync for Vtable {}
+
+#[no_mangle]
+#[allow(non_upper_case_globals)]
+pub static ncclNetPlugin_v8: Vtable = Vtable(ncclNet_v8_t {
+    name: c"Zip".as_ptr(),
+    init: Some(init),
+    devices: Some(devices),
+    getProperties: Some(get_properties),
+    listen: Some(listen),
+    connect: Some(connect),
+    accept: Some(accept),
+    regMr: Some(reg_mr),
+    regMrDmaBuf: Some(reg_mr_dma_buf),
+    deregMr: Some(dereg_mr),
+    isend: Some(isend),
+    irecv: Some(irecv),
+    iflush: Some(iflush),
+    test: Some(test),
+    closeSend: Some(close_send),
+    closeRecv: Some(close_recv),
+    closeListen: Some(close_listen),
+    getDeviceMr: Some(get_device_mr),
+    irecvConsumed: Some(irecv_consumed),
+});

@@ -1,0 +1,6 @@
+//! Protocol logic with no I/O: wire layouts, the connect handle, request slots and
+//! the chunk plan. Everything here is deterministic and unit-tested without sockets.
+
+pub mod plan;
+pub mod slots;
+pub mod wire;

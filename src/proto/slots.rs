@@ -1,0 +1,350 @@
+//! Request slots: the ring of at most `NCCL_NET_MAX_REQUESTS` requests a comm has in
+//! flight, indexed by message sequence number (`seq % NSLOTS`).
+//!
+//! The progress thread posts (isend/irecv) and retires (test) slots in order; I/O
+//! threads fill them in. A pointer to a [`Slot`] is the request NCCL holds.
+//! State moves FREE → PENDING → DONE|FAILED → FREE (a FAILED slot stays failed: NCCL
+//! is expected to abort the comm).
+
+use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering::*};
+
+use parking_lot::{Condvar, Mutex};
+
+use crate::error::{Error, Result};
+
+pub const NSLOTS: usize = crate::ffi::abi::NCCL_NET_MAX_REQUESTS as usize;
+
+const FREE: u8 = 0;
+const PENDING: u8 = 1;
+const DONE: u8 = 2;
+const FAILED: u8 = 3;
+
+/// Size not yet known (a receive before its first chunk arrived).
+const UNKNOWN: usize = usize::MAX;
+
+/// One in-flight request.
+pub struct Slot {
+    state: AtomicU8,
+    /// seq + 1 of the request posted here last; 0 = never used.
+    tag: AtomicU64,
+    /// Message size: known at isend; learned from the first chunk on receive.
+    size: AtomicUsize,
+    /// Sender: chunks still to write. Receiver: bytes placed so far.
+    progress: AtomicUsize,
+    /// Receiver: destination and its capacity.
+    buf: AtomicUsize,
+    cap: AtomicUsize,
+    error: Mutex<Option<Error>>,
+}
+
+impl Slot {
+    fn new() -> Self {
+        Slot {
+            state: AtomicU8::new(FREE),
+            tag: AtomicU64::new(0),
+            size: AtomicUsize::new(UNKNOWN),
+            progress: AtomicUsize::new(0),
+            buf: AtomicUsize::new(0),
+            cap: AtomicUsize::new(0),
+            error: Mutex::new(None),
+        }
+    }
+
+    /// Destination buffer and capacity of a posted receive.
+    pub fn recv_buffer(&self) -> (usize, usize) {
+        (self.buf.load(Acquire), self.cap.load(Acquire))
+    }
+
+    /// Sender: one chunk written. Returns true when it was the last.
+    pub fn chunk_sent(&self) -> bool {
+        if self.progress.fetch_sub(1, AcqRel) == 1 {
+            self.finish(DONE);
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Receiver: records the message size announced by a chunk. Every chunk of a
+    /// message must announce the same size, and it must fit the posted buffer.
+    pub fn learn_size(&self, total: usize) -> Result<()> {
+        match self.size.compare_exchange(UNKNOWN, total, AcqRel, Acquire) {
+            Ok(_) => Ok(()),
+            Err(prev) if prev == total => Ok(()),
+            Err(prev) => Err(Error::Remote(format!(
+                "corrupt stream: message size {total} after {prev}"
+            ))),
+        }
+    }
+
+    /// Receiver: `n` more bytes landed. Returns true when the message is complete.
+    pub fn bytes_placed(&self, n: usize) -> bool {
+        let total = self.size.load(Acquire);
+        let now = self.progress.fetch_add(n, AcqRel) + n;
+        if now == total {
+            self.finish(DONE);
+            true
+        } else {
+            false
+        }
+    }
+
+    /// PENDING → `state`; a request that already failed stays failed.
+    fn finish(&self, state: u8) {
+        let _ = self.state.compare_exchange(PENDING, state, AcqRel, Acquire);
+    }
+
+    /// Marks a pending request failed; returns false if it was not pending.
+    pub fn fail(&self, e: &Error) -> bool {
+        let mut g = self.error.lock();
+        if self
+            .state
+            .compare_exchange(PENDING, FAILED, AcqRel, Acquire)
+            .is_ok()
+        {
+            *g = Some(e.duplicate());
+            true
+        } else {
+            false
+        }
+    }
+
+    /// NCCL's `test`: `Ok(None)` while in flight, `Ok(Some(size))` once (then the
+    /// slot is free), or the error that failed it.
+    pub fn test(&self) -> Result<Option<usize>> {
+        match self.state.load(Acquire) {
+            PENDING => Ok(None),
+            DONE => {
+                let size = self.size.load(Acquire);
+                self.state.store(FREE, Release);
+                Ok(Some(size))
+            }
+            FAILED => Err(self
+                .error
+                .lock()
+                .as_ref()
+                .map(Error::duplicate)
+                .unwrap_or_else(|| Error::Internal("request failed without a reason".into()))),
+            _ => Err(Error::InvalidUsage(
+                "test() on a request that is not in flight".into(),
+            )),
+        }
+    }
+}
+
+/// What the I/O side learns when it looks up the request for an incoming seq.
+pub enum Lookup<'a> {
+    Ready(&'a Slot),
+    /// Not posted yet: wait.
+    NotYet,
+    /// The seq is in the past: the stream is corrupt.
+    Stale,
+}
+
+/// The ring of slots of one comm.
+pub struct Ring {
+    slots: Box<[Slot]>,
+    next_seq: AtomicU64,
+    posted: Mutex<()>,
+    posted_cv: Condvar,
+}
+
+impl Default for Ring {
+    fn default() -> Self {
+        Ring {
+            slots: (0..NSLOTS).map(|_| Slot::new()).collect(),
+            next_seq: AtomicU64::new(0),
+            posted: Mutex::new(()),
+            posted_cv: Condvar::new(),
+        }
+    }
+}
+
+impl Ring {
+    /// Posts the next request: a send of `size` bytes in `chunks` chunks, or (with
+    /// `recv = Some((buf, cap))`) a receive. `None` when the slot for the next seq is
+    /// still busy: NCCL then retries ("NULL request").
+    pub fn post(
+        &self,
+        size: Option<usize>,
+        chunks: usize,
+        recv: Option<(usize, usize)>,
+    ) -> Option<(u64, &Slot)> {
+        let seq = self.next_seq.load(Relaxed);
+        let slot = &self.slots[seq as usize % NSLOTS];
+        if slot.state.load(Acquire) != FREE {
+            return None;
+        }
+        slot.size.store(size.unwrap_or(UNKNOWN), Relaxed);
+        match recv {
+            Some((buf, cap)) => {
+                slot.buf.store(buf, Relaxed);
+                slot.cap.store(cap, Relaxed);
+                slot.progress.store(0, Relaxed);
+            }
+            None => slot.progress.store(chunks, Relaxed),
+        }
+        *slot.error.lock() = None;
+        {
+            let _g = self.posted.lock();
+            slot.state.store(PENDING, Release);
+            slot.tag.store(seq + 1, Release);
+            self.next_seq.store(seq + 1, Relaxed);
+            self.posted_cv.notify_all();
+        }
+        Some((seq, slot))
+    }
+
+    /// The slot that holds (or will hold) `seq`.
+    pub fn slot(&self, seq: u64) -> &Slot {
+        &self.slots[seq as usize % NSLOTS]
+    }
+
+    /// Finds the posted request for `seq` without waiting.
+    pub fn lookup(&self, seq: u64) -> Lookup<'_> {
+        let slot = &self.slots[seq as usize % NSLOTS];
+        let tag = slot.tag.load(Acquire);
+        let want = seq + 1;
+        if tag < want {
+            Lookup::NotYet
+        } else if tag == want && slot.state.load(Acquire) == PENDING {
+            Lookup::Ready(slot)
+        } else {
+            Lookup::Stale
+        }
+    }
+
+    /// Waits until `seq` is posted, or `stop()` says to give up (checked every 50 ms
+    /// and whenever [`Ring::wake_all`] is called).
+    pub fn wait_posted(&self, seq: u64, stop: impl Fn() -> bool) -> Option<Result<&Slot>> {
+        let mut g = self.posted.lock();
+        loop {
+            match self.lookup(seq) {
+                Lookup::Ready(s) => return Some(Ok(s)),
+                Lookup::Stale => {
+                    return Some(Err(Error::Remote(format!(
+                        "corrupt stream: chunk for message {seq}, which is not expected"
+                    ))))
+                }
+                Lookup::NotYet if stop() => return None,
+                Lookup::NotYet => {
+                    self.posted_cv
+                        .wait_for(&mut g, std::time::Duration::from_millis(50));
+                }
+            }
+        }
+    }
+
+    pub fn wake_all(&self) {
+        let _g = self.posted.lock();
+        self.posted_cv.notify_all();
+    }
+
+    /// Fails every pending request (the comm is broken).
+    pub fn fail_all(&self, e: &Error) {
+        for s in self.slots.iter() {
+            s.fail(e);
+        }
+    }
+
+    /// True when no request is in flight.
+    pub fn idle(&self) -> bool {
+        self.slots.iter().all(|s| s.state.load(Acquire) != PENDING)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn send_slot_completes_after_last_chunk() {
+        let r = Ring::default();
+        let (seq, s) = r.post(Some(100), 3, None).unwrap();
+        assert_eq!(seq, 0);
+        assert_eq!(s.test().unwrap(), None);
+        assert!(!s.chunk_sent());
+        assert!(!s.chunk_sent());
+        assert!(s.chunk_sent());
+        assert_eq!(s.test().unwrap(), Some(100));
+        // Freed: testing again is a usage error.
+        assert!(s.test().is_err());
+    }
+
+    #[test]
+    fn ring_is_bounded_and_in_order() {
+        let r = Ring::default();
+        let slots: Vec<_> = (0..NSLOTS)
+            .map(|_| r.post(Some(1), 1, None).unwrap().1 as *const Slot)
+            .collect();
+        assert!(
+            r.post(Some(1), 1, None).is_none(),
+            "33rd request must be refused"
+        );
+        let first = unsafe { &*slots[0] };
+        first.chunk_sent();
+        assert_eq!(first.test().unwrap(), Some(1));
+        let (seq, s) = r.post(Some(1), 1, None).unwrap();
+        assert_eq!(seq, NSLOTS as u64);
+        assert_eq!(s as *const Slot, slots[0]);
+    }
+
+    #[test]
+    fn recv_matching_states() {
+        let r = Ring::default();
+        assert!(matches!(r.lookup(0), Lookup::NotYet));
+        let (_, s) = r.post(None, 0, Some((0x1000, 64))).unwrap();
+        assert!(matches!(r.lookup(0), Lookup::Ready(_)));
+        assert!(matches!(r.lookup(1), Lookup::NotYet));
+        s.learn_size(10).unwrap();
+        assert!(s.learn_size(11).is_err(), "size must agree across chunks");
+        assert!(!s.bytes_placed(4));
+        assert!(s.bytes_placed(6));
+        assert!(
+            matches!(r.lookup(0), Lookup::Stale),
+            "completed seq is stale"
+        );
+        assert_eq!(s.test().unwrap(), Some(10));
+        assert!(matches!(r.lookup(0), Lookup::Stale));
+    }
+
+    #[test]
+    fn zero_byte_receive_completes_on_its_empty_chunk() {
+        let r = Ring::default();
+        let (_, s) = r.post(None, 0, Some((0x1000, 0))).unwrap();
+        s.learn_size(0).unwrap();
+        assert!(s.bytes_placed(0));
+        assert_eq!(s.test().unwrap(), Some(0));
+    }
+
+    #[test]
+    fn failure_is_sticky_and_reported() {
+        let r = Ring::default();
+        let (_, s) = r.post(Some(8), 2, None).unwrap();
+        r.fail_all(&Error::Remote("peer died".into()));
+        assert!(matches!(s.test(), Err(Error::Remote(_))));
+        assert!(matches!(s.test(), Err(Error::Remote(_))));
+        // Late chunk completions must not turn a failed request into a success.
+        s.chunk_sent();
+        s.chunk_sent();
+        assert!(matches!(s.test(), Err(Error::Remote(_))));
+    }
+
+    #[test]
+    fn wait_posted_wakes_on_post_and_on_stop() {
+        use std::sync::atomic::AtomicBool;
+        use std::sync::Arc;
+        let r = Arc::new(Ring::default());
+        let r2 = r.clone();
+        let t = std::thread::spawn(move || r2.wait_posted(0, || false).map(|x| x.is_ok()));
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        r.post(None, 0, Some((1, 1)));
+        assert_eq!(t.join().unwrap(), Some(true));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (r3, s3) = (r.clone(), stop.clone());
+        let t = std::thread::spawn(move || r3.wait_posted(5, || s3.load(Relaxed)).is_none());
+        stop.store(true, Relaxed);
+        r.wake_all();
+        assert!(t.join().unwrap());
+    }
+}

@@ -1,0 +1,370 @@
+//! Byte layouts that cross the wire or NCCL's handle exchange. All little-endian,
+//! encoded field by field (no struct casts: NCCL's handle buffer has no alignment
+//! guarantee). Documented in docs/PROTOCOL.md.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+
+use crate::error::{Error, Result};
+
+pub const HANDLE_SIZE: usize = 128;
+const _: () = assert!(HANDLE_SIZE <= crate::ffi::abi::NCCL_NET_HANDLE_MAXSIZE as usize);
+
+const HANDLE_MAGIC: u32 = u32::from_le_bytes(*b"NZH1");
+/// Offset of the connect-stage area NCCL hands back to us on every connect retry.
+pub const STAGE_OFFSET: usize = 64;
+const STAGE_MAGIC: u64 = u64::from_le_bytes(*b"NZSTAGE1");
+
+/// What a listener publishes: where to connect and the secret to present.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Handle {
+    pub addr: SocketAddr,
+    pub secret: u64,
+}
+
+impl Handle {
+    /// Writes the handle and zeroes the connect-stage area.
+    pub fn encode(&self, out: &mut [u8; HANDLE_SIZE]) {
+        out.fill(0);
+        out[0..4].copy_from_slice(&HANDLE_MAGIC.to_le_bytes());
+        out[4..6].copy_from_slice(&PROTOCOL_VERSION.to_le_bytes());
+        let (fam, ip): (u16, [u8; 16]) = match self.addr.ip() {
+            IpAddr::V4(a) => (4, a.to_ipv6_mapped().octets()),
+            IpAddr::V6(a) => (6, a.octets()),
+        };
+        out[6..8].copy_from_slice(&fam.to_le_bytes());
+        out[8..10].copy_from_slice(&self.addr.port().to_le_bytes());
+        out[16..32].copy_from_slice(&ip);
+        out[32..40].copy_from_slice(&self.secret.to_le_bytes());
+    }
+
+    pub fn decode(b: &[u8; HANDLE_SIZE]) -> Result<Handle> {
+        let magic = u32::from_le_bytes(b[0..4].try_into().unwrap());
+        let version = u16::from_le_bytes(b[4..6].try_into().unwrap());
+        if magic != HANDLE_MAGIC {
+            return Err(Error::InvalidArgument(
+                "connect handle was not made by this plugin (bad magic)".into(),
+            ));
+        }
+        if version != PROTOCOL_VERSION {
+            return Err(Error::InvalidUsage(format!(
+                "peer runs nccl-net-zip protocol v{version}, we run v{PROTOCOL_VERSION}: install the same plugin on every node"
+            )));
+        }
+        let fam = u16::from_le_bytes(b[6..8].try_into().unwrap());
+        let port = u16::from_le_bytes(b[8..10].try_into().unwrap());
+        let ip6 = Ipv6Addr::from(<[u8; 16]>::try_from(&b[16..32]).unwrap());
+        let ip = match fam {
+            4 => IpAddr::V4(ip6.to_ipv4_mapped().unwrap_or(Ipv4Addr::UNSPECIFIED)),
+            6 => IpAddr::V6(ip6),
+            _ => {
+                return Err(Error::InvalidArgument(format!(
+                    "connect handle has unknown address family {fam}"
+                )))
+            }
+        };
+        let secret = u64::from_le_bytes(b[32..40].try_into().unwrap());
+        Ok(Handle {
+            addr: SocketAddr::new(ip, port),
+            secret,
+        })
+    }
+}
+
+/// The connect stage NCCL keeps for us inside its copy of the handle: a pointer to
+/// our in-progress connect state, tagged so a fresh handle reads as "no stage".
+pub fn stage_get(b: &[u8; HANDLE_SIZE]) -> Option<usize> {
+    let tag = u64::from_le_bytes(b[STAGE_OFFSET..STAGE_OFFSET + 8].try_into().unwrap());
+    let ptr = u64::from_le_bytes(b[STAGE_OFFSET + 8..STAGE_OFFSET + 16].try_into().unwrap());
+    (tag == STAGE_MAGIC && ptr != 0).then_some(ptr as usize)
+}
+
+pub fn stage_set(b: &mut [u8; HANDLE_SIZE], ptr: Option<usize>) {
+    let (tag, p) = match ptr {
+        Some(p) => (STAGE_MAGIC, p as u64),
+        None => (0, 0),
+    };
+    b[STAGE_OFFSET..STAGE_OFFSET + 8].copy_from_slice(&tag.to_le_bytes());
+    b[STAGE_OFFSET + 8..STAGE_OFFSET + 16].copy_from_slice(&p.to_le_bytes());
+}
+
+pub const PROTOCOL_VERSION: u16 = 1;
+
+/// First bytes on every stream of a connection: proves the connector read our
+/// handle (secret) and says which connection and stream this socket belongs to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Hello {
+    pub secret: u64,
+    /// Random per connect call; groups the streams of one comm at the listener.
+    pub conn_id: u64,
+    pub stream: u16,
+    pub nstreams: u16,
+    /// The connector's largest chunk: the receiver sizes its staging buffers from it.
+    pub max_chunk: u32,
+}
+
+pub const HELLO_SIZE: usize = 32;
+const HELLO_MAGIC: u32 = u32::from_le_bytes(*b"NZHI");
+
+impl Hello {
+    pub fn encode(&self) -> [u8; HELLO_SIZE] {
+        let mut b = [0u8; HELLO_SIZE];
+        b[0..4].copy_from_slice(&HELLO_MAGIC.to_le_bytes());
+        b[4..6].copy_from_slice(&PROTOCOL_VERSION.to_le_bytes());
+        b[6..8].copy_from_slice(&self.stream.to_le_bytes());
+        b[8..10].copy_from_slice(&self.nstreams.to_le_bytes());
+        b[12..16].copy_from_slice(&self.max_chunk.to_le_bytes());
+        b[16..24].copy_from_slice(&self.secret.to_le_bytes());
+        b[24..32].copy_from_slice(&self.conn_id.to_le_bytes());
+        b
+    }
+
+    /// Validates everything a stranger could get wrong; `secret` is the listener's.
+    pub fn decode(b: &[u8; HELLO_SIZE], secret: u64) -> Result<Hello> {
+        let magic = u32::from_le_bytes(b[0..4].try_into().unwrap());
+        if magic != HELLO_MAGIC {
+            return Err(Error::Remote(
+                "not an nccl-net-zip hello (bad magic)".into(),
+            ));
+        }
+        let version = u16::from_le_bytes(b[4..6].try_into().unwrap());
+        if version != PROTOCOL_VERSION {
+            return Err(Error::Remote(format!(
+                "hello with protocol v{version}, expected v{PROTOCOL_VERSION}"
+            )));
+        }
+        let h = Hello {
+            stream: u16::from_le_bytes(b[6..8].try_into().unwrap()),
+            nstreams: u16::from_le_bytes(b[8..10].try_into().unwrap()),
+            max_chunk: u32::from_le_bytes(b[12..16].try_into().unwrap()),
+            secret: u64::from_le_bytes(b[16..24].try_into().unwrap()),
+            conn_id: u64::from_le_bytes(b[24..32].try_into().unwrap()),
+        };
+        if h.secret != secret {
+            return Err(Error::Remote("hello with the wrong secret".into()));
+        }
+        if h.nstreams == 0
+            || h.nstreams as usize > crate::config::MAX_STREAMS
+            || h.stream >= h.nstreams
+        {
+            return Err(Error::Remote(format!(
+                "hello with stream {} of {}",
+                h.stream, h.nstreams
+            )));
+        }
+        if !(512..=crate::config::MAX_CHUNK_LIMIT as u32).contains(&h.max_chunk) {
+            return Err(Error::Remote(format!(
+                "hello with chunk size {}",
+                h.max_chunk
+            )));
+        }
+        Ok(h)
+    }
+}
+
+/// Precedes every piece of a message on a data stream. Any stream may carry any
+/// chunk; the header says where its bytes go.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ChunkHeader {
+    pub flags: u16,
+    /// Message sequence number on this comm, from 0, matched to irecv in posting order.
+    pub seq: u64,
+    /// Uncompressed size of the whole message.
+    pub total: u32,
+    /// Where this chunk's uncompressed bytes start in the message.
+    pub offset: u32,
+    /// Uncompressed bytes in this chunk.
+    pub raw_len: u32,
+    /// Bytes that follow the header on the wire (== raw_len unless compressed).
+    pub wire_len: u32,
+}
+
+pub const CHUNK_HEADER_SIZE: usize = 32;
+const CHUNK_MAGIC: u32 = u32::from_le_bytes(*b"NZCK");
+/// The payload is one codec frame (see docs/FORMAT.md) rather than raw bytes.
+pub const FLAG_COMPRESSED: u16 = 1;
+const KNOWN_FLAGS: u16 = FLAG_COMPRESSED;
+/// NCCL's v8 API carries sizes as int, and its v8 shim rejects sends above 1 GiB.
+pub const MAX_MESSAGE: u32 = 1 << 30;
+
+impl ChunkHeader {
+    pub fn encode(&self) -> [u8; CHUNK_HEADER_SIZE] {
+        let mut b = [0u8; CHUNK_HEADER_SIZE];
+        b[0..4].copy_from_slice(&CHUNK_MAGIC.to_le_bytes());
+        b[4..6].copy_from_slice(&self.flags.to_le_bytes());
+        b[8..16].copy_from_slice(&self.seq.to_le_bytes());
+        b[16..20].copy_from_slice(&self.total.to_le_bytes());
+        b[20..24].copy_from_slice(&self.offset.to_le_bytes());
+        b[24..28].copy_from_slice(&self.raw_len.to_le_bytes());
+        b[28..32].copy_from_slice(&self.wire_len.to_le_bytes());
+        b
+    }
+
+    /// Checks internal consistency; `max_wire` bounds what we will buffer for one chunk.
+    pub fn decode(b: &[u8; CHUNK_HEADER_SIZE], max_wire: usize) -> Result<ChunkHeader> {
+        let magic = u32::from_le_bytes(b[0..4].try_into().unwrap());
+        if magic != CHUNK_MAGIC {
+            return Err(Error::Remote("corrupt stream: bad chunk magic".into()));
+        }
+        let h = ChunkHeader {
+            flags: u16::from_le_bytes(b[4..6].try_into().unwrap()),
+            seq: u64::from_le_bytes(b[8..16].try_into().unwrap()),
+            total: u32::from_le_bytes(b[16..20].try_into().unwrap()),
+            offset: u32::from_le_bytes(b[20..24].try_into().unwrap()),
+            raw_len: u32::from_le_bytes(b[24..28].try_into().unwrap()),
+            wire_len: u32::from_le_bytes(b[28..32].try_into().unwrap()),
+        };
+        let bad = |what: &str| {
+            Err(Error::Remote(format!(
+                "corrupt stream: {what} in chunk {h:?}"
+            )))
+        };
+        if h.flags & !KNOWN_FLAGS != 0 {
+            return bad("unknown flags");
+        }
+        if h.total > MAX_MESSAGE {
+            return bad("message over 1 GiB");
+        }
+        if h.offset as u64 + h.raw_len as u64 > h.total as u64 {
+            return bad("chunk past the end of its message");
+        }
+        if h.raw_len == 0 && h.total != 0 {
+            return bad("empty chunk in a non-empty message");
+        }
+        if h.flags & FLAG_COMPRESSED == 0 && h.wire_len != h.raw_len {
+            return bad("raw chunk whose wire length differs");
+        }
+        if h.flags & FLAG_COMPRESSED != 0 && h.wire_len as usize > max_wire {
+            return bad("compressed chunk larger than any we send");
+        }
+        Ok(h)
+    }
+
+    pub fn compressed(&self) -> bool {
+        self.flags & FLAG_COMPRESSED != 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn handle_roundtrip_v4_v6_and_stage() {
+        for addr in ["10.1.2.3:4567", "[fd00::1]:80", "127.0.0.1:1"] {
+            let h = Handle {
+                addr: addr.parse().unwrap(),
+                secret: 0xdead_beef_1234,
+            };
+            let mut b = [0xAAu8; HANDLE_SIZE];
+            h.encode(&mut b);
+            assert_eq!(Handle::decode(&b).unwrap(), h);
+            assert_eq!(stage_get(&b), None);
+            stage_set(&mut b, Some(0x1234_5678));
+            assert_eq!(stage_get(&b), Some(0x1234_5678));
+            assert_eq!(
+                Handle::decode(&b).unwrap(),
+                h,
+                "stage area must not disturb the address"
+            );
+            stage_set(&mut b, None);
+            assert_eq!(stage_get(&b), None);
+        }
+    }
+
+    #[test]
+    fn handle_rejects_foreign_bytes() {
+        assert!(Handle::decode(&[0u8; HANDLE_SIZE]).is_err());
+        let mut b = [0u8; HANDLE_SIZE];
+        Handle {
+            addr: "1.2.3.4:5".parse().unwrap(),
+            secret: 1,
+        }
+        .encode(&mut b);
+        b[4] = 9; // version
+        assert!(matches!(Handle::decode(&b), Err(Error::InvalidUsage(_))));
+    }
+
+    #[test]
+    fn hello_checks_secret_and_stream_range() {
+        let h = Hello {
+            secret: 42,
+            conn_id: 7,
+            stream: 1,
+            nstreams: 4,
+            max_chunk: 1 << 18,
+        };
+        assert_eq!(Hello::decode(&h.encode(), 42).unwrap(), h);
+        assert!(Hello::decode(&h.encode(), 43).is_err());
+        let bad = Hello { stream: 4, ..h };
+        assert!(Hello::decode(&bad.encode(), 42).is_err());
+        let bad = Hello {
+            nstreams: 0,
+            stream: 0,
+            ..h
+        };
+        assert!(Hello::decode(&bad.encode(), 42).is_err());
+        let bad = Hello {
+            max_chunk: 64 << 20,
+            ..h
+        };
+        assert!(Hello::decode(&bad.encode(), 42).is_err());
+        assert!(Hello::decode(&[0x41; HELLO_SIZE], 42).is_err());
+    }
+
+    #[test]
+    fn chunk_header_validation() {
+        let ok = ChunkHeader {
+            flags: 0,
+            seq: 9,
+            total: 100,
+            offset: 40,
+            raw_len: 60,
+            wire_len: 60,
+        };
+        assert_eq!(ChunkHeader::decode(&ok.encode(), 1 << 20).unwrap(), ok);
+        let zero = ChunkHeader {
+            flags: 0,
+            seq: 0,
+            total: 0,
+            offset: 0,
+            raw_len: 0,
+            wire_len: 0,
+        };
+        assert!(ChunkHeader::decode(&zero.encode(), 0).is_ok());
+        for bad in [
+            ChunkHeader { offset: 41, ..ok },
+            ChunkHeader { wire_len: 61, ..ok },
+            ChunkHeader { flags: 0x80, ..ok },
+            ChunkHeader {
+                raw_len: 0,
+                wire_len: 0,
+                ..ok
+            },
+            ChunkHeader {
+                total: MAX_MESSAGE + 1,
+                ..ok
+            },
+            ChunkHeader {
+                flags: FLAG_COMPRESSED,
+                wire_len: 2 << 20,
+                ..ok
+            },
+        ] {
+            assert!(
+                ChunkHeader::decode(&bad.encode(), 1 << 20).is_err(),
+                "{bad:?}"
+            );
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn chunk_header_decode_never_panics(bytes in proptest::collection::vec(any::<u8>(), CHUNK_HEADER_SIZE)) {
+            let b: [u8; CHUNK_HEADER_SIZE] = bytes.try_into().unwrap();
+            if let Ok(h) = ChunkHeader::decode(&b, 1 << 20) {
+                prop_assert!(h.offset as u64 + h.raw_len as u64 <= h.total as u64);
+            }
+        }
+    }
+}

@@ -1,0 +1,4 @@
+//! Byte movers. Each transport turns the protocol in [`crate::proto`] into I/O.
+//! TCP is the only one today; InfiniBand verbs will sit beside it.
+
+pub mod tcp;

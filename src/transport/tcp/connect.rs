@@ -1,0 +1,140 @@
+//! Non-blocking, resumable connect. NCCL calls `connect` again and again with the
+//! same handle until it returns a comm; our progress lives in a [`ConnectState`]
+//! whose address we keep in the handle's stage area.
+
+use std::io;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Instant;
+
+use socket2::{Domain, Protocol, SockAddr, Socket, Type};
+
+use super::send::SendComm;
+use crate::config::Config;
+use crate::error::{Error, Result};
+use crate::proto::wire::{Handle, Hello, HELLO_SIZE};
+
+enum Stage {
+    Connecting,
+    /// Connected; this many hello bytes written.
+    Hello(usize),
+    Ready,
+}
+
+pub struct ConnectState {
+    socks: Vec<(Socket, Stage)>,
+    hello: Vec<[u8; HELLO_SIZE]>,
+    peer: SocketAddr,
+    started: Instant,
+    cfg: Arc<Config>,
+}
+
+impl ConnectState {
+    /// Starts `cfg.nstreams` non-blocking connects to the listener in `handle`.
+    pub fn start(handle: &Handle, cfg: Arc<Config>) -> Result<ConnectState> {
+        let conn_id: u64 = rand::random();
+        let n = cfg.nstreams;
+        let mut socks = Vec::with_capacity(n);
+        let mut hello = Vec::with_capacity(n);
+        for i in 0..n {
+            let s = Socket::new(
+                Domain::for_address(handle.addr),
+                Type::STREAM.cloexec(),
+                Some(Protocol::TCP),
+            )
+            .map_err(|e| Error::io("socket", e))?;
+            s.set_nonblocking(true)
+                .map_err(|e| Error::io("set_nonblocking", e))?;
+            match s.connect(&SockAddr::from(handle.addr)) {
+                Ok(()) => {}
+                Err(e)
+                    if e.raw_os_error() == Some(libc::EINPROGRESS)
+                        || e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) => return Err(Error::io(format!("connect to {}", handle.addr), e)),
+            }
+            socks.push((s, Stage::Connecting));
+            hello.push(
+                Hello {
+                    secret: handle.secret,
+                    conn_id,
+                    stream: i as u16,
+                    nstreams: n as u16,
+                    max_chunk: cfg.max_chunk as u32,
+                }
+                .encode(),
+            );
+        }
+        Ok(ConnectState {
+            socks,
+            hello,
+            peer: handle.addr,
+            started: Instant::now(),
+            cfg,
+        })
+    }
+
+    /// Advances every stream as far as it goes without blocking. `Ok(true)` when all
+    /// streams have sent their hello.
+    pub fn progress(&mut self) -> Result<bool> {
+        let peer = self.peer;
+        for (i, (s, stage)) in self.socks.iter_mut().enumerate() {
+            if let Stage::Connecting = stage {
+                if !writable(s).map_err(|e| Error::io("poll", e))? {
+                    continue;
+                }
+                if let Some(e) = s.take_error().map_err(|e| Error::io("getsockopt", e))? {
+                    return Err(Error::io(format!("connect to {peer}"), e));
+                }
+                *stage = Stage::Hello(0);
+            }
+            if let Stage::Hello(done) = stage {
+                match s.send_with_flags(&self.hello[i][*done..], libc::MSG_NOSIGNAL) {
+                    Ok(k) => *done += k,
+                    Err(e)
+                        if e.kind() == io::ErrorKind::WouldBlock
+                            || e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) => return Err(Error::io(format!("handshake with {peer}"), e)),
+                }
+                if *done == HELLO_SIZE {
+                    *stage = Stage::Ready;
+                }
+            }
+        }
+        if self.socks.iter().all(|(_, st)| matches!(st, Stage::Ready)) {
+            return Ok(true);
+        }
+        if self.started.elapsed() > self.cfg.handshake_timeout {
+            return Err(Error::Remote(format!(
+                "could not connect to {peer} within {:?} (NCCL_ZIP_HANDSHAKE_TIMEOUT_MS)",
+                self.cfg.handshake_timeout
+            )));
+        }
+        Ok(false)
+    }
+
+    /// Turns a finished connect into a send comm.
+    pub fn finish(self) -> Result<SendComm> {
+        let socks = self.socks.into_iter().map(|(s, _)| s).collect();
+        SendComm::new(socks, self.peer, self.cfg)
+    }
+}
+
+fn writable(s: &Socket) -> io::Result<bool> {
+    use std::os::fd::AsRawFd;
+    let mut p = libc::pollfd {
+        fd: s.as_raw_fd(),
+        events: libc::POLLOUT,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd, zero timeout.
+    let r = unsafe { libc::poll(&mut p, 1, 0) };
+    if r < 0 {
+        let e = io::Error::last_os_error();
+        return if e.kind() == io::ErrorKind::Interrupted {
+            Ok(false)
+        } else {
+            Err(e)
+        };
+    }
+    Ok(r > 0 && p.revents & (libc::POLLOUT | libc::POLLERR | libc::POLLHUP) != 0)
+}

@@ -1,0 +1,120 @@
+//! State shared by a comm's progress-thread side and its I/O threads, common to
+//! both directions: the request ring, the sockets, and how the comm fails.
+
+use std::net::{Shutdown, SocketAddr};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::*};
+use std::thread::JoinHandle;
+
+use parking_lot::Mutex;
+use socket2::Socket;
+use tracing::warn;
+
+use super::stats::Stats;
+use crate::error::{Error, Result};
+use crate::proto::slots::Ring;
+
+pub struct Core {
+    pub ring: Ring,
+    pub socks: Vec<Socket>,
+    pub peer: SocketAddr,
+    pub stats: Stats,
+    error: Mutex<Option<Error>>,
+    broken: AtomicBool,
+    closing: AtomicBool,
+    /// Receive side: streams that ended cleanly.
+    pub eofs: AtomicUsize,
+}
+
+impl Core {
+    pub fn new(socks: Vec<Socket>, peer: SocketAddr) -> Core {
+        Core {
+            ring: Ring::default(),
+            socks,
+            peer,
+            stats: Stats::default(),
+            error: Mutex::new(None),
+            broken: AtomicBool::new(false),
+            closing: AtomicBool::new(false),
+            eofs: AtomicUsize::new(0),
+        }
+    }
+
+    /// The comm is unusable: the first error is kept, logged once, given to every
+    /// pending request and to every later call; the sockets are shut so that the
+    /// other I/O threads stop too.
+    pub fn fail(&self, e: Error) {
+        {
+            let mut g = self.error.lock();
+            if g.is_none() {
+                if !self.closing.load(Acquire) {
+                    warn!("connection with {} failed: {e}", self.peer);
+                }
+                *g = Some(e);
+            }
+            self.broken.store(true, Release);
+            self.ring.fail_all(g.as_ref().expect("set above"));
+        }
+        self.shutdown();
+        self.ring.wake_all();
+    }
+
+    /// `Err` once the comm has failed.
+    pub fn check(&self) -> Result<()> {
+        if self.broken.load(Acquire) {
+            Err(self
+                .error
+                .lock()
+                .as_ref()
+                .map(Error::duplicate)
+                .unwrap_or_else(|| Error::Internal("comm broken".into())))
+        } else {
+            Ok(())
+        }
+    }
+
+    /// I/O threads stop waiting when this is true.
+    pub fn stopped(&self) -> bool {
+        self.broken.load(Acquire) || self.closing.load(Acquire)
+    }
+
+    pub fn closing(&self) -> bool {
+        self.closing.load(Acquire)
+    }
+
+    pub fn shutdown(&self) {
+        for s in &self.socks {
+            let _ = s.shutdown(Shutdown::Both);
+        }
+    }
+
+    /// Close: with `abort`, in-flight I/O is cut off; otherwise queued data drains.
+    pub fn begin_close(&self, abort: bool) {
+        self.closing.store(true, Release);
+        if abort {
+            self.shutdown();
+        }
+        self.ring.wake_all();
+    }
+}
+
+/// Spawns a comm's I/O thread; a panic inside it fails the comm instead of
+/// unwinding into nothing.
+pub fn spawn_io(
+    name: String,
+    core: std::sync::Arc<Core>,
+    body: impl FnOnce() + Send + 'static,
+) -> Result<JoinHandle<()>> {
+    std::thread::Builder::new()
+        .name(name)
+        .spawn(move || {
+            if let Err(p) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(body)) {
+                let what = p
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| p.downcast_ref::<String>().cloned())
+                    .unwrap_or_default();
+                core.fail(Error::Internal(format!("I/O thread panicked: {what}")));
+            }
+        })
+        .map_err(|e| Error::io("spawn I/O thread", e))
+}

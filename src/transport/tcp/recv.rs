@@ -1,0 +1,147 @@
+//! Receive comm: `irecv` posts a buffer for the next message; each stream's thread
+//! reads chunk headers, finds the posted receive for the chunk's message, checks
+//! that it fits, and reads the payload straight into NCCL's buffer.
+//!
+//! A stream that ends cleanly between chunks is a peer that closed; once every
+//! stream has ended, pending receives fail with a remote error. Anything else
+//! unexpected fails the comm at once.
+
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering::AcqRel;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use socket2::Socket;
+use tracing::info;
+
+use super::core::{spawn_io, Core};
+use super::sock::{configure_data_socket, recv_exact, recv_exact_or_eof};
+use crate::config::Config;
+use crate::error::{Error, Result};
+use crate::proto::slots::Slot;
+use crate::proto::wire::{ChunkHeader, CHUNK_HEADER_SIZE};
+
+pub struct RecvComm {
+    core: Arc<Core>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl RecvComm {
+    /// `max_chunk` is the sender's (from its hello); it bounds a compressed chunk.
+    pub fn new(
+        socks: Vec<Socket>,
+        peer: SocketAddr,
+        max_chunk: usize,
+        cfg: Arc<Config>,
+    ) -> Result<RecvComm> {
+        for s in &socks {
+            configure_data_socket(s, cfg.peer_timeout)
+                .map_err(|e| Error::io("configure socket", e))?;
+        }
+        let n = socks.len();
+        let core = Arc::new(Core::new(socks, peer));
+        let max_wire = crate::codec_glue::max_wire(max_chunk);
+        let mut threads = Vec::with_capacity(n);
+        for i in 0..n {
+            let c = core.clone();
+            threads.push(spawn_io(format!("zip-recv{i}"), core.clone(), move || {
+                recv_loop(&c, i, max_wire)
+            })?);
+        }
+        info!("recv comm from {peer}: {n} streams");
+        Ok(RecvComm { core, threads })
+    }
+
+    /// Posts `cap` bytes at `buf` for the next message. `Ok(None)`: retry later.
+    pub fn irecv(&self, buf: *mut u8, cap: usize) -> Result<Option<&Slot>> {
+        self.core.check()?;
+        if buf.is_null() && cap > 0 {
+            return Err(Error::InvalidArgument("irecv with a NULL buffer".into()));
+        }
+        Ok(self
+            .core
+            .ring
+            .post(None, 0, Some((buf as usize, cap)))
+            .map(|(_, s)| s))
+    }
+}
+
+fn recv_loop(core: &Core, stream: usize, max_wire: usize) {
+    if let Err(e) = recv_chunks(core, stream, max_wire) {
+        if !core.closing() {
+            core.fail(e);
+        }
+    }
+}
+
+fn recv_chunks(core: &Core, stream: usize, max_wire: usize) -> Result<()> {
+    let sock = &core.socks[stream];
+    let peer = core.peer;
+    let io_err = |e| Error::io(format!("receive from {peer} (stream {stream})"), e);
+    let mut staging: Vec<u8> = Vec::new();
+    loop {
+        let mut hb = [0u8; CHUNK_HEADER_SIZE];
+        if !recv_exact_or_eof(sock, &mut hb).map_err(io_err)? {
+            // Clean end between chunks. When the last stream ends, nothing more can
+            // arrive: whatever is still posted will never complete.
+            if core.eofs.fetch_add(1, AcqRel) + 1 == core.socks.len() && !core.closing() {
+                core.fail(Error::Remote(format!("{peer} closed the connection")));
+            }
+            return Ok(());
+        }
+        let h = ChunkHeader::decode(&hb, max_wire)?;
+        let slot = match core.ring.wait_posted(h.seq, || core.stopped()) {
+            None => return Ok(()),
+            Some(r) => r?,
+        };
+        let (buf, cap) = slot.recv_buffer();
+        if h.total as usize > cap {
+            return Err(Error::InvalidUsage(format!(
+                "message {} from {peer} is {} bytes but the posted receive holds only {cap} bytes",
+                h.seq, h.total
+            )));
+        }
+        slot.learn_size(h.total as usize)?;
+        let dst: &mut [u8] = if h.raw_len == 0 {
+            &mut []
+        } else {
+            // SAFETY: the receive buffer holds `cap` >= total >= offset + raw_len bytes
+            // (checked above and in decode) and is ours until `test` reports done;
+            // chunks of one message never overlap (offsets come from one plan).
+            unsafe {
+                std::slice::from_raw_parts_mut(
+                    (buf + h.offset as usize) as *mut u8,
+                    h.raw_len as usize,
+                )
+            }
+        };
+        if h.compressed() {
+            staging.resize(h.wire_len as usize, 0);
+            recv_exact(sock, &mut staging).map_err(io_err)?;
+            crate::codec_glue::decode_chunk(&staging, dst, &core.stats)?;
+            core.stats.add(&core.stats.chunks_compressed, 1);
+        } else {
+            recv_exact(sock, dst).map_err(io_err)?;
+            core.stats.add(&core.stats.chunks_raw, 1);
+        }
+        core.stats.add(&core.stats.wire_bytes, h.wire_len as u64);
+        core.stats.add(&core.stats.raw_bytes, h.raw_len as u64);
+        if slot.bytes_placed(h.raw_len as usize) {
+            core.stats.add(&core.stats.messages, 1);
+        }
+    }
+}
+
+impl Drop for RecvComm {
+    fn drop(&mut self) {
+        self.core.begin_close(true);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+        info!(
+            "closed recv comm from {}: {}",
+            self.core.peer,
+            self.core.stats.summary()
+        );
+    }
+}

@@ -1,0 +1,163 @@
+//! Send comm: `isend` cuts a message into chunks and queues them; each stream's
+//! thread takes the next chunk, writes header and payload straight from NCCL's
+//! buffer (no copy), and the request is done when its last chunk is written.
+
+use std::io::IoSlice;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use crossbeam_channel::{Receiver, Sender};
+use socket2::Socket;
+use tracing::info;
+
+use super::core::{spawn_io, Core};
+use super::sock::{configure_data_socket, send_all};
+use crate::config::Config;
+use crate::error::{Error, Result};
+use crate::proto::plan;
+use crate::proto::slots::Slot;
+use crate::proto::wire::{ChunkHeader, MAX_MESSAGE};
+
+/// One chunk to write. `data` is NCCL's buffer, valid until `test` reports done.
+struct Task {
+    seq: u64,
+    data: usize,
+    total: u32,
+    offset: u32,
+    len: u32,
+}
+
+pub struct SendComm {
+    core: Arc<Core>,
+    tx: Option<Sender<Task>>,
+    threads: Vec<JoinHandle<()>>,
+    cfg: Arc<Config>,
+}
+
+impl SendComm {
+    pub fn new(socks: Vec<Socket>, peer: SocketAddr, cfg: Arc<Config>) -> Result<SendComm> {
+        for s in &socks {
+            configure_data_socket(s, cfg.peer_timeout)
+                .map_err(|e| Error::io("configure socket", e))?;
+        }
+        let n = socks.len();
+        let core = Arc::new(Core::new(socks, peer));
+        let (tx, rx) = crossbeam_channel::unbounded::<Task>();
+        let mut threads = Vec::with_capacity(n);
+        for i in 0..n {
+            let (c, rx) = (core.clone(), rx.clone());
+            threads.push(spawn_io(format!("zip-send{i}"), core.clone(), move || {
+                send_loop(&c, i, rx)
+            })?);
+        }
+        info!("send comm to {peer}: {n} streams");
+        Ok(SendComm {
+            core,
+            tx: Some(tx),
+            threads,
+            cfg,
+        })
+    }
+
+    /// Queues `size` bytes at `data`. `Ok(None)`: all request slots busy, retry later.
+    pub fn isend(&self, data: *const u8, size: usize) -> Result<Option<&Slot>> {
+        self.core.check()?;
+        if size > MAX_MESSAGE as usize {
+            return Err(Error::InvalidArgument(format!(
+                "isend of {size} bytes: the v8 API allows at most 1 GiB"
+            )));
+        }
+        if data.is_null() && size > 0 {
+            return Err(Error::InvalidArgument("isend with a NULL buffer".into()));
+        }
+        let chunk = plan::chunk_size(
+            size,
+            self.core.socks.len(),
+            self.cfg.min_chunk,
+            self.cfg.max_chunk,
+        );
+        let nchunks = plan::chunks(size, chunk).count();
+        let Some((seq, slot)) = self.core.ring.post(Some(size), nchunks, None) else {
+            return Ok(None);
+        };
+        let tx = self
+            .tx
+            .as_ref()
+            .ok_or_else(|| Error::Internal("isend after close".into()))?;
+        for (offset, len) in plan::chunks(size, chunk) {
+            let t = Task {
+                seq,
+                data: data as usize,
+                total: size as u32,
+                offset: offset as u32,
+                len: len as u32,
+            };
+            tx.send(t)
+                .map_err(|_| Error::Internal("send queue closed".into()))?;
+        }
+        let st = &self.core.stats;
+        st.add(&st.messages, 1);
+        st.add(&st.raw_bytes, size as u64);
+        Ok(Some(slot))
+    }
+}
+
+fn send_loop(core: &Core, stream: usize, rx: Receiver<Task>) {
+    let sock = &core.socks[stream];
+    while let Ok(t) = rx.recv() {
+        if core.stopped() && core.check().is_err() {
+            continue; // the comm failed: its requests already carry the error
+        }
+        let slot = core.ring.slot(t.seq);
+        let payload: &[u8] = if t.len == 0 {
+            &[]
+        } else {
+            // SAFETY: NCCL keeps the send buffer alive and unchanged until `test`
+            // reports this request done, which happens only after this write.
+            unsafe {
+                std::slice::from_raw_parts(
+                    (t.data + t.offset as usize) as *const u8,
+                    t.len as usize,
+                )
+            }
+        };
+        let hdr = ChunkHeader {
+            flags: 0,
+            seq: t.seq,
+            total: t.total,
+            offset: t.offset,
+            raw_len: t.len,
+            wire_len: t.len,
+        }
+        .encode();
+        match send_all(sock, &mut [IoSlice::new(&hdr), IoSlice::new(payload)]) {
+            Ok(()) => {
+                core.stats.add(&core.stats.wire_bytes, t.len as u64);
+                core.stats.add(&core.stats.chunks_raw, 1);
+                slot.chunk_sent();
+            }
+            Err(e) => core.fail(Error::io(
+                format!("send to {} (stream {stream})", core.peer),
+                e,
+            )),
+        }
+    }
+}
+
+impl Drop for SendComm {
+    fn drop(&mut self) {
+        // Requests still in flight at close are abandoned: cut the sockets so no
+        // thread stays blocked on a peer that no longer reads.
+        self.core.begin_close(!self.core.ring.idle());
+        self.tx.take();
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+        info!(
+            "closed send comm to {}: {}",
+            self.core.peer,
+            self.core.stats.summary()
+        );
+    }
+}
