@@ -1,17 +1,69 @@
-//! The data path's use of the codec: how big a compressed chunk may be, and how a
-//! received compressed chunk is decoded into NCCL's buffer.
+//! The data path's use of the codec: sizing staging buffers, compressing a chunk
+//! when the adaptive policy says so, and decoding a received chunk into NCCL's buffer.
 
+use std::time::Instant;
+
+use crate::adapt::{Decision, Policy};
+use crate::codec::{self, EncodeOptions};
 use crate::error::{Error, Result};
 use crate::transport::tcp::stats::Stats;
 
 /// Largest wire payload of one chunk whose uncompressed size is at most `max_chunk`.
 pub fn max_wire(max_chunk: usize) -> usize {
-    max_chunk + 4096
+    codec::max_compressed_size(max_chunk)
+}
+
+/// Compresses `src` into `staging` when the policy wants it and the result is
+/// smaller. Returns the frame length, or `None` to send `src` raw (never expands).
+pub fn encode_chunk(
+    src: &[u8],
+    staging: &mut Vec<u8>,
+    opts: &EncodeOptions,
+    policy: &Policy,
+    stats: &Stats,
+) -> Option<usize> {
+    match policy.decide(src.len()) {
+        Decision::Compress => {}
+        Decision::RawSmall => return None,
+        Decision::RawBypass => {
+            stats.add(&stats.bypassed, 1);
+            return None;
+        }
+    }
+    let need = codec::max_compressed_size(src.len());
+    if staging.len() < need {
+        staging.resize(need, 0);
+    }
+    let t0 = Instant::now();
+    let r = codec::compress(src, &mut staging[..need], opts);
+    let ns = t0.elapsed().as_nanos() as u64;
+    stats.add(&stats.codec_ns, ns);
+    match r {
+        Ok(n) => {
+            policy.record(src.len(), n, ns);
+            (n < src.len()).then_some(n)
+        }
+        Err(e) => {
+            tracing::warn!(
+                "compressing a {}-byte chunk failed, sending it raw: {e}",
+                src.len()
+            );
+            None
+        }
+    }
 }
 
 /// Decodes one compressed chunk into `dst`, which must come out exactly full.
-pub fn decode_chunk(_frame: &[u8], _dst: &mut [u8], _stats: &Stats) -> Result<()> {
-    Err(Error::Remote(
-        "peer sent a compressed chunk but this build has no codec".into(),
-    ))
+pub fn decode_chunk(frame: &[u8], dst: &mut [u8], stats: &Stats) -> Result<()> {
+    let t0 = Instant::now();
+    let n = codec::decompress(frame, dst)
+        .map_err(|e| Error::Remote(format!("corrupt compressed chunk: {e}")))?;
+    stats.add(&stats.codec_ns, t0.elapsed().as_nanos() as u64);
+    if n != dst.len() {
+        return Err(Error::Remote(format!(
+            "corrupt compressed chunk: decodes to {n} bytes, its header says {}",
+            dst.len()
+        )));
+    }
+    Ok(())
 }

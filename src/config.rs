@@ -18,14 +18,7 @@ pub enum CompressMode {
 }
 
 /// `NCCL_ZIP_DTYPE`: overrides the codec's dtype detection.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum DtypeHint {
-    Auto,
-    Bf16,
-    Fp16,
-    Fp32,
-    Raw,
-}
+pub use nccl_zip_codec::DtypeHint;
 
 #[derive(Clone, Debug)]
 pub struct Config {
@@ -50,6 +43,10 @@ pub struct Config {
     pub checksum: bool,
     /// `NCCL_ZIP_STATS=1`: periodic INFO lines with per-comm stats.
     pub stats: bool,
+    /// The link speed the cost model assumes (`NCCL_ZIP_LINK_MBPS`); by default the
+    /// device's speed from /sys. Set it when the real bottleneck is elsewhere
+    /// (a shaped or shared link).
+    pub link_mbps: Option<u64>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -72,6 +69,7 @@ impl Default for Config {
             socket_family: None,
             checksum: false,
             stats: false,
+            link_mbps: None,
         }
     }
 }
@@ -99,15 +97,14 @@ impl Config {
                 _ => return Err(bad("NCCL_ZIP_COMPRESS", &v, "auto|on|off")),
             };
         }
-        if let Some(v) = get("NCCL_ZIP_DTYPE") {
-            c.dtype = match v.to_ascii_lowercase().as_str() {
-                "auto" | "" => DtypeHint::Auto,
-                "bf16" | "bfloat16" => DtypeHint::Bf16,
-                "fp16" | "f16" | "half" => DtypeHint::Fp16,
-                "fp32" | "f32" | "float" => DtypeHint::Fp32,
-                "raw" | "none" => DtypeHint::Raw,
-                _ => return Err(bad("NCCL_ZIP_DTYPE", &v, "auto|bf16|fp16|fp32|raw")),
-            };
+        if let Some(v) = get("NCCL_ZIP_DTYPE").filter(|v| !v.is_empty()) {
+            c.dtype = DtypeHint::parse(&v).ok_or_else(|| {
+                bad(
+                    "NCCL_ZIP_DTYPE",
+                    &v,
+                    "auto|bf16|fp16|fp32|fp8e4m3|fp8e5m2|raw",
+                )
+            })?;
         }
         let num = |k: &str, lo: usize, hi: usize| -> Result<Option<usize>> {
             match get(k) {
@@ -136,6 +133,9 @@ impl Config {
         }
         if let Some(n) = num("NCCL_ZIP_PEER_TIMEOUT_MS", 1000, 3_600_000)? {
             c.peer_timeout = Duration::from_millis(n as u64);
+        }
+        if let Some(n) = num("NCCL_ZIP_LINK_MBPS", 1, 100_000_000)? {
+            c.link_mbps = Some(n as u64);
         }
         c.min_chunk = c.min_chunk.min(c.max_chunk);
         c.socket_ifname = get("NCCL_SOCKET_IFNAME").filter(|s| !s.is_empty());

@@ -12,7 +12,8 @@
 
 pub mod ffi;
 
-// pub use nccl_zip_codec as codec;
+pub use nccl_zip_codec as codec;
+pub mod adapt;
 pub mod codec_glue;
 pub mod config;
 pub mod error;

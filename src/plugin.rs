@@ -125,12 +125,17 @@ impl Plugin {
 
     /// One non-blocking connect step; the progress is kept in `handle`.
     pub fn connect(&self, dev: i32, handle: &mut [u8; HANDLE_SIZE]) -> Result<Option<SendComm>> {
-        self.device(dev)?;
+        let d = self.device(dev)?;
+        let link_mbps = self.cfg.link_mbps.unwrap_or(d.speed_mbps as u64);
         let ptr = match wire::stage_get(handle).filter(|p| self.connecting.lock().contains(p)) {
             Some(p) => p as *mut ConnectState,
             None => {
                 let h = Handle::decode(handle)?;
-                let p = Box::into_raw(Box::new(ConnectState::start(&h, self.cfg.clone())?));
+                let p = Box::into_raw(Box::new(ConnectState::start(
+                    &h,
+                    link_mbps,
+                    self.cfg.clone(),
+                )?));
                 self.connecting.lock().insert(p as usize);
                 wire::stage_set(handle, Some(p as usize));
                 p

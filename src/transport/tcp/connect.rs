@@ -26,12 +26,13 @@ pub struct ConnectState {
     hello: Vec<[u8; HELLO_SIZE]>,
     peer: SocketAddr,
     started: Instant,
+    link_mbps: u64,
     cfg: Arc<Config>,
 }
 
 impl ConnectState {
     /// Starts `cfg.nstreams` non-blocking connects to the listener in `handle`.
-    pub fn start(handle: &Handle, cfg: Arc<Config>) -> Result<ConnectState> {
+    pub fn start(handle: &Handle, link_mbps: u64, cfg: Arc<Config>) -> Result<ConnectState> {
         let conn_id: u64 = rand::random();
         let n = cfg.nstreams;
         let mut socks = Vec::with_capacity(n);
@@ -69,6 +70,7 @@ impl ConnectState {
             hello,
             peer: handle.addr,
             started: Instant::now(),
+            link_mbps,
             cfg,
         })
     }
@@ -115,7 +117,7 @@ impl ConnectState {
     /// Turns a finished connect into a send comm.
     pub fn finish(self) -> Result<SendComm> {
         let socks = self.socks.into_iter().map(|(s, _)| s).collect();
-        SendComm::new(socks, self.peer, self.cfg)
+        SendComm::new(socks, self.peer, self.link_mbps, self.cfg)
     }
 }
 

@@ -132,6 +132,13 @@ fn recv_chunks(core: &Core, stream: usize, max_wire: usize) -> Result<()> {
     }
 }
 
+impl RecvComm {
+    /// This comm's counters.
+    pub fn stats(&self) -> &super::stats::Stats {
+        &self.core.stats
+    }
+}
+
 impl Drop for RecvComm {
     fn drop(&mut self) {
         self.core.begin_close(true);

@@ -1,6 +1,8 @@
 //! Send comm: `isend` cuts a message into chunks and queues them; each stream's
-//! thread takes the next chunk, writes header and payload straight from NCCL's
-//! buffer (no copy), and the request is done when its last chunk is written.
+//! thread takes the next chunk, compresses it into its own staging buffer when the
+//! adaptive policy says it pays (otherwise writes straight from NCCL's buffer, no
+//! copy), and writes header and payload. Chunks go on the wire as soon as each is
+//! ready (split-send), and the request is done when its last chunk is written.
 
 use std::io::IoSlice;
 use std::net::SocketAddr;
@@ -13,10 +15,14 @@ use tracing::info;
 
 use super::core::{spawn_io, Core};
 use super::sock::{configure_data_socket, send_all};
+use crate::adapt::Policy;
+use crate::codec::EncodeOptions;
+use crate::codec_glue::encode_chunk;
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::proto::plan;
 use crate::proto::slots::Slot;
+use crate::proto::wire::FLAG_COMPRESSED;
 use crate::proto::wire::{ChunkHeader, MAX_MESSAGE};
 
 /// One chunk to write. `data` is NCCL's buffer, valid until `test` reports done.
@@ -36,7 +42,13 @@ pub struct SendComm {
 }
 
 impl SendComm {
-    pub fn new(socks: Vec<Socket>, peer: SocketAddr, cfg: Arc<Config>) -> Result<SendComm> {
+    /// `link_mbps` feeds the adaptive policy's cost model.
+    pub fn new(
+        socks: Vec<Socket>,
+        peer: SocketAddr,
+        link_mbps: u64,
+        cfg: Arc<Config>,
+    ) -> Result<SendComm> {
         for s in &socks {
             configure_data_socket(s, cfg.peer_timeout)
                 .map_err(|e| Error::io("configure socket", e))?;
@@ -44,14 +56,26 @@ impl SendComm {
         let n = socks.len();
         let core = Arc::new(Core::new(socks, peer));
         let (tx, rx) = crossbeam_channel::unbounded::<Task>();
+        let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
+        let coder = Arc::new(Coder {
+            policy: Policy::new(cfg.compress, link_mbps, n, cores),
+            opts: EncodeOptions {
+                dtype: cfg.dtype,
+                checksum: cfg.checksum,
+                ..EncodeOptions::default()
+            },
+        });
         let mut threads = Vec::with_capacity(n);
         for i in 0..n {
-            let (c, rx) = (core.clone(), rx.clone());
+            let (c, rx, coder) = (core.clone(), rx.clone(), coder.clone());
             threads.push(spawn_io(format!("zip-send{i}"), core.clone(), move || {
-                send_loop(&c, i, rx)
+                send_loop(&c, i, rx, &coder)
             })?);
         }
-        info!("send comm to {peer}: {n} streams");
+        info!(
+            "send comm to {peer}: {n} streams, compress={:?}, link {link_mbps} Mbps",
+            cfg.compress
+        );
         Ok(SendComm {
             core,
             tx: Some(tx),
@@ -103,8 +127,16 @@ impl SendComm {
     }
 }
 
-fn send_loop(core: &Core, stream: usize, rx: Receiver<Task>) {
+/// What a comm's send threads share for compression.
+struct Coder {
+    policy: Policy,
+    opts: EncodeOptions,
+}
+
+fn send_loop(core: &Core, stream: usize, rx: Receiver<Task>, coder: &Coder) {
     let sock = &core.socks[stream];
+    // Bounded: at most one compressed chunk (max_compressed_size(max_chunk)).
+    let mut staging: Vec<u8> = Vec::new();
     while let Ok(t) = rx.recv() {
         if core.stopped() && core.check().is_err() {
             continue; // the comm failed: its requests already carry the error
@@ -122,19 +154,37 @@ fn send_loop(core: &Core, stream: usize, rx: Receiver<Task>) {
                 )
             }
         };
+        let (flags, wire): (u16, &[u8]) = match encode_chunk(
+            payload,
+            &mut staging,
+            &coder.opts,
+            &coder.policy,
+            &core.stats,
+        ) {
+            Some(n) => (FLAG_COMPRESSED, &staging[..n]),
+            None => (0, payload),
+        };
         let hdr = ChunkHeader {
-            flags: 0,
+            flags,
             seq: t.seq,
             total: t.total,
             offset: t.offset,
             raw_len: t.len,
-            wire_len: t.len,
+            wire_len: wire.len() as u32,
         }
         .encode();
-        match send_all(sock, &mut [IoSlice::new(&hdr), IoSlice::new(payload)]) {
+        match send_all(sock, &mut [IoSlice::new(&hdr), IoSlice::new(wire)]) {
             Ok(()) => {
-                core.stats.add(&core.stats.wire_bytes, t.len as u64);
-                core.stats.add(&core.stats.chunks_raw, 1);
+                let st = &core.stats;
+                st.add(&st.wire_bytes, wire.len() as u64);
+                st.add(
+                    if flags == 0 {
+                        &st.chunks_raw
+                    } else {
+                        &st.chunks_compressed
+                    },
+                    1,
+                );
                 slot.chunk_sent();
             }
             Err(e) => core.fail(Error::io(
@@ -142,6 +192,13 @@ fn send_loop(core: &Core, stream: usize, rx: Receiver<Task>) {
                 e,
             )),
         }
+    }
+}
+
+impl SendComm {
+    /// This comm's counters.
+    pub fn stats(&self) -> &super::stats::Stats {
+        &self.core.stats
     }
 }
 

@@ -11,6 +11,8 @@ pub struct Stats {
     pub wire_bytes: AtomicU64,
     pub chunks_compressed: AtomicU64,
     pub chunks_raw: AtomicU64,
+    /// Chunks the adaptive policy sent raw because compression was not paying.
+    pub bypassed: AtomicU64,
     /// Time spent in the codec, nanoseconds.
     pub codec_ns: AtomicU64,
 }
@@ -29,13 +31,14 @@ impl Stats {
             1.0
         };
         format!(
-            "messages {} raw {} B wire {} B ratio {:.3} chunks compressed {} raw {} codec {:.1} ms",
+            "messages {} raw {} B wire {} B ratio {:.3} chunks compressed {} raw {} (bypass {}) codec {:.1} ms",
             self.messages.load(Relaxed),
             raw,
             wire,
             ratio,
             self.chunks_compressed.load(Relaxed),
             self.chunks_raw.load(Relaxed),
+            self.bypassed.load(Relaxed),
             self.codec_ns.load(Relaxed) as f64 / 1e6
         )
     }

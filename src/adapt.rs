@@ -1,0 +1,159 @@
+//! Adaptive compression, per connection: decides for each chunk whether running the
+//! codec pays, from a size threshold, the recent compression ratio, and a cost model
+//! of codec speed against link speed. Pure logic (times are passed in), unit-tested.
+//!
+//! Compressing a chunk of `n` bytes at ratio `r` costs `n / codec_rate` of CPU and
+//! saves `n (1 - 1/r) / link_share` of wire time, where `link_share` is the link
+//! rate divided among the streams that compress in parallel. It pays when
+//! `codec_rate > link_share * r / (r - 1)`. Data that stops compressing (ratio below
+//! [`MIN_RATIO`]) is sent raw for [`REPROBE_EVERY`] chunks, then probed again.
+
+use parking_lot::Mutex;
+
+use crate::config::CompressMode;
+
+/// Chunks below this go raw: a frame header and a codec call cost more than they save.
+pub const MIN_COMPRESS_BYTES: usize = 4096;
+/// Below this ratio compression does not pay, whatever the link.
+pub const MIN_RATIO: f64 = 1.03;
+/// Chunks sent raw before compression is tried again after it stopped paying.
+pub const REPROBE_EVERY: u32 = 64;
+const ALPHA: f64 = 0.25;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Decision {
+    Compress,
+    /// Too small to be worth it.
+    RawSmall,
+    /// Off, or recent data did not pay (bypass).
+    RawBypass,
+}
+
+#[derive(Debug)]
+struct State {
+    ratio: f64,
+    /// Codec throughput of one thread, bytes per second.
+    codec_bps: f64,
+    bypass_left: u32,
+}
+
+#[derive(Debug)]
+pub struct Policy {
+    mode: CompressMode,
+    /// Link bytes per second available to one compressing stream.
+    link_share_bps: f64,
+    /// How many streams compress at once (bounded by the cores).
+    parallel: f64,
+    state: Mutex<State>,
+}
+
+impl Policy {
+    /// `link_mbps`: the link's speed; `streams`: streams sharing it; `cores`: CPUs the codec may use.
+    pub fn new(mode: CompressMode, link_mbps: u64, streams: usize, cores: usize) -> Policy {
+        let link_bps = link_mbps as f64 * 1e6 / 8.0;
+        let streams = streams.max(1) as f64;
+        Policy {
+            mode,
+            link_share_bps: link_bps / streams,
+            parallel: (cores.max(1) as f64).min(streams) / streams,
+            // Optimistic start, so the first chunks probe the codec.
+            state: Mutex::new(State {
+                ratio: 1.4,
+                codec_bps: 2e9,
+                bypass_left: 0,
+            }),
+        }
+    }
+
+    pub fn decide(&self, len: usize) -> Decision {
+        match self.mode {
+            CompressMode::Off => return Decision::RawBypass,
+            _ if len < MIN_COMPRESS_BYTES => return Decision::RawSmall,
+            CompressMode::On => return Decision::Compress,
+            CompressMode::Auto => {}
+        }
+        let mut s = self.state.lock();
+        if s.bypass_left > 0 {
+            s.bypass_left -= 1;
+            return Decision::RawBypass;
+        }
+        if Self::pays(s.ratio, s.codec_bps * self.parallel, self.link_share_bps) {
+            Decision::Compress
+        } else {
+            s.bypass_left = REPROBE_EVERY;
+            Decision::RawBypass
+        }
+    }
+
+    fn pays(ratio: f64, codec_bps: f64, link_share_bps: f64) -> bool {
+        ratio >= MIN_RATIO && codec_bps > link_share_bps * ratio / (ratio - 1.0)
+    }
+
+    /// Feeds back one compressed chunk: `raw` bytes became `wire` bytes in `codec_ns`.
+    pub fn record(&self, raw: usize, wire: usize, codec_ns: u64) {
+        if raw == 0 {
+            return;
+        }
+        let r = raw as f64 / wire.max(1) as f64;
+        let bps = raw as f64 * 1e9 / codec_ns.max(1) as f64;
+        let mut s = self.state.lock();
+        s.ratio += ALPHA * (r - s.ratio);
+        s.codec_bps += ALPHA * (bps - s.codec_bps);
+    }
+
+    pub fn ratio_estimate(&self) -> f64 {
+        self.state.lock().ratio
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GBIT: u64 = 1000;
+
+    #[test]
+    fn off_and_small_never_compress() {
+        let p = Policy::new(CompressMode::Off, 2 * GBIT, 4, 2);
+        assert_eq!(p.decide(1 << 20), Decision::RawBypass);
+        let p = Policy::new(CompressMode::On, 2 * GBIT, 4, 2);
+        assert_eq!(p.decide(100), Decision::RawSmall);
+        assert_eq!(p.decide(1 << 20), Decision::Compress);
+    }
+
+    #[test]
+    fn incompressible_data_is_bypassed_then_reprobed() {
+        let p = Policy::new(CompressMode::Auto, 2 * GBIT, 4, 2);
+        assert_eq!(p.decide(1 << 20), Decision::Compress);
+        for _ in 0..20 {
+            p.record(1 << 20, (1 << 20) + 24, 200_000);
+        }
+        assert_eq!(p.decide(1 << 20), Decision::RawBypass);
+        let raw = (0..REPROBE_EVERY)
+            .filter(|_| p.decide(1 << 20) == Decision::RawBypass)
+            .count();
+        assert_eq!(raw as u32, REPROBE_EVERY);
+        // The ratio estimate stays low, so the re-probe keeps bypassing until data changes.
+        assert_eq!(p.decide(1 << 20), Decision::RawBypass);
+        for _ in 0..REPROBE_EVERY {
+            p.decide(1 << 20);
+        }
+        for _ in 0..20 {
+            p.record(1 << 20, 700_000, 200_000);
+        }
+        assert_eq!(p.decide(1 << 20), Decision::Compress);
+    }
+
+    #[test]
+    fn cost_model_links_and_codec_speed() {
+        // 2 GB/s codec, ratio 1.5: pays on 2 Gbit/s, not on a 400 Gbit/s link.
+        assert!(Policy::pays(1.5, 2e9, 2e9 / 8.0 / 4.0));
+        assert!(!Policy::pays(1.5, 2e9, 400e9 / 8.0 / 4.0));
+        // A slow codec loses even on a modest link.
+        let p = Policy::new(CompressMode::Auto, 100 * GBIT, 1, 1);
+        for _ in 0..20 {
+            p.record(1 << 20, 700_000, 5_000_000); // 0.2 GB/s
+        }
+        assert_eq!(p.decide(1 << 20), Decision::RawBypass);
+    }
+}

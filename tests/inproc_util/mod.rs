@@ -1,0 +1,99 @@
+//! Shared by the in-process test binaries (each binary has its own environment,
+//! because the plugin reads its configuration once per process).
+#![allow(dead_code)]
+
+use nccl_net_zip::plugin;
+use nccl_net_zip::proto::slots::Slot;
+use nccl_net_zip::proto::wire::HANDLE_SIZE;
+use nccl_net_zip::transport::tcp::{RecvComm, SendComm};
+
+pub fn pair() -> (SendComm, RecvComm) {
+    std::env::set_var("NCCL_SOCKET_IFNAME", "lo");
+    let p = plugin::init().unwrap();
+    let mut handle = [0u8; HANDLE_SIZE];
+    let mut l = p.listen(0, &mut handle).unwrap();
+    let (mut s, mut r) = (None, None);
+    for _ in 0..100_000 {
+        if s.is_none() {
+            s = p.connect(0, &mut handle).unwrap();
+        }
+        if r.is_none() {
+            r = plugin::accept(&mut l).unwrap();
+        }
+        if s.is_some() && r.is_some() {
+            return (s.unwrap(), r.unwrap());
+        }
+        std::thread::yield_now();
+    }
+    panic!("connect/accept did not finish");
+}
+
+pub fn pattern(seed: u64, n: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+/// Deterministic Gaussian-ish bf16 values (sum of uniforms), `n` bytes.
+pub fn bf16_gaussian(seed: u64, n: usize, sigma: f32) -> Vec<u8> {
+    let u = pattern(seed, n * 2);
+    let mut out = Vec::with_capacity(n + 1);
+    for c in u.chunks(4) {
+        let s: f32 = c.iter().map(|&b| b as f32 / 255.0 - 0.5).sum::<f32>() * 1.7 * sigma;
+        out.extend_from_slice(&((s.to_bits() >> 16) as u16).to_le_bytes());
+        if out.len() >= n {
+            break;
+        }
+    }
+    out.truncate(n);
+    out
+}
+
+/// Sends every message and receives it into a fresh buffer, 8 in flight, tests in
+/// posting order, and checks bytes and reported sizes.
+pub fn transfer_and_check(s: &SendComm, r: &RecvComm, msgs: &[Vec<u8>], cap: usize) {
+    let mut bufs: Vec<Vec<u8>> = msgs.iter().map(|_| vec![0xEEu8; cap]).collect();
+    for (w, window) in msgs.chunks(8).enumerate() {
+        let mut reqs: Vec<(*const Slot, *const Slot)> = Vec::new();
+        for (k, m) in window.iter().enumerate() {
+            let rb = bufs[w * 8 + k].as_mut_ptr();
+            let rq = r.irecv(rb, cap).unwrap().expect("slot") as *const Slot;
+            let sq = s.isend(m.as_ptr(), m.len()).unwrap().expect("slot") as *const Slot;
+            reqs.push((sq, rq));
+        }
+        for (k, (sq, rq)) in reqs.iter().enumerate() {
+            let i = w * 8 + k;
+            let (sq, rq) = unsafe { (&**sq, &**rq) };
+            let t0 = std::time::Instant::now();
+            let sent = loop {
+                if let Some(n) = sq.test().unwrap() {
+                    break n;
+                }
+                assert!(t0.elapsed().as_secs() < 30, "send {i} stuck");
+            };
+            let got = loop {
+                if let Some(n) = rq.test().unwrap() {
+                    break n;
+                }
+                assert!(t0.elapsed().as_secs() < 30, "recv {i} stuck");
+            };
+            assert_eq!(sent, msgs[i].len());
+            assert_eq!(got, msgs[i].len(), "test() must report the true size");
+            assert!(
+                bufs[i][..got] == msgs[i][..],
+                "message {i} ({} bytes) differs",
+                got
+            );
+            assert!(
+                bufs[i][got..].iter().all(|&b| b == 0xEE),
+                "message {i} wrote past its end"
+            );
+        }
+    }
+}
