@@ -1,0 +1,392 @@
+//! The decoder. Total: for any input it returns the original bytes or an error,
+//! never reads or writes out of bounds, never allocates, and writes `dst` in
+//! ascending address order.
+
+use crate::codes::{CODE_LENGTHS, CODE_WORDS, ESC, MAXLEN, ND, NSYM, ZERO};
+use crate::elem::{Bf16, Elem, Fp16, Fp32};
+use crate::format::*;
+use crate::{CodecError, Dtype, FrameInfo};
+
+const GROUP: usize = 4 * SEG_ELEMS;
+const TABLE: usize = 1 << MAXLEN;
+/// Decode-table entry flag: a distance symbol that lands outside 1..=EMAX.
+const INVALID: u32 = 1 << 17;
+
+/// Reads the header and block table of a frame (no decoding).
+///
+/// Needs the header and, for block frames, the block table; the blocks themselves
+/// need not be present (a receiver can call it on a prefix).
+pub fn frame_info(src: &[u8]) -> Result<FrameInfo, CodecError> {
+    let h = Header::parse(src)?;
+    let stored = h.flags & FLAG_STORED != 0;
+    let checksum = (h.flags & FLAG_CHECKSUM != 0).then_some(h.crc);
+    let (blocks, frame_len) = if stored {
+        (0, (HEADER_LEN as u64).saturating_add(h.raw_len))
+    } else {
+        let nb = block_count(&h);
+        let table = table_slice(src, nb)?;
+        let sum: u64 = table
+            .chunks_exact(4)
+            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]) as u64)
+            .sum();
+        (nb, HEADER_LEN as u64 + 4 * nb + sum)
+    };
+    Ok(FrameInfo {
+        raw_len: h.raw_len,
+        frame_len,
+        dtype: Dtype::from_u8(h.dtype),
+        blocks,
+        block_size: 1 << h.block_log2,
+        stored,
+        checksum,
+    })
+}
+
+fn block_count(h: &Header) -> u64 {
+    h.raw_len.div_ceil(1u64 << h.block_log2)
+}
+
+/// The block table, bounds-checked against `src`.
+fn table_slice(src: &[u8], nb: u64) -> Result<&[u8], CodecError> {
+    let end = nb
+        .checked_mul(4)
+        .and_then(|t| t.checked_add(HEADER_LEN as u64))
+        .ok_or(CodecError::Corrupt("block table length overflows"))?;
+    if end > src.len() as u64 {
+        return Err(CodecError::Truncated);
+    }
+    Ok(&src[HEADER_LEN..end as usize])
+}
+
+/// Decompresses one whole frame `src` into `dst` and returns the uncompressed length.
+///
+/// Errors (never panics) when the frame is malformed, truncated, followed by extra
+/// bytes, fails its checksum, or is longer than `dst`. Writes `dst[..len]` in
+/// ascending address order; on error, a prefix of `dst` may have been written.
+pub fn decompress(src: &[u8], dst: &mut [u8]) -> Result<usize, CodecError> {
+    let (h, n) = parse_for_decode(src, dst.len())?;
+    if h.flags & FLAG_STORED != 0 {
+        let end = HEADER_LEN as u64 + h.raw_len;
+        if (src.len() as u64) < end {
+            return Err(CodecError::Truncated);
+        }
+        if (src.len() as u64) > end {
+            return Err(CodecError::TrailingBytes {
+                frame_len: end,
+                src_len: src.len(),
+            });
+        }
+        copy_ascending(&mut dst[..n], &src[HEADER_LEN..]);
+    } else {
+        let b = 1usize << h.block_log2;
+        let nb = block_count(&h);
+        let table = table_slice(src, nb)?;
+        let mut pos = table.len() + HEADER_LEN;
+        for (i, c) in table.chunks_exact(4).enumerate() {
+            let size = u32::from_le_bytes([c[0], c[1], c[2], c[3]]) as usize;
+            let end = pos.checked_add(size).ok_or(CodecError::Truncated)?;
+            if end > src.len() {
+                return Err(CodecError::Truncated);
+            }
+            let o = i * b;
+            let l = b.min(n - o);
+            decode_block(src, pos, size, &mut dst[o..o + l])?;
+            pos = end;
+        }
+        if pos != src.len() {
+            return Err(CodecError::TrailingBytes {
+                frame_len: pos as u64,
+                src_len: src.len(),
+            });
+        }
+    }
+    verify(&h, &dst[..n])?;
+    Ok(n)
+}
+
+pub(crate) fn parse_for_decode(src: &[u8], dst_len: usize) -> Result<(Header, usize), CodecError> {
+    let h = Header::parse(src)?;
+    if h.raw_len > dst_len as u64 {
+        return Err(CodecError::DstTooSmall {
+            needed: h.raw_len,
+            available: dst_len,
+        });
+    }
+    Ok((h, h.raw_len as usize))
+}
+
+pub(crate) fn verify(h: &Header, out: &[u8]) -> Result<(), CodecError> {
+    if h.flags & FLAG_CHECKSUM != 0 {
+        let actual = crc32c::crc32c(out);
+        if actual != h.crc {
+            return Err(CodecError::ChecksumMismatch {
+                expected: h.crc,
+                actual,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Copies with ascending 16-byte stores. A compiler fence per chunk keeps LLVM from
+/// turning the loop into `memcpy`, which may store a buffer's tail before its head.
+pub(crate) fn copy_ascending(dst: &mut [u8], src: &[u8]) {
+    use std::sync::atomic::{compiler_fence, Ordering};
+    let mut d = dst.chunks_exact_mut(16);
+    let mut s = src.chunks_exact(16);
+    for (dc, sc) in (&mut d).zip(&mut s) {
+        let v: [u8; 16] = sc.try_into().unwrap();
+        dc.copy_from_slice(&v);
+        compiler_fence(Ordering::Release);
+    }
+    for (x, y) in d.into_remainder().iter_mut().zip(s.remainder()) {
+        *x = *y;
+    }
+}
+
+/// Decodes block at `src[start..start + size]` into `out` (its `L` bytes).
+pub(crate) fn decode_block(
+    src: &[u8],
+    start: usize,
+    size: usize,
+    out: &mut [u8],
+) -> Result<(), CodecError> {
+    if size == 0 {
+        return Err(CodecError::Corrupt("empty block"));
+    }
+    let l = out.len();
+    match src[start] {
+        MODE_RAW => {
+            if size != 1 + l {
+                return Err(CodecError::Corrupt("raw block length mismatch"));
+            }
+            copy_ascending(out, &src[start + 1..start + size]);
+            Ok(())
+        }
+        MODE_FILL => {
+            if size != 2 {
+                return Err(CodecError::Corrupt("fill block length mismatch"));
+            }
+            out.fill(src[start + 1]);
+            Ok(())
+        }
+        MODE_BF16 => decode_coded::<Bf16>(src, start, size, out),
+        MODE_FP16 => decode_coded::<Fp16>(src, start, size, out),
+        MODE_FP32 => decode_coded::<Fp32>(src, start, size, out),
+        _ => Err(CodecError::Corrupt("unknown block mode")),
+    }
+}
+
+/// Decode table for code `k` and anchor `a`: indexed by the next 12 stream bits.
+/// Entry: bits 0..8 exponent (0 for ESC), 8..12 code length, 12..17 length with the
+/// escape payload, bit 17 INVALID, bits 24..32 mask of the escape payload.
+fn dec_table<T: Elem>(k: usize, a: u32, t: &mut [u32; TABLE]) {
+    for s in 0..NSYM {
+        let lc = CODE_LENGTHS[k][s] as u32;
+        let ent = if s < ND {
+            let d = s as u32;
+            if d < a {
+                (a - d) | (lc << 8) | (lc << 12)
+            } else {
+                INVALID | (lc << 8) | (lc << 12)
+            }
+        } else if s == ZERO {
+            (lc << 8) | (lc << 12)
+        } else {
+            debug_assert_eq!(s, ESC);
+            (lc << 8) | ((lc + T::EBITS) << 12) | (((1u32 << T::EBITS) - 1) << 24)
+        };
+        let w = CODE_WORDS[k][s] as usize;
+        for hi in 0..(1usize << (MAXLEN - lc)) {
+            t[w | (hi << lc)] = ent;
+        }
+    }
+}
+
+/// Little-endian 64-bit load at byte `p` of `src`, zero-filled past its end.
+#[inline(always)]
+fn load64(src: &[u8], p: usize) -> u64 {
+    match src.get(p..p + 8) {
+        Some(b) => u64::from_le_bytes(b.try_into().unwrap()),
+        None => {
+            let mut v = [0u8; 8];
+            if p < src.len() {
+                let r = &src[p..];
+                v[..r.len()].copy_from_slice(r);
+            }
+            u64::from_le_bytes(v)
+        }
+    }
+}
+
+/// Decodes one element from `buf` (at least 20 valid bits): (key, bits used, invalid flag).
+#[inline(always)]
+fn dec_one<T: Elem>(lut: &[u32; TABLE], buf: u64) -> (u8, u32, u32) {
+    let t = lut[(buf & (TABLE as u64 - 1)) as usize];
+    let lc = (t >> 8) & 0xF;
+    let e = (t & 0xFF) | ((buf >> lc) as u32 & (t >> 24));
+    let mut len = (t >> 12) & 0x1F;
+    let key = if T::XBITS > 0 {
+        let x = (buf >> len) as u32 & 7;
+        len += T::XBITS;
+        T::make_key(e, x)
+    } else {
+        e
+    };
+    (key as u8, len, t & INVALID)
+}
+
+/// Decodes a segment of `keys.len()` elements starting at byte `base` of `src`;
+/// returns the bits consumed and the invalid flag.
+fn dec_segment<T: Elem>(
+    lut: &[u32; TABLE],
+    src: &[u8],
+    base: usize,
+    keys: &mut [u8],
+) -> (u64, u32) {
+    let mut bp = 0u64;
+    let mut bad = 0u32;
+    let mut pairs = keys.chunks_exact_mut(2);
+    for p in &mut pairs {
+        let mut buf = load64(src, base + (bp >> 3) as usize) >> (bp & 7);
+        let (k0, l0, b0) = dec_one::<T>(lut, buf);
+        buf >>= l0;
+        let (k1, l1, b1) = dec_one::<T>(lut, buf);
+        p[0] = k0;
+        p[1] = k1;
+        bp += (l0 + l1) as u64;
+        bad |= b0 | b1;
+    }
+    for k in pairs.into_remainder() {
+        let buf = load64(src, base + (bp >> 3) as usize) >> (bp & 7);
+        let (k0, l0, b0) = dec_one::<T>(lut, buf);
+        *k = k0;
+        bp += l0 as u64;
+        bad |= b0;
+    }
+    (bp, bad)
+}
+
+/// Four full segments interleaved.
+fn dec_segments4<T: Elem>(
+    lut: &[u32; TABLE],
+    src: &[u8],
+    base: [usize; 4],
+    keys: &mut [u8],
+) -> ([u64; 4], u32) {
+    let (k0, rest) = keys.split_at_mut(SEG_ELEMS);
+    let (k1, rest) = rest.split_at_mut(SEG_ELEMS);
+    let (k2, k3) = rest.split_at_mut(SEG_ELEMS);
+    let mut bp = [0u64; 4];
+    let mut bad = 0u32;
+    for j in (0..SEG_ELEMS).step_by(2) {
+        let mut b = [0u64; 4];
+        for s in 0..4 {
+            b[s] = load64(src, base[s] + (bp[s] >> 3) as usize) >> (bp[s] & 7);
+        }
+        let r0 = dec_one::<T>(lut, b[0]);
+        let r1 = dec_one::<T>(lut, b[1]);
+        let r2 = dec_one::<T>(lut, b[2]);
+        let r3 = dec_one::<T>(lut, b[3]);
+        let q0 = dec_one::<T>(lut, b[0] >> r0.1);
+        let q1 = dec_one::<T>(lut, b[1] >> r1.1);
+        let q2 = dec_one::<T>(lut, b[2] >> r2.1);
+        let q3 = dec_one::<T>(lut, b[3] >> r3.1);
+        k0[j] = r0.0;
+        k0[j + 1] = q0.0;
+        k1[j] = r1.0;
+        k1[j + 1] = q1.0;
+        k2[j] = r2.0;
+        k2[j + 1] = q2.0;
+        k3[j] = r3.0;
+        k3[j + 1] = q3.0;
+        bp[0] += (r0.1 + q0.1) as u64;
+        bp[1] += (r1.1 + q1.1) as u64;
+        bp[2] += (r2.1 + q2.1) as u64;
+        bp[3] += (r3.1 + q3.1) as u64;
+        bad |= r0.2 | r1.2 | r2.2 | r3.2 | q0.2 | q1.2 | q2.2 | q3.2;
+    }
+    (bp, bad)
+}
+
+fn decode_coded<T: Elem>(
+    src: &[u8],
+    start: usize,
+    size: usize,
+    out: &mut [u8],
+) -> Result<(), CodecError> {
+    let blk = &src[start..start + size];
+    let l = out.len();
+    let m = l / T::W;
+    let t = l - m * T::W;
+    let nseg = m.div_ceil(SEG_ELEMS);
+    let off1 = BLOCK_HEADER_LEN + 2 * nseg;
+    let off2 = off1 + m;
+    let streams = off2 + T::P2 * m;
+    if m == 0 || streams > size {
+        return Err(CodecError::Corrupt("coded block too short"));
+    }
+    let k = blk[1] as usize;
+    let a = blk[2] as u32;
+    if k >= CODE_LENGTHS.len() || a == 0 || a > T::EMAX || blk[3] != 0 {
+        return Err(CodecError::Corrupt("bad coded block header"));
+    }
+    let seg_len = |j: usize| u16::from_le_bytes([blk[4 + 2 * j], blk[5 + 2 * j]]) as usize;
+    let total: usize = (0..nseg).map(seg_len).sum();
+    if streams + total + t != size {
+        return Err(CodecError::Corrupt("coded block length mismatch"));
+    }
+    let mut lut = [0u32; TABLE];
+    dec_table::<T>(k, a, &mut lut);
+    let mut keys = [0u8; GROUP];
+    let mut sp = start + streams; // absolute position of the next segment
+    let mut seg = 0usize;
+    let mut g0 = 0usize;
+    while g0 < m {
+        let g1 = (g0 + GROUP).min(m);
+        let gk = &mut keys[..g1 - g0];
+        let nsg = (g1 - g0).div_ceil(SEG_ELEMS);
+        let mut base = [0usize; 4];
+        let mut lens = [0usize; 4];
+        for i in 0..nsg {
+            base[i] = sp;
+            lens[i] = seg_len(seg + i);
+            sp += lens[i];
+        }
+        let (bits, bad) = if g1 - g0 == GROUP {
+            dec_segments4::<T>(&lut, src, base, gk)
+        } else {
+            let mut bits = [0u64; 4];
+            let mut bad = 0;
+            for (i, ks) in gk.chunks_mut(SEG_ELEMS).enumerate() {
+                let (b, f) = dec_segment::<T>(&lut, src, base[i], ks);
+                bits[i] = b;
+                bad |= f;
+            }
+            (bits, bad)
+        };
+        if bad != 0 {
+            return Err(CodecError::Corrupt("exponent out of range"));
+        }
+        for i in 0..nsg {
+            if bits[i].div_ceil(8) != lens[i] as u64 {
+                return Err(CodecError::Corrupt("segment length mismatch"));
+            }
+        }
+        let p2: &[u8] = if T::P2 > 0 {
+            &blk[off2 + T::P2 * g0..off2 + T::P2 * g1]
+        } else {
+            &[]
+        };
+        T::join(
+            gk,
+            &blk[off1 + g0..off1 + g1],
+            p2,
+            &mut out[g0 * T::W..g1 * T::W],
+        );
+        seg += nsg;
+        g0 = g1;
+    }
+    out[m * T::W..].copy_from_slice(&blk[size - t..]);
+    Ok(())
+}
