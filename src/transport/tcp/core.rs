@@ -2,12 +2,13 @@
 //! both directions: the request ring, the sockets, and how the comm fails.
 
 use std::net::{Shutdown, SocketAddr};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::*};
+use std::time::{Duration, Instant};
 use std::thread::JoinHandle;
 
 use parking_lot::Mutex;
 use socket2::Socket;
-use tracing::warn;
+use tracing::{info, warn};
 
 use super::stats::Stats;
 use crate::error::{Error, Result};
@@ -23,10 +24,17 @@ pub struct Core {
     closing: AtomicBool,
     /// Receive side: streams that ended cleanly.
     pub eofs: AtomicUsize,
+    /// `NCCL_ZIP_STATS=1`: an INFO line with the counters at most this often.
+    report_every: Option<Duration>,
+    born: Instant,
+    /// Milliseconds after `born` of the last periodic report.
+    last_report_ms: AtomicU64,
+    /// "send to" / "recv from", for log lines.
+    pub direction: &'static str,
 }
 
 impl Core {
-    pub fn new(socks: Vec<Socket>, peer: SocketAddr) -> Core {
+    pub fn new(socks: Vec<Socket>, peer: SocketAddr, direction: &'static str, report_every: Option<Duration>) -> Core {
         Core {
             ring: Ring::default(),
             socks,
@@ -36,6 +44,22 @@ impl Core {
             broken: AtomicBool::new(false),
             closing: AtomicBool::new(false),
             eofs: AtomicUsize::new(0),
+            report_every,
+            born: Instant::now(),
+            last_report_ms: AtomicU64::new(0),
+            direction,
+        }
+    }
+
+    /// Logs the counters if a periodic report is due. One relaxed load when it is not.
+    pub fn maybe_report(&self) {
+        let Some(every) = self.report_every else { return };
+        let now = self.born.elapsed().as_millis() as u64;
+        let last = self.last_report_ms.load(Relaxed);
+        if now.saturating_sub(last) >= every.as_millis() as u64
+            && self.last_report_ms.compare_exchange(last, now, Relaxed, Relaxed).is_ok()
+        {
+            info!("stats {} {}: {}", self.direction, self.peer, self.stats.summary());
         }
     }
 

@@ -39,7 +39,7 @@ impl RecvComm {
                 .map_err(|e| Error::io("configure socket", e))?;
         }
         let n = socks.len();
-        let core = Arc::new(Core::new(socks, peer));
+        let core = Arc::new(Core::new(socks, peer, "recv from", cfg.stats.then_some(super::send::STATS_EVERY)));
         let max_wire = crate::codec_glue::max_wire(max_chunk);
         let mut threads = Vec::with_capacity(n);
         for i in 0..n {
@@ -128,6 +128,7 @@ fn recv_chunks(core: &Core, stream: usize, max_wire: usize) -> Result<()> {
         core.stats.add(&core.stats.raw_bytes, h.raw_len as u64);
         if slot.bytes_placed(h.raw_len as usize) {
             core.stats.add(&core.stats.messages, 1);
+            core.maybe_report();
         }
     }
 }

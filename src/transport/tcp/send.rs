@@ -54,7 +54,7 @@ impl SendComm {
                 .map_err(|e| Error::io("configure socket", e))?;
         }
         let n = socks.len();
-        let core = Arc::new(Core::new(socks, peer));
+        let core = Arc::new(Core::new(socks, peer, "send to", cfg.stats.then_some(STATS_EVERY)));
         let (tx, rx) = crossbeam_channel::unbounded::<Task>();
         let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
         let coder = Arc::new(Coder {
@@ -127,6 +127,9 @@ impl SendComm {
     }
 }
 
+/// Period of the `NCCL_ZIP_STATS=1` lines.
+pub const STATS_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// What a comm's send threads share for compression.
 struct Coder {
     policy: Policy,
@@ -186,6 +189,7 @@ fn send_loop(core: &Core, stream: usize, rx: Receiver<Task>, coder: &Coder) {
                     1,
                 );
                 slot.chunk_sent();
+                core.maybe_report();
             }
             Err(e) => core.fail(Error::io(
                 format!("send to {} (stream {stream})", core.peer),
