@@ -6,7 +6,7 @@ use std::time::Instant;
 use crate::adapt::{Decision, Policy};
 use crate::codec::{self, EncodeOptions};
 use crate::error::{Error, Result};
-use crate::transport::tcp::stats::Stats;
+use crate::transport::tcp::stats::{Staging, Stats};
 
 /// Largest wire payload of one chunk whose uncompressed size is at most `max_chunk`.
 pub fn max_wire(max_chunk: usize) -> usize {
@@ -14,14 +14,14 @@ pub fn max_wire(max_chunk: usize) -> usize {
 }
 
 /// Compresses `src` into `staging` when the policy wants it and the result is
-/// smaller. Returns the frame length, or `None` to send `src` raw (never expands).
-pub fn encode_chunk(
+/// smaller. Returns the frame, or `None` to send `src` raw (never expands).
+pub fn encode_chunk<'s>(
     src: &[u8],
-    staging: &mut Vec<u8>,
+    staging: &'s mut Staging<'_>,
     opts: &EncodeOptions,
     policy: &Policy,
     stats: &Stats,
-) -> Option<usize> {
+) -> Option<&'s [u8]> {
     match policy.decide(src.len()) {
         Decision::Compress => {}
         Decision::RawSmall => return None,
@@ -30,18 +30,15 @@ pub fn encode_chunk(
             return None;
         }
     }
-    let need = codec::max_compressed_size(src.len());
-    if staging.len() < need {
-        staging.resize(need, 0);
-    }
+    let out = staging.get(codec::max_compressed_size(src.len()));
     let t0 = Instant::now();
-    let r = codec::compress(src, &mut staging[..need], opts);
+    let r = codec::compress(src, out, opts);
     let ns = t0.elapsed().as_nanos() as u64;
     stats.add(&stats.codec_ns, ns);
     match r {
         Ok(n) => {
             policy.record(src.len(), n, ns);
-            (n < src.len()).then_some(n)
+            (n < src.len()).then(|| &out[..n])
         }
         Err(e) => {
             tracing::warn!(

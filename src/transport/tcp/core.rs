@@ -3,14 +3,14 @@
 
 use std::net::{Shutdown, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::*};
-use std::time::{Duration, Instant};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use socket2::Socket;
 use tracing::{info, warn};
 
-use super::stats::Stats;
+use super::stats::{Stats, HELD};
 use crate::error::{Error, Result};
 use crate::proto::slots::Ring;
 
@@ -34,7 +34,13 @@ pub struct Core {
 }
 
 impl Core {
-    pub fn new(socks: Vec<Socket>, peer: SocketAddr, direction: &'static str, report_every: Option<Duration>) -> Core {
+    pub fn new(
+        socks: Vec<Socket>,
+        peer: SocketAddr,
+        direction: &'static str,
+        report_every: Option<Duration>,
+    ) -> Core {
+        HELD.comms.fetch_add(1, Relaxed);
         Core {
             ring: Ring::default(),
             socks,
@@ -53,13 +59,23 @@ impl Core {
 
     /// Logs the counters if a periodic report is due. One relaxed load when it is not.
     pub fn maybe_report(&self) {
-        let Some(every) = self.report_every else { return };
+        let Some(every) = self.report_every else {
+            return;
+        };
         let now = self.born.elapsed().as_millis() as u64;
         let last = self.last_report_ms.load(Relaxed);
         if now.saturating_sub(last) >= every.as_millis() as u64
-            && self.last_report_ms.compare_exchange(last, now, Relaxed, Relaxed).is_ok()
+            && self
+                .last_report_ms
+                .compare_exchange(last, now, Relaxed, Relaxed)
+                .is_ok()
         {
-            info!("stats {} {}: {}", self.direction, self.peer, self.stats.summary());
+            info!(
+                "stats {} {}: {}",
+                self.direction,
+                self.peer,
+                self.stats.summary()
+            );
         }
     }
 
@@ -121,6 +137,13 @@ impl Core {
     }
 }
 
+impl Drop for Core {
+    fn drop(&mut self) {
+        HELD.comms.fetch_sub(1, Relaxed);
+        info!("{}", HELD.summary());
+    }
+}
+
 /// Spawns a comm's I/O thread; a panic inside it fails the comm instead of
 /// unwinding into nothing.
 pub fn spawn_io(
@@ -131,6 +154,7 @@ pub fn spawn_io(
     std::thread::Builder::new()
         .name(name)
         .spawn(move || {
+            HELD.io_threads.fetch_add(1, Relaxed);
             if let Err(p) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(body)) {
                 let what = p
                     .downcast_ref::<&str>()
@@ -139,6 +163,7 @@ pub fn spawn_io(
                     .unwrap_or_default();
                 core.fail(Error::Internal(format!("I/O thread panicked: {what}")));
             }
+            HELD.io_threads.fetch_sub(1, Relaxed);
         })
         .map_err(|e| Error::io("spawn I/O thread", e))
 }

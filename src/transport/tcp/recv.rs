@@ -16,6 +16,7 @@ use tracing::info;
 
 use super::core::{spawn_io, Core};
 use super::sock::{configure_data_socket, recv_exact, recv_exact_or_eof};
+use super::stats::Staging;
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::proto::slots::Slot;
@@ -39,7 +40,12 @@ impl RecvComm {
                 .map_err(|e| Error::io("configure socket", e))?;
         }
         let n = socks.len();
-        let core = Arc::new(Core::new(socks, peer, "recv from", cfg.stats.then_some(super::send::STATS_EVERY)));
+        let core = Arc::new(Core::new(
+            socks,
+            peer,
+            "recv from",
+            cfg.stats.then_some(super::send::STATS_EVERY),
+        ));
         let max_wire = crate::codec_glue::max_wire(max_chunk);
         let mut threads = Vec::with_capacity(n);
         for i in 0..n {
@@ -78,7 +84,7 @@ fn recv_chunks(core: &Core, stream: usize, max_wire: usize) -> Result<()> {
     let sock = &core.socks[stream];
     let peer = core.peer;
     let io_err = |e| Error::io(format!("receive from {peer} (stream {stream})"), e);
-    let mut staging: Vec<u8> = Vec::new();
+    let mut staging = Staging::new(&core.stats.staging_bytes);
     loop {
         let mut hb = [0u8; CHUNK_HEADER_SIZE];
         if !recv_exact_or_eof(sock, &mut hb).map_err(io_err)? {
@@ -116,9 +122,9 @@ fn recv_chunks(core: &Core, stream: usize, max_wire: usize) -> Result<()> {
             }
         };
         if h.compressed() {
-            staging.resize(h.wire_len as usize, 0);
-            recv_exact(sock, &mut staging).map_err(io_err)?;
-            crate::codec_glue::decode_chunk(&staging, dst, &core.stats)?;
+            let frame = staging.get(h.wire_len as usize);
+            recv_exact(sock, frame).map_err(io_err)?;
+            crate::codec_glue::decode_chunk(frame, dst, &core.stats)?;
             core.stats.add(&core.stats.chunks_compressed, 1);
         } else {
             recv_exact(sock, dst).map_err(io_err)?;

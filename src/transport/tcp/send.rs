@@ -15,6 +15,7 @@ use tracing::info;
 
 use super::core::{spawn_io, Core};
 use super::sock::{configure_data_socket, send_all};
+use super::stats::Staging;
 use crate::adapt::Policy;
 use crate::codec::EncodeOptions;
 use crate::codec_glue::encode_chunk;
@@ -54,7 +55,12 @@ impl SendComm {
                 .map_err(|e| Error::io("configure socket", e))?;
         }
         let n = socks.len();
-        let core = Arc::new(Core::new(socks, peer, "send to", cfg.stats.then_some(STATS_EVERY)));
+        let core = Arc::new(Core::new(
+            socks,
+            peer,
+            "send to",
+            cfg.stats.then_some(STATS_EVERY),
+        ));
         let (tx, rx) = crossbeam_channel::unbounded::<Task>();
         let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
         let coder = Arc::new(Coder {
@@ -139,7 +145,7 @@ struct Coder {
 fn send_loop(core: &Core, stream: usize, rx: Receiver<Task>, coder: &Coder) {
     let sock = &core.socks[stream];
     // Bounded: at most one compressed chunk (max_compressed_size(max_chunk)).
-    let mut staging: Vec<u8> = Vec::new();
+    let mut staging = Staging::new(&core.stats.staging_bytes);
     while let Ok(t) = rx.recv() {
         if core.stopped() && core.check().is_err() {
             continue; // the comm failed: its requests already carry the error
@@ -164,7 +170,7 @@ fn send_loop(core: &Core, stream: usize, rx: Receiver<Task>, coder: &Coder) {
             &coder.policy,
             &core.stats,
         ) {
-            Some(n) => (FLAG_COMPRESSED, &staging[..n]),
+            Some(frame) => (FLAG_COMPRESSED, frame),
             None => (0, payload),
         };
         let hdr = ChunkHeader {

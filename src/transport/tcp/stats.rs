@@ -15,6 +15,8 @@ pub struct Stats {
     pub bypassed: AtomicU64,
     /// Time spent in the codec, nanoseconds.
     pub codec_ns: AtomicU64,
+    /// Bytes of staging memory this comm's threads hold now.
+    pub staging_bytes: AtomicU64,
 }
 
 impl Stats {
@@ -31,7 +33,7 @@ impl Stats {
             1.0
         };
         format!(
-            "messages {} raw {} B wire {} B ratio {:.3} chunks compressed {} raw {} (bypass {}) codec {:.1} ms",
+            "messages {} raw {} B wire {} B ratio {:.3} chunks compressed {} raw {} (bypass {}) codec {:.1} ms staging {} KiB",
             self.messages.load(Relaxed),
             raw,
             wire,
@@ -39,7 +41,69 @@ impl Stats {
             self.chunks_compressed.load(Relaxed),
             self.chunks_raw.load(Relaxed),
             self.bypassed.load(Relaxed),
-            self.codec_ns.load(Relaxed) as f64 / 1e6
+            self.codec_ns.load(Relaxed) as f64 / 1e6,
+            self.staging_bytes.load(Relaxed) >> 10
         )
+    }
+}
+
+/// What the whole plugin holds right now, across comms.
+#[derive(Default, Debug)]
+pub struct Held {
+    pub comms: AtomicU64,
+    pub io_threads: AtomicU64,
+    pub staging_bytes: AtomicU64,
+}
+
+pub static HELD: Held = Held {
+    comms: AtomicU64::new(0),
+    io_threads: AtomicU64::new(0),
+    staging_bytes: AtomicU64::new(0),
+};
+
+impl Held {
+    pub fn summary(&self) -> String {
+        format!(
+            "plugin holds {} comms, {} I/O threads, {} KiB staging",
+            self.comms.load(Relaxed),
+            self.io_threads.load(Relaxed),
+            self.staging_bytes.load(Relaxed) >> 10
+        )
+    }
+}
+
+/// A per-thread staging buffer whose size is counted in its comm's stats and in
+/// [`HELD`]. It only grows to the largest chunk it has carried (bounded by the
+/// comm's chunk size) and is given back when the I/O thread ends.
+pub struct Staging<'a> {
+    buf: Vec<u8>,
+    comm: &'a AtomicU64,
+}
+
+impl<'a> Staging<'a> {
+    pub fn new(comm: &'a AtomicU64) -> Self {
+        Staging {
+            buf: Vec::new(),
+            comm,
+        }
+    }
+
+    /// The first `n` bytes, growing the buffer if needed.
+    pub fn get(&mut self, n: usize) -> &mut [u8] {
+        if self.buf.len() < n {
+            let grow = (n - self.buf.len()) as u64;
+            self.buf.resize(n, 0);
+            self.comm.fetch_add(grow, Relaxed);
+            HELD.staging_bytes.fetch_add(grow, Relaxed);
+        }
+        &mut self.buf[..n]
+    }
+}
+
+impl Drop for Staging<'_> {
+    fn drop(&mut self) {
+        let n = self.buf.len() as u64;
+        self.comm.fetch_sub(n, Relaxed);
+        HELD.staging_bytes.fetch_sub(n, Relaxed);
     }
 }
