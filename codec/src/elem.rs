@@ -3,13 +3,11 @@
 //! (one raw byte per element) and, for fp32, plane2 (the low 16 bits).
 
 use crate::format::{MODE_BF16, MODE_FP16, MODE_FP32};
-use crate::Dtype;
 
 pub(crate) trait Elem {
     /// Element width in bytes.
     const W: usize;
     const MODE: u8;
-    const DTYPE: Dtype;
     /// Bits of the exponent field (the raw payload of an escape).
     const EBITS: u32;
     /// Largest exponent field.
@@ -50,7 +48,6 @@ fn u32_at(b: &[u8], i: usize) -> u32 {
 impl Elem for Bf16 {
     const W: usize = 2;
     const MODE: u8 = MODE_BF16;
-    const DTYPE: Dtype = Dtype::Bf16;
     const EBITS: u32 = 8;
     const EMAX: u32 = 255;
     const RAWBITS: u64 = 8;
@@ -93,7 +90,6 @@ impl Elem for Bf16 {
 impl Elem for Fp16 {
     const W: usize = 2;
     const MODE: u8 = MODE_FP16;
-    const DTYPE: Dtype = Dtype::Fp16;
     const EBITS: u32 = 5;
     const EMAX: u32 = 31;
     const RAWBITS: u64 = 11;
@@ -136,7 +132,6 @@ impl Elem for Fp16 {
 impl Elem for Fp32 {
     const W: usize = 4;
     const MODE: u8 = MODE_FP32;
-    const DTYPE: Dtype = Dtype::Fp32;
     const EBITS: u32 = 8;
     const EMAX: u32 = 255;
     const RAWBITS: u64 = 24;

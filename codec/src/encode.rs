@@ -35,7 +35,9 @@ pub fn compress_with_stats(
         0
     };
     let dtype = resolve_dtype(src, opts.dtype);
-    if dtype != Dtype::Raw {
+    if dtype != Dtype::Raw
+        || (opts.dtype == DtypeHint::Auto && has_fill_block(src, opts.block_log2))
+    {
         let b = 1usize << opts.block_log2;
         let nb = n.div_ceil(b);
         let limit = HEADER_LEN + n;
@@ -167,9 +169,14 @@ pub fn detect(src: &[u8]) -> Dtype {
     let mut hb = [0u32; 256];
     let mut hh = [0u32; 256];
     let mut hf = [0u32; 256];
+    let mut used = 0u64;
     for j in 0..g {
         let off = 64 * (j * units / g);
         let s = &src[off..off + 64];
+        if all_equal(s) {
+            continue; // constant runs become FILL blocks whatever the type
+        }
+        used += 1;
         for i in 0..32 {
             hb[Bf16::exp_at(s, i) as usize] += 1;
             hh[Fp16::exp_at(s, i) as usize] += 1;
@@ -178,7 +185,10 @@ pub fn detect(src: &[u8]) -> Dtype {
             hf[Fp32::exp_at(s, i) as usize] += 1;
         }
     }
-    let g64 = g as u64;
+    if used == 0 {
+        return Dtype::Raw;
+    }
+    let g64 = used;
     for (cost, dt) in [
         (
             best_cost::<Bf16>(&hb).2 + Bf16::RAWBITS * 32 * g64,
@@ -267,6 +277,12 @@ pub(crate) fn encode_block(dtype: Dtype, blk: &[u8], out: &mut [u8]) -> Option<(
     out[0] = MODE_RAW;
     out[1..1 + l].copy_from_slice(blk);
     Some((1 + l, BlockKind::Raw))
+}
+
+/// Whether some block of the input is one repeated byte (a block frame of FILL and
+/// RAW blocks then beats a stored frame even when nothing is coded).
+pub(crate) fn has_fill_block(src: &[u8], block_log2: u8) -> bool {
+    src.len() >= MIN_CODED_INPUT && src.chunks(1 << block_log2).any(all_equal)
 }
 
 fn all_equal(blk: &[u8]) -> bool {

@@ -44,7 +44,7 @@ pub mod cli;
 
 pub use decode::{decompress, frame_info};
 pub use encode::{compress, compress_with_stats};
-// parallel: TODO
+pub use parallel::{compress_parallel, decompress_parallel};
 
 use std::fmt;
 

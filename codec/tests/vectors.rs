@@ -1,0 +1,184 @@
+//! Frozen test vectors: seeded inputs and their exact frames, committed under
+//! `tests/vectors/` (`NAME.in`, `NAME.nzf`, listed in `MANIFEST.txt`). The CUDA
+//! encoder/decoder (issue 4) must reproduce them byte for byte.
+//!
+//! Any change to the encoder's output makes this test fail. After a deliberate
+//! format change (bump `format::VERSION`!), regenerate with
+//! `NCCL_ZIP_REGEN_VECTORS=1 cargo test -p nccl-zip-codec --release --test vectors`.
+mod common;
+use common::{Rng, *};
+use nccl_zip_codec::*;
+use std::path::PathBuf;
+
+struct Case {
+    name: &'static str,
+    opts: EncodeOptions,
+    input: fn() -> Vec<u8>,
+}
+
+fn opts(dtype: DtypeHint, checksum: bool, block_log2: u8) -> EncodeOptions {
+    EncodeOptions {
+        dtype,
+        checksum,
+        block_log2,
+    }
+}
+
+fn cases() -> Vec<Case> {
+    use DtypeHint::*;
+    vec![
+        Case {
+            name: "bf16_gauss_0.02_70001",
+            opts: opts(Auto, false, 16),
+            input: || gaussian(Ty::Bf16, 70_002, 0.02, 101)[..70_001].to_vec(),
+        },
+        Case {
+            name: "bf16_gauss_1_b12",
+            opts: opts(Auto, true, 12),
+            input: || gaussian(Ty::Bf16, 20_000, 1.0, 102),
+        },
+        Case {
+            name: "fp16_gauss_0.5",
+            opts: opts(Auto, false, 13),
+            input: || gaussian(Ty::Fp16, 30_000, 0.5, 103),
+        },
+        Case {
+            name: "fp16_laplace_1e-5_subnormal",
+            opts: opts(Fp16, true, 12),
+            input: || laplace(Ty::Fp16, 12_345, 1e-5, 104),
+        },
+        Case {
+            name: "fp32_gauss_1e-3",
+            opts: opts(Auto, true, 14),
+            input: || gaussian(Ty::Fp32, 40_000, 1e-3, 105),
+        },
+        Case {
+            name: "fp32_gradient",
+            opts: opts(Fp32, false, 15),
+            input: || gradient_like(Ty::Fp32, 50_003, 106),
+        },
+        Case {
+            name: "bf16_relu",
+            opts: opts(Bf16, false, 12),
+            input: || relu_like(Ty::Bf16, 16_384, 107),
+        },
+        Case {
+            name: "bf16_hint_on_fp32",
+            opts: opts(Bf16, false, 12),
+            input: || gaussian(Ty::Fp32, 9_000, 0.1, 108),
+        },
+        Case {
+            name: "mixed_fill_raw_coded",
+            opts: opts(Auto, true, 12),
+            input: || {
+                [
+                    gaussian(Ty::Bf16, 8192, 0.1, 109),
+                    vec![0; 4096],
+                    vec![0x3F; 5000],
+                    Rng::new(109).bytes(4096),
+                    gaussian(Ty::Bf16, 3000, 0.1, 110),
+                ]
+                .concat()
+            },
+        },
+        Case {
+            name: "zeros",
+            opts: opts(Auto, false, 12),
+            input: || vec![0; 10_000],
+        },
+        Case {
+            name: "random_stored",
+            opts: opts(Auto, true, 16),
+            input: || Rng::new(111).bytes(5_000),
+        },
+        Case {
+            name: "tiny_17",
+            opts: opts(Bf16, false, 16),
+            input: || gaussian(Ty::Bf16, 18, 0.1, 112)[..17].to_vec(),
+        },
+        Case {
+            name: "ll_lines",
+            opts: opts(Auto, false, 16),
+            input: || ll_lines(16_384, 113),
+        },
+        Case {
+            name: "ints",
+            opts: opts(Auto, false, 12),
+            input: || int_counters(8_192, 114),
+        },
+        Case {
+            name: "empty",
+            opts: opts(Auto, false, 16),
+            input: Vec::new,
+        },
+    ]
+}
+
+fn dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/vectors")
+}
+
+fn manifest_line(c: &Case, input: &[u8], frame: &[u8]) -> String {
+    format!(
+        "{} dtype={:?} checksum={} block_log2={} in={} frame={} crc32c(frame)={:#010x}",
+        c.name,
+        c.opts.dtype,
+        c.opts.checksum,
+        c.opts.block_log2,
+        input.len(),
+        frame.len(),
+        crc32c::crc32c(frame)
+    )
+}
+
+#[test]
+fn frozen_vectors() {
+    let regen = std::env::var_os("NCCL_ZIP_REGEN_VECTORS").is_some();
+    let mut manifest = String::from(
+        "# Frozen vectors of format v1: NAME.in -> NAME.nzf with these options.\n\
+         # Inputs come from codec/tests/common/mod.rs (seeded); regenerate with\n\
+         # NCCL_ZIP_REGEN_VECTORS=1 cargo test -p nccl-zip-codec --release --test vectors\n",
+    );
+    for c in cases() {
+        let input = (c.input)();
+        let mut frame = vec![0u8; max_compressed_size(input.len())];
+        let n = compress(&input, &mut frame, &c.opts).unwrap();
+        frame.truncate(n);
+        manifest.push_str(&manifest_line(&c, &input, &frame));
+        manifest.push('\n');
+        let (pin, pf) = (
+            dir().join(format!("{}.in", c.name)),
+            dir().join(format!("{}.nzf", c.name)),
+        );
+        if regen {
+            std::fs::write(&pin, &input).unwrap();
+            std::fs::write(&pf, &frame).unwrap();
+            continue;
+        }
+        let want_in = std::fs::read(&pin).unwrap_or_else(|e| panic!("{}: {e}", pin.display()));
+        let want_f = std::fs::read(&pf).unwrap_or_else(|e| panic!("{}: {e}", pf.display()));
+        assert!(
+            want_in == input,
+            "{}: the seeded generator no longer gives the committed input",
+            c.name
+        );
+        assert!(
+            want_f == frame,
+            "{}: the encoder no longer gives the committed frame (format change?)",
+            c.name
+        );
+        let mut out = vec![0u8; input.len()];
+        assert_eq!(decompress(&want_f, &mut out).unwrap(), input.len());
+        assert!(
+            out == input,
+            "{}: committed frame does not decode to the input",
+            c.name
+        );
+    }
+    let pm = dir().join("MANIFEST.txt");
+    if regen {
+        std::fs::write(&pm, &manifest).unwrap();
+    } else {
+        assert_eq!(std::fs::read_to_string(&pm).unwrap(), manifest);
+    }
+}
