@@ -32,4 +32,22 @@ fn main() {
         map.display()
     );
     println!("cargo:rustc-cdylib-link-arg=-Wl,-z,nodelete");
+
+    build_test_logger();
+}
+
+// ---------------------------------------------------------------------------
+// Test tools (not the plugin): the C logger that nccl-zip-perf hands to `init`.
+// Stable Rust cannot define a C-variadic function, so it is C, compiled here and
+// linked into the binaries only; the cdylib never sees it.
+// ---------------------------------------------------------------------------
+fn build_test_logger() {
+    println!("cargo:rerun-if-changed=tools/test_logger.c");
+    let objs = cc::Build::new()
+        .file("tools/test_logger.c")
+        .warnings(true)
+        .compile_intermediates();
+    for o in objs {
+        println!("cargo:rustc-link-arg-bins={}", o.display());
+    }
 }
