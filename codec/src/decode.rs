@@ -82,6 +82,7 @@ pub fn decompress(src: &[u8], dst: &mut [u8]) -> Result<usize, CodecError> {
         let nb = block_count(&h);
         let table = table_slice(src, nb)?;
         let mut pos = table.len() + HEADER_LEN;
+        let mut tables = Tables::new();
         for (i, c) in table.chunks_exact(4).enumerate() {
             let size = u32::from_le_bytes([c[0], c[1], c[2], c[3]]) as usize;
             let end = pos.checked_add(size).ok_or(CodecError::Truncated)?;
@@ -90,7 +91,7 @@ pub fn decompress(src: &[u8], dst: &mut [u8]) -> Result<usize, CodecError> {
             }
             let o = i * b;
             let l = b.min(n - o);
-            decode_block(src, pos, size, &mut dst[o..o + l])?;
+            decode_block(src, pos, size, &mut dst[o..o + l], &mut tables)?;
             pos = end;
         }
         if pos != src.len() {
@@ -144,12 +145,30 @@ pub(crate) fn copy_ascending(dst: &mut [u8], src: &[u8]) {
     }
 }
 
+/// Decode tables of the last coded block, reused while (mode, k, anchor) repeat.
+pub(crate) struct Tables {
+    key: Option<(u8, u8, u8)>,
+    single: [u32; TABLE],
+    multi: [u32; TABLE],
+}
+
+impl Tables {
+    pub(crate) fn new() -> Box<Tables> {
+        Box::new(Tables {
+            key: None,
+            single: [0; TABLE],
+            multi: [0; TABLE],
+        })
+    }
+}
+
 /// Decodes block at `src[start..start + size]` into `out` (its `L` bytes).
 pub(crate) fn decode_block(
     src: &[u8],
     start: usize,
     size: usize,
     out: &mut [u8],
+    tables: &mut Tables,
 ) -> Result<(), CodecError> {
     if size == 0 {
         return Err(CodecError::Corrupt("empty block"));
@@ -170,9 +189,9 @@ pub(crate) fn decode_block(
             out.fill(src[start + 1]);
             Ok(())
         }
-        MODE_BF16 => decode_coded::<Bf16>(src, start, size, out),
-        MODE_FP16 => decode_coded::<Fp16>(src, start, size, out),
-        MODE_FP32 => decode_coded::<Fp32>(src, start, size, out),
+        MODE_BF16 => decode_coded::<Bf16>(src, start, size, out, tables),
+        MODE_FP16 => decode_coded::<Fp16>(src, start, size, out, tables),
+        MODE_FP32 => decode_coded::<Fp32>(src, start, size, out, tables),
         _ => Err(CodecError::Corrupt("unknown block mode")),
     }
 }
@@ -201,6 +220,84 @@ fn dec_table<T: Elem>(k: usize, a: u32, t: &mut [u32; TABLE]) {
             t[w | (hi << lc)] = ent;
         }
     }
+}
+
+/// Multi-symbol table: for the next 12 stream bits, up to 3 whole elements.
+/// Entry: bits 0..24 keys (first in the low byte), 24..28 bits used, 28..30 count;
+/// count 0 means "decode one element the slow way" (escape, invalid, or too long).
+fn multi_table<T: Elem>(single: &[u32; TABLE], m: &mut [u32; TABLE]) {
+    for (idx, slot) in m.iter_mut().enumerate() {
+        let mut used = 0u32;
+        let mut keys = 0u32;
+        let mut cnt = 0u32;
+        while cnt < 3 {
+            let t = single[(idx >> used) & (TABLE - 1)];
+            let len = ((t >> 12) & 0x1F) + T::XBITS;
+            if t & INVALID != 0 || (t >> 24) != 0 || used + len > MAXLEN {
+                break;
+            }
+            let x = ((idx as u32) >> (used + len - T::XBITS)) & ((1 << T::XBITS) - 1);
+            let key = if T::XBITS > 0 {
+                T::make_key(t & 0xFF, x)
+            } else {
+                t & 0xFF
+            };
+            keys |= (key & 0xFF) << (8 * cnt);
+            used += len;
+            cnt += 1;
+        }
+        *slot = keys | (used << 24) | (cnt << 28);
+    }
+}
+
+/// Decodes a segment (`keys.len() - 4` elements; the last 4 bytes are slack) with
+/// the multi-symbol table; returns the bits consumed and the invalid flag.
+#[inline(always)]
+fn dec_segment_multi<T: Elem>(
+    single: &[u32; TABLE],
+    multi: &[u32; TABLE],
+    src: &[u8],
+    base: usize,
+    keys: &mut [u8],
+) -> (u64, u32) {
+    let n = keys.len() - 4;
+    let mut bp = 0u64;
+    let mut kp = 0usize;
+    let mut bad = 0u32;
+    while kp + 12 <= n {
+        let mut buf = load64(src, base + (bp >> 3) as usize) >> (bp & 7);
+        let mut slow = false;
+        for _ in 0..4 {
+            let t = multi[(buf & (TABLE as u64 - 1)) as usize];
+            let cnt = (t >> 28) as usize;
+            if cnt == 0 {
+                slow = true;
+                break;
+            }
+            keys[kp..kp + 4].copy_from_slice(&t.to_le_bytes());
+            kp += cnt;
+            let l = (t >> 24) & 0xF;
+            buf >>= l;
+            bp += l as u64;
+        }
+        if slow {
+            let buf = load64(src, base + (bp >> 3) as usize) >> (bp & 7);
+            let (k, l, b) = dec_one::<T>(single, buf);
+            keys[kp] = k;
+            kp += 1;
+            bp += l as u64;
+            bad |= b;
+        }
+    }
+    while kp < n {
+        let buf = load64(src, base + (bp >> 3) as usize) >> (bp & 7);
+        let (k, l, b) = dec_one::<T>(single, buf);
+        keys[kp] = k;
+        kp += 1;
+        bp += l as u64;
+        bad |= b;
+    }
+    (bp, bad)
 }
 
 /// Little-endian 64-bit load at byte `p` of `src`, zero-filled past its end.
@@ -236,84 +333,44 @@ fn dec_one<T: Elem>(lut: &[u32; TABLE], buf: u64) -> (u8, u32, u32) {
     (key as u8, len, t & INVALID)
 }
 
-/// Decodes a segment of `keys.len()` elements starting at byte `base` of `src`;
-/// returns the bits consumed and the invalid flag.
-fn dec_segment<T: Elem>(
-    lut: &[u32; TABLE],
-    src: &[u8],
-    base: usize,
-    keys: &mut [u8],
-) -> (u64, u32) {
-    let mut bp = 0u64;
-    let mut bad = 0u32;
-    let mut pairs = keys.chunks_exact_mut(2);
-    for p in &mut pairs {
-        let mut buf = load64(src, base + (bp >> 3) as usize) >> (bp & 7);
-        let (k0, l0, b0) = dec_one::<T>(lut, buf);
-        buf >>= l0;
-        let (k1, l1, b1) = dec_one::<T>(lut, buf);
-        p[0] = k0;
-        p[1] = k1;
-        bp += (l0 + l1) as u64;
-        bad |= b0 | b1;
-    }
-    for k in pairs.into_remainder() {
-        let buf = load64(src, base + (bp >> 3) as usize) >> (bp & 7);
-        let (k0, l0, b0) = dec_one::<T>(lut, buf);
-        *k = k0;
-        bp += l0 as u64;
-        bad |= b0;
-    }
-    (bp, bad)
-}
-
-/// Four full segments interleaved.
-fn dec_segments4<T: Elem>(
-    lut: &[u32; TABLE],
-    src: &[u8],
-    base: [usize; 4],
-    keys: &mut [u8],
-) -> ([u64; 4], u32) {
-    let (k0, rest) = keys.split_at_mut(SEG_ELEMS);
-    let (k1, rest) = rest.split_at_mut(SEG_ELEMS);
-    let (k2, k3) = rest.split_at_mut(SEG_ELEMS);
-    let mut bp = [0u64; 4];
-    let mut bad = 0u32;
-    for j in (0..SEG_ELEMS).step_by(2) {
-        let mut b = [0u64; 4];
-        for s in 0..4 {
-            b[s] = load64(src, base[s] + (bp[s] >> 3) as usize) >> (bp[s] & 7);
-        }
-        let r0 = dec_one::<T>(lut, b[0]);
-        let r1 = dec_one::<T>(lut, b[1]);
-        let r2 = dec_one::<T>(lut, b[2]);
-        let r3 = dec_one::<T>(lut, b[3]);
-        let q0 = dec_one::<T>(lut, b[0] >> r0.1);
-        let q1 = dec_one::<T>(lut, b[1] >> r1.1);
-        let q2 = dec_one::<T>(lut, b[2] >> r2.1);
-        let q3 = dec_one::<T>(lut, b[3] >> r3.1);
-        k0[j] = r0.0;
-        k0[j + 1] = q0.0;
-        k1[j] = r1.0;
-        k1[j + 1] = q1.0;
-        k2[j] = r2.0;
-        k2[j + 1] = q2.0;
-        k3[j] = r3.0;
-        k3[j + 1] = q3.0;
-        bp[0] += (r0.1 + q0.1) as u64;
-        bp[1] += (r1.1 + q1.1) as u64;
-        bp[2] += (r2.1 + q2.1) as u64;
-        bp[3] += (r3.1 + q3.1) as u64;
-        bad |= r0.2 | r1.2 | r2.2 | r3.2 | q0.2 | q1.2 | q2.2 | q3.2;
-    }
-    (bp, bad)
-}
-
 fn decode_coded<T: Elem>(
     src: &[u8],
     start: usize,
     size: usize,
     out: &mut [u8],
+    tables: &mut Tables,
+) -> Result<(), CodecError> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("bmi2") {
+            // SAFETY: the CPU has the features the function is compiled for.
+            return unsafe { decode_coded_avx2::<T>(src, start, size, out, tables) };
+        }
+    }
+    decode_coded_body::<T>(src, start, size, out, tables)
+}
+
+/// # Safety
+/// The CPU must support AVX2 and BMI2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,bmi1,bmi2")]
+unsafe fn decode_coded_avx2<T: Elem>(
+    src: &[u8],
+    start: usize,
+    size: usize,
+    out: &mut [u8],
+    tables: &mut Tables,
+) -> Result<(), CodecError> {
+    decode_coded_body::<T>(src, start, size, out, tables)
+}
+
+#[inline(always)]
+fn decode_coded_body<T: Elem>(
+    src: &[u8],
+    start: usize,
+    size: usize,
+    out: &mut [u8],
+    tables: &mut Tables,
 ) -> Result<(), CodecError> {
     let blk = &src[start..start + size];
     let l = out.len();
@@ -336,15 +393,19 @@ fn decode_coded<T: Elem>(
     if streams + total + t != size {
         return Err(CodecError::Corrupt("coded block length mismatch"));
     }
-    let mut lut = [0u32; TABLE];
-    dec_table::<T>(k, a, &mut lut);
-    let mut keys = [0u8; GROUP];
+    let key = Some((T::MODE, k as u8, a as u8));
+    if tables.key != key {
+        dec_table::<T>(k, a, &mut tables.single);
+        multi_table::<T>(&tables.single, &mut tables.multi);
+        tables.key = key;
+    }
+    let (lut, multi) = (&tables.single, &tables.multi);
+    let mut keys = [0u8; GROUP + 4];
     let mut sp = start + streams; // absolute position of the next segment
     let mut seg = 0usize;
     let mut g0 = 0usize;
     while g0 < m {
         let g1 = (g0 + GROUP).min(m);
-        let gk = &mut keys[..g1 - g0];
         let nsg = (g1 - g0).div_ceil(SEG_ELEMS);
         let mut base = [0usize; 4];
         let mut lens = [0usize; 4];
@@ -353,18 +414,15 @@ fn decode_coded<T: Elem>(
             lens[i] = seg_len(seg + i);
             sp += lens[i];
         }
-        let (bits, bad) = if g1 - g0 == GROUP {
-            dec_segments4::<T>(&lut, src, base, gk)
-        } else {
-            let mut bits = [0u64; 4];
-            let mut bad = 0;
-            for (i, ks) in gk.chunks_mut(SEG_ELEMS).enumerate() {
-                let (b, f) = dec_segment::<T>(&lut, src, base[i], ks);
-                bits[i] = b;
-                bad |= f;
-            }
-            (bits, bad)
-        };
+        let mut bits = [0u64; 4];
+        let mut bad = 0;
+        for i in 0..nsg {
+            let lo = i * SEG_ELEMS;
+            let hi = (lo + SEG_ELEMS).min(g1 - g0);
+            let (b, f) = dec_segment_multi::<T>(lut, multi, src, base[i], &mut keys[lo..hi + 4]);
+            bits[i] = b;
+            bad |= f;
+        }
         if bad != 0 {
             return Err(CodecError::Corrupt("exponent out of range"));
         }
@@ -379,7 +437,7 @@ fn decode_coded<T: Elem>(
             &[]
         };
         T::join(
-            gk,
+            &keys[..g1 - g0],
             &blk[off1 + g0..off1 + g1],
             p2,
             &mut out[g0 * T::W..g1 * T::W],

@@ -59,7 +59,7 @@ impl Elem for Bf16 {
         ((u16_at(b, i) >> 7) & 0xFF) as u32
     }
 
-    #[inline]
+    #[inline(always)]
     fn split(src: &[u8], keys: &mut [u8], p1: &mut [u8], _p2: &mut [u8]) {
         for ((x, k), p) in src.chunks_exact(2).zip(keys.iter_mut()).zip(p1.iter_mut()) {
             let x = u16::from_le_bytes([x[0], x[1]]);
@@ -68,7 +68,7 @@ impl Elem for Bf16 {
         }
     }
 
-    #[inline]
+    #[inline(always)]
     fn join(keys: &[u8], p1: &[u8], _p2: &[u8], out: &mut [u8]) {
         for ((o, &k), &p) in out.chunks_exact_mut(2).zip(keys.iter()).zip(p1.iter()) {
             let x = (((p & 0x80) as u16) << 8) | ((k as u16) << 7) | (p & 0x7F) as u16;
@@ -102,7 +102,7 @@ impl Elem for Fp16 {
     }
 
     /// key = high byte (sign, exponent, top 2 mantissa bits); plane1 = low byte.
-    #[inline]
+    #[inline(always)]
     fn split(src: &[u8], keys: &mut [u8], p1: &mut [u8], _p2: &mut [u8]) {
         for ((x, k), p) in src.chunks_exact(2).zip(keys.iter_mut()).zip(p1.iter_mut()) {
             *p = x[0];
@@ -110,7 +110,7 @@ impl Elem for Fp16 {
         }
     }
 
-    #[inline]
+    #[inline(always)]
     fn join(keys: &[u8], p1: &[u8], _p2: &[u8], out: &mut [u8]) {
         for ((o, &k), &p) in out.chunks_exact_mut(2).zip(keys.iter()).zip(p1.iter()) {
             o[0] = p;
@@ -143,7 +143,7 @@ impl Elem for Fp32 {
         (u32_at(b, i) >> 23) & 0xFF
     }
 
-    #[inline]
+    #[inline(always)]
     fn split(src: &[u8], keys: &mut [u8], p1: &mut [u8], p2: &mut [u8]) {
         for (((x, k), p), q) in src
             .chunks_exact(4)
@@ -158,7 +158,7 @@ impl Elem for Fp32 {
         }
     }
 
-    #[inline]
+    #[inline(always)]
     fn join(keys: &[u8], p1: &[u8], p2: &[u8], out: &mut [u8]) {
         for (((o, &k), &p), q) in out
             .chunks_exact_mut(4)

@@ -299,6 +299,7 @@ fn all_equal(blk: &[u8]) -> bool {
 
 /// Per-block encode table: key -> code word (with escape payload and fp16 extra
 /// bits) in bits 0..24, total length in bits 24..32.
+#[inline(always)]
 fn enc_table<T: Elem>(k: usize, a: u32) -> [u32; 256] {
     let mut t = [0u32; 256];
     for (key, slot) in t.iter_mut().enumerate() {
@@ -361,6 +362,7 @@ impl SegWriter {
 }
 
 /// Codes `keys` (one segment) into `buf`; returns the byte length.
+#[inline(always)]
 fn code_segment(lut: &[u32; 256], keys: &[u8], buf: &mut [u8; SEG_MAX_BYTES + 16]) -> usize {
     let mut w = SegWriter {
         acc: 0,
@@ -379,45 +381,76 @@ fn code_segment(lut: &[u32; 256], keys: &[u8], buf: &mut [u8; SEG_MAX_BYTES + 16
     w.finish(buf)
 }
 
-/// Codes four full segments interleaved (independent dependency chains).
-fn code_segments4(
+/// Codes two full segments interleaved (two independent dependency chains), two
+/// elements per step: the pair's bits are combined before the shift into the accumulator.
+#[inline(always)]
+fn code_segments2(
     lut: &[u32; 256],
-    keys: &[u8],
-    bufs: &mut [[u8; SEG_MAX_BYTES + 16]; 4],
-    lens: &mut [usize; 4],
-) {
-    let (k0, rest) = keys.split_at(SEG_ELEMS);
-    let (k1, rest) = rest.split_at(SEG_ELEMS);
-    let (k2, k3) = rest.split_at(SEG_ELEMS);
-    let mut w: [SegWriter; 4] = std::array::from_fn(|_| SegWriter {
-        acc: 0,
-        nbits: 0,
-        pos: 0,
-    });
-    let [b0, b1, b2, b3] = bufs;
-    for j in (0..SEG_ELEMS).step_by(2) {
-        w[0].put(lut[k0[j] as usize]);
-        w[1].put(lut[k1[j] as usize]);
-        w[2].put(lut[k2[j] as usize]);
-        w[3].put(lut[k3[j] as usize]);
-        w[0].put(lut[k0[j + 1] as usize]);
-        w[1].put(lut[k1[j + 1] as usize]);
-        w[2].put(lut[k2[j + 1] as usize]);
-        w[3].put(lut[k3[j + 1] as usize]);
-        w[0].flush(b0);
-        w[1].flush(b1);
-        w[2].flush(b2);
-        w[3].flush(b3);
+    ka: &[u8],
+    kb: &[u8],
+    ba: &mut [u8; SEG_MAX_BYTES + 16],
+    bb: &mut [u8; SEG_MAX_BYTES + 16],
+) -> (usize, usize) {
+    let (mut acc_a, mut acc_b) = (0u64, 0u64);
+    let (mut nb_a, mut nb_b) = (0u32, 0u32);
+    let (mut pa, mut pb) = (0usize, 0usize);
+    for (pa2, pb2) in ka.chunks_exact(2).zip(kb.chunks_exact(2)) {
+        let (c0, c1) = (lut[pa2[0] as usize], lut[pa2[1] as usize]);
+        let (d0, d1) = (lut[pb2[0] as usize], lut[pb2[1] as usize]);
+        let pair_a = (c0 & 0xFF_FFFF) as u64 | (((c1 & 0xFF_FFFF) as u64) << (c0 >> 24));
+        let pair_b = (d0 & 0xFF_FFFF) as u64 | (((d1 & 0xFF_FFFF) as u64) << (d0 >> 24));
+        acc_a |= pair_a << nb_a;
+        acc_b |= pair_b << nb_b;
+        nb_a += (c0 >> 24) + (c1 >> 24);
+        nb_b += (d0 >> 24) + (d1 >> 24);
+        let qa = pa.min(SEG_MAX_BYTES + 8);
+        let qb = pb.min(SEG_MAX_BYTES + 8);
+        ba[qa..qa + 8].copy_from_slice(&acc_a.to_le_bytes());
+        bb[qb..qb + 8].copy_from_slice(&acc_b.to_le_bytes());
+        let (ya, yb) = ((nb_a >> 3) as usize, (nb_b >> 3) as usize);
+        pa += ya;
+        pb += yb;
+        acc_a = if ya == 8 { 0 } else { acc_a >> (ya * 8) };
+        acc_b = if yb == 8 { 0 } else { acc_b >> (yb * 8) };
+        nb_a &= 7;
+        nb_b &= 7;
     }
-    lens[0] = w[0].finish(b0);
-    lens[1] = w[1].finish(b1);
-    lens[2] = w[2].finish(b2);
-    lens[3] = w[3].finish(b3);
+    let mut wa = SegWriter {
+        acc: acc_a,
+        nbits: nb_a,
+        pos: pa,
+    };
+    let mut wb = SegWriter {
+        acc: acc_b,
+        nbits: nb_b,
+        pos: pb,
+    };
+    (wa.finish(ba), wb.finish(bb))
 }
 
 /// Encodes a coded block (FORMAT.md §4) into `out`; `None` if it does not fit
 /// (the caller then stores the block raw).
 fn encode_coded<T: Elem>(blk: &[u8], out: &mut [u8]) -> Option<usize> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("bmi2") {
+            // SAFETY: the CPU has the features the function is compiled for.
+            return unsafe { encode_coded_avx2::<T>(blk, out) };
+        }
+    }
+    encode_coded_body::<T>(blk, out)
+}
+
+/// # Safety
+/// The CPU must support AVX2 and BMI2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,bmi1,bmi2")]
+unsafe fn encode_coded_avx2<T: Elem>(blk: &[u8], out: &mut [u8]) -> Option<usize> {
+    encode_coded_body::<T>(blk, out)
+}
+
+#[inline(always)]
+fn encode_coded_body<T: Elem>(blk: &[u8], out: &mut [u8]) -> Option<usize> {
     let l = blk.len();
     let m = l / T::W;
     if m < MIN_CODED_ELEMS {
@@ -467,7 +500,24 @@ fn encode_coded<T: Elem>(blk: &[u8], out: &mut [u8]) -> Option<usize> {
         }
         let nsg = (g1 - g0).div_ceil(SEG_ELEMS);
         if g1 - g0 == GROUP {
-            code_segments4(&lut, gk, &mut bufs, &mut lens);
+            let (b01, b23) = bufs.split_at_mut(2);
+            let (b0, b1) = b01.split_at_mut(1);
+            let (b2, b3) = b23.split_at_mut(1);
+            let (l0, l1) = code_segments2(
+                &lut,
+                &gk[..SEG_ELEMS],
+                &gk[SEG_ELEMS..2 * SEG_ELEMS],
+                &mut b0[0],
+                &mut b1[0],
+            );
+            let (l2, l3) = code_segments2(
+                &lut,
+                &gk[2 * SEG_ELEMS..3 * SEG_ELEMS],
+                &gk[3 * SEG_ELEMS..],
+                &mut b2[0],
+                &mut b3[0],
+            );
+            lens = [l0, l1, l2, l3];
         } else {
             for (i, ks) in gk.chunks(SEG_ELEMS).enumerate() {
                 lens[i] = code_segment(&lut, ks, &mut bufs[i]);
