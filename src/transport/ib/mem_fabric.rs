@@ -1,0 +1,364 @@
+//! An in-memory model of two RC endpoints, for testing the protocol without a NIC.
+//!
+//! What it models, after the InfiniBand RC rules the protocol relies on:
+//! - QP `i` of side 0 is connected to QP `i` of side 1. Writes posted on one QP are
+//!   executed in posting order; different QPs progress independently, so the test
+//!   harness decides (e.g. from a seeded RNG) which QP moves next.
+//! - A write copies real process memory: the source must lie in a region
+//!   registered locally under the given lkey, the destination in a region the peer
+//!   registered under the rkey (else a protection / remote-access error).
+//! - Write-with-immediate consumes the peer QP's oldest posted receive and puts a
+//!   `RecvImm` completion (imm, byte_len) on the peer's CQ; with no receive posted
+//!   the write fails with an RNR error (we model RNR retries as exhausted at once,
+//!   which makes a credit-accounting bug visible).
+//! - Every write is signaled: a `Write` completion follows its execution.
+//! - An error puts the QP in the error state: its outstanding writes and posted
+//!   receives complete with `Flushed`, and so does anything posted later. A write
+//!   towards a QP that is in the error state (or a lost peer) completes with
+//!   `RetryExceeded` and errors the writer's QP.
+//! - Peer loss: a side that is gone neither executes nor answers anything.
+
+use std::cell::RefCell;
+use std::collections::{HashMap, VecDeque};
+use std::rc::Rc;
+
+use super::fabric::{Completion, Fabric, Local, Mr, Remote, WcOp, WcStatus};
+use crate::error::{Error, Result};
+
+struct Wr {
+    wr_id: u64,
+    local: Local,
+    remote: Remote,
+    imm: Option<u32>,
+}
+
+#[derive(Default)]
+struct QpState {
+    sq: VecDeque<Wr>,
+    rq: VecDeque<u64>,
+    error: bool,
+}
+
+#[derive(Default)]
+struct Side {
+    /// key → (addr, len). lkey == rkey in this model.
+    mrs: HashMap<u32, (u64, u64)>,
+    qps: Vec<QpState>,
+    cq: VecDeque<Completion>,
+    lost: bool,
+    /// Writes executed (for tests that count traffic).
+    writes: u64,
+    bytes: u64,
+}
+
+struct World {
+    sides: [Side; 2],
+    next_key: u32,
+}
+
+/// The shared model of one connection; [`MemNet::endpoints`] gives both sides.
+#[derive(Clone)]
+pub struct MemNet(Rc<RefCell<World>>);
+
+/// One side of a [`MemNet`], implementing [`Fabric`].
+pub struct MemFabric {
+    net: MemNet,
+    side: usize,
+}
+
+impl MemNet {
+    pub fn new(nqps: usize) -> MemNet {
+        let side = || Side {
+            qps: (0..nqps).map(|_| QpState::default()).collect(),
+            ..Side::default()
+        };
+        MemNet(Rc::new(RefCell::new(World {
+            sides: [side(), side()],
+            next_key: 0x100,
+        })))
+    }
+
+    pub fn endpoints(&self) -> (MemFabric, MemFabric) {
+        (
+            MemFabric {
+                net: self.clone(),
+                side: 0,
+            },
+            MemFabric {
+                net: self.clone(),
+                side: 1,
+            },
+        )
+    }
+
+    pub fn nqps(&self) -> usize {
+        self.0.borrow().sides[0].qps.len()
+    }
+
+    /// `(side, qp)` pairs that have a write waiting to execute.
+    pub fn busy(&self) -> Vec<(usize, usize)> {
+        let w = self.0.borrow();
+        let mut v = Vec::new();
+        for (s, side) in w.sides.iter().enumerate() {
+            for (q, qp) in side.qps.iter().enumerate() {
+                if !qp.sq.is_empty() && !side.lost {
+                    v.push((s, q));
+                }
+            }
+        }
+        v
+    }
+
+    /// Executes the oldest write of `side`'s QP `qp`. False if there was none.
+    pub fn step(&self, side: usize, qp: usize) -> bool {
+        let mut w = self.0.borrow_mut();
+        let Some(wr) = w.sides[side].qps[qp].sq.pop_front() else {
+            return false;
+        };
+        let peer = 1 - side;
+        let done = |status| Completion {
+            wr_id: wr.wr_id,
+            qp,
+            status,
+            op: WcOp::Write,
+            imm: 0,
+            byte_len: 0,
+        };
+        // Local protection: the source must be registered here.
+        if !covers(
+            &w.sides[side].mrs,
+            wr.local.lkey,
+            wr.local.addr,
+            wr.local.len as u64,
+        ) {
+            w.sides[side].cq.push_back(done(WcStatus::LocalProtection));
+            Self::qp_fail(&mut w.sides[side], qp);
+            return true;
+        }
+        if w.sides[peer].lost || w.sides[peer].qps[qp].error {
+            w.sides[side].cq.push_back(done(WcStatus::RetryExceeded));
+            Self::qp_fail(&mut w.sides[side], qp);
+            return true;
+        }
+        if !covers(
+            &w.sides[peer].mrs,
+            wr.remote.rkey,
+            wr.remote.addr,
+            wr.local.len as u64,
+        ) {
+            w.sides[side].cq.push_back(done(WcStatus::RemoteAccess));
+            Self::qp_fail(&mut w.sides[side], qp);
+            Self::qp_fail(&mut w.sides[peer], qp);
+            return true;
+        }
+        let recv = match wr.imm {
+            Some(_) => match w.sides[peer].qps[qp].rq.pop_front() {
+                Some(r) => Some(r),
+                None => {
+                    // Receiver not ready, retries exhausted.
+                    w.sides[side].cq.push_back(done(WcStatus::Other(13)));
+                    Self::qp_fail(&mut w.sides[side], qp);
+                    return true;
+                }
+            },
+            None => None,
+        };
+        if wr.local.len > 0 {
+            // SAFETY: both ranges lie in registered regions (checked above), whose
+            // owners keep them allocated while registered; they belong to different
+            // allocations or are disjoint parts of one.
+            unsafe {
+                std::ptr::copy(
+                    wr.local.addr as *const u8,
+                    wr.remote.addr as *mut u8,
+                    wr.local.len as usize,
+                )
+            };
+        }
+        w.sides[side].writes += 1;
+        w.sides[side].bytes += wr.local.len as u64;
+        if let (Some(imm), Some(rid)) = (wr.imm, recv) {
+            w.sides[peer].cq.push_back(Completion {
+                wr_id: rid,
+                qp,
+                status: WcStatus::Success,
+                op: WcOp::RecvImm,
+                imm,
+                byte_len: wr.local.len,
+            });
+        }
+        w.sides[side].cq.push_back(done(WcStatus::Success));
+        true
+    }
+
+    /// Executes everything that can run, QP by QP in round robin. Returns the
+    /// number of writes executed.
+    pub fn run(&self) -> usize {
+        let mut n = 0;
+        loop {
+            let busy = self.busy();
+            if busy.is_empty() {
+                return n;
+            }
+            for (s, q) in busy {
+                n += self.step(s, q) as usize;
+            }
+        }
+    }
+
+    fn qp_fail(side: &mut Side, qp: usize) {
+        let q = &mut side.qps[qp];
+        q.error = true;
+        let mut flushed: Vec<Completion> =
+            q.sq.drain(..)
+                .map(|wr| Completion {
+                    wr_id: wr.wr_id,
+                    qp,
+                    status: WcStatus::Flushed,
+                    op: WcOp::Write,
+                    imm: 0,
+                    byte_len: 0,
+                })
+                .collect();
+        flushed.extend(q.rq.drain(..).map(|id| Completion {
+            wr_id: id,
+            qp,
+            status: WcStatus::Flushed,
+            op: WcOp::RecvImm,
+            imm: 0,
+            byte_len: 0,
+        }));
+        side.cq.extend(flushed);
+    }
+
+    /// Injects an error on `side`'s QP `qp` (e.g. a link flap seen by that HCA).
+    pub fn inject_qp_error(&self, side: usize, qp: usize) {
+        Self::qp_fail(&mut self.0.borrow_mut().sides[side], qp);
+    }
+
+    /// `side` disappears (process killed, node down): it executes nothing more, and
+    /// writes towards it fail with retries exceeded.
+    pub fn lose(&self, side: usize) {
+        let mut w = self.0.borrow_mut();
+        w.sides[side].lost = true;
+        for q in w.sides[side].qps.iter_mut() {
+            q.sq.clear();
+            q.rq.clear();
+        }
+    }
+
+    /// Writes `side` has executed and their payload bytes.
+    pub fn traffic(&self, side: usize) -> (u64, u64) {
+        let w = self.0.borrow();
+        (w.sides[side].writes, w.sides[side].bytes)
+    }
+
+    /// Receives currently posted on `side`'s QP `qp`.
+    pub fn posted_recvs(&self, side: usize, qp: usize) -> usize {
+        self.0.borrow().sides[side].qps[qp].rq.len()
+    }
+}
+
+fn covers(mrs: &HashMap<u32, (u64, u64)>, key: u32, addr: u64, len: u64) -> bool {
+    match mrs.get(&key) {
+        Some(&(a, l)) => addr >= a && addr.checked_add(len).is_some_and(|e| e <= a + l),
+        None => false,
+    }
+}
+
+impl Fabric for MemFabric {
+    fn nqps(&self) -> usize {
+        self.net.nqps()
+    }
+
+    unsafe fn reg_mr(&mut self, addr: *mut u8, len: usize) -> Result<Mr> {
+        let mut w = self.net.0.borrow_mut();
+        let key = w.next_key;
+        w.next_key += 1;
+        w.sides[self.side]
+            .mrs
+            .insert(key, (addr as u64, len as u64));
+        Ok(Mr {
+            addr: addr as u64,
+            len: len as u64,
+            lkey: key,
+            rkey: key,
+        })
+    }
+
+    fn dereg_mr(&mut self, mr: &Mr) -> Result<()> {
+        let mut w = self.net.0.borrow_mut();
+        w.sides[self.side]
+            .mrs
+            .remove(&mr.lkey)
+            .map(|_| ())
+            .ok_or_else(|| Error::Internal(format!("deregistering unknown key {}", mr.lkey)))
+    }
+
+    unsafe fn post_write(
+        &mut self,
+        qp: usize,
+        wr_id: u64,
+        local: Local,
+        remote: Remote,
+        imm: Option<u32>,
+    ) -> Result<()> {
+        let mut w = self.net.0.borrow_mut();
+        let side = &mut w.sides[self.side];
+        let q = side
+            .qps
+            .get_mut(qp)
+            .ok_or_else(|| Error::Internal(format!("no QP {qp}")))?;
+        if q.error {
+            side.cq.push_back(Completion {
+                wr_id,
+                qp,
+                status: WcStatus::Flushed,
+                op: WcOp::Write,
+                imm: 0,
+                byte_len: 0,
+            });
+        } else {
+            q.sq.push_back(Wr {
+                wr_id,
+                local,
+                remote,
+                imm,
+            });
+        }
+        Ok(())
+    }
+
+    fn post_recv(&mut self, qp: usize, wr_id: u64) -> Result<()> {
+        let mut w = self.net.0.borrow_mut();
+        let side = &mut w.sides[self.side];
+        let q = side
+            .qps
+            .get_mut(qp)
+            .ok_or_else(|| Error::Internal(format!("no QP {qp}")))?;
+        if q.error {
+            side.cq.push_back(Completion {
+                wr_id,
+                qp,
+                status: WcStatus::Flushed,
+                op: WcOp::RecvImm,
+                imm: 0,
+                byte_len: 0,
+            });
+        } else {
+            q.rq.push_back(wr_id);
+        }
+        Ok(())
+    }
+
+    fn poll(&mut self, out: &mut Vec<Completion>, max: usize) -> Result<usize> {
+        let mut w = self.net.0.borrow_mut();
+        let side = &mut w.sides[self.side];
+        if side.lost {
+            return Ok(0);
+        }
+        let n = max.min(side.cq.len());
+        out.extend(side.cq.drain(..n));
+        Ok(n)
+    }
+}

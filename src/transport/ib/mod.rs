@@ -1,0 +1,12 @@
+//! InfiniBand / RoCE verbs transport (issue 7). See docs/IB.md.
+//!
+//! - [`proto`]: the data protocol as pure state machines (CTS FIFO, credits,
+//!   split-send of compressed chunks), driving a [`fabric::Fabric`].
+//! - [`mem_fabric`]: an in-memory RC model the protocol is tested against.
+//! - [`verbs`]: libibverbs loaded at run time (no link-time dependency).
+//! - [`device`]: HCA enumeration and `NCCL_IB_HCA` parsing.
+
+pub mod fabric;
+pub mod mem_fabric;
+pub mod proto;
+pub mod region;
