@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Fuzzes the codec's decoder (2/3 of the time) and encode->decode round trip (1/3)
+# with cargo-fuzz (libFuzzer + AddressSanitizer) for SECONDS in total (default 60).
+# Seeds: the committed frozen frames. Prints exec counts and crashes; exits 1 on a crash.
+# Only a stable toolchain exists here, so nightly-only flags are enabled with RUSTC_BOOTSTRAP=1.
+set -euo pipefail
+SECS="${1:-60}"
+cd "$(dirname "$0")/../codec/fuzz"
+export RUSTC_BOOTSTRAP=1
+command -v cargo-fuzz >/dev/null || cargo install --locked cargo-fuzz || cargo install cargo-fuzz
+unset CARGO_TARGET_DIR  # the fuzz crate is its own workspace: codec/fuzz/target (gitignored)
+
+mkdir -p corpus/decode corpus/roundtrip artifacts
+for f in ../tests/vectors/*.nzf; do
+    # 2 leading bytes choose the destination size (0xFFFF * 32 bytes: big enough)
+    { printf '\xff\xff'; cat "$f"; } > "corpus/decode/seed-$(basename "$f")"
+done
+for f in ../tests/vectors/*.in; do
+    head -c 20000 "$f" | { printf '\x00'; cat; } > "corpus/roundtrip/seed-$(basename "$f")"
+done
+
+cargo fuzz build -O decode >/dev/null 2>&1 || cargo fuzz build -O decode
+cargo fuzz build -O roundtrip >/dev/null 2>&1 || cargo fuzz build -O roundtrip
+
+status=0
+run() {
+    local target="$1" secs="$2" log
+    log="$(mktemp)"
+    set +e
+    cargo fuzz run -O "$target" "corpus/$target" -- -max_total_time="$secs" -max_len=300000 \
+        -print_final_stats=1 -rss_limit_mb=4096 >"$log" 2>&1
+    local rc=$?
+    set -e
+    local execs crashes
+    execs="$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$log" | grep -o '[0-9]*$' || echo '?')"
+    crashes="$(find "artifacts/$target" -type f 2>/dev/null | wc -l)"
+    echo "fuzz $target: ${secs}s, ${execs} execs, ${crashes} crash artifacts, exit ${rc}"
+    if [ "$rc" -ne 0 ] || [ "$crashes" -ne 0 ]; then
+        tail -40 "$log"
+        status=1
+    fi
+    rm -f "$log"
+}
+run decode $(( SECS * 2 / 3 ))
+run roundtrip $(( SECS - SECS * 2 / 3 ))
+exit $status
