@@ -2,7 +2,7 @@
 //! way NCCL loads it (`nccl-zip-perf`, src/bin). Each test has a hard time limit:
 //! a hang kills the processes and fails the test.
 //!
-//! The plugin is `target/<profile>/libnccl_net_zip.so`, found relative to this test
+//! The plugin is `target/<profile>/[deps/]libnccl_net_zip.so`, found relative to this test
 //! executable (cargo builds it with the library for every `cargo test`).
 
 use std::io::Read;
@@ -15,12 +15,22 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 const PERF: &str = env!("CARGO_BIN_EXE_nccl-zip-perf");
 
 fn plugin() -> PathBuf {
-    // target/<profile>/deps/pair-<hash> → target/<profile>/libnccl_net_zip.so
+    // The test runs from target/<profile>/deps/pair-<hash>. Cargo builds the cdylib
+    // with the library into deps/ and copies it up to target/<profile>/; prefer the
+    // deps/ file (always the one built for this run), then the copy.
     let exe = std::env::current_exe().expect("test exe path");
-    let dir = exe.parent().and_then(|d| d.parent()).expect("target dir");
-    let so = dir.join("libnccl_net_zip.so");
-    assert!(so.exists(), "{} not built", so.display());
-    so
+    let deps = exe.parent().expect("deps dir");
+    let candidates = [
+        deps.join("libnccl_net_zip.so"),
+        deps.parent()
+            .expect("profile dir")
+            .join("libnccl_net_zip.so"),
+    ];
+    candidates
+        .iter()
+        .find(|p| p.exists())
+        .cloned()
+        .unwrap_or_else(|| panic!("plugin not built: none of {candidates:?} exists"))
 }
 
 /// A fresh directory for one test's handle files.

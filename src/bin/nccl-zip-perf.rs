@@ -173,6 +173,7 @@ fn run_plugin(o: &Opts) -> u8 {
     };
     let before = census();
     let msgs = schedule(o);
+    let wire = bench::Wire::start(o);
     let mut st = Open {
         net: &net,
         listen: std::ptr::null_mut(),
@@ -192,8 +193,17 @@ fn run_plugin(o: &Opts) -> u8 {
         .flatten()
         .map(|p| p.clock.summary())
         .collect();
+    let payload = [st.send.as_ref(), st.recv.as_ref()]
+        .into_iter()
+        .flatten()
+        .map(|p| p.clock.total_bytes())
+        .max()
+        .unwrap_or(0);
     let closed_ok = st.close();
     drop(st);
+    if let (Some(w), Ok(())) = (&wire, &result) {
+        w.report(if o.role == Role::Send { "send" } else { "recv" }, payload);
+    }
 
     let mut code = 0;
     match (&result, o.expect_error) {
@@ -401,6 +411,7 @@ fn baseline(o: &Opts) -> u8 {
     let t0 = Instant::now();
     let dl = Deadline(t0 + o.timeout);
     let msgs = schedule(o);
+    let wire = bench::Wire::start(o);
     let r = match o.role {
         Role::Recv => baseline_recv(o, &msgs, &dl),
         Role::Send => baseline_send(o, &msgs, &dl),
@@ -408,6 +419,10 @@ fn baseline(o: &Opts) -> u8 {
     };
     match r {
         Ok(summary) => {
+            if let Some(w) = &wire {
+                let payload = msgs.iter().map(|m| m.size as u64).sum();
+                w.report(if o.role == Role::Send { "send" } else { "recv" }, payload);
+            }
             println!("OK {summary}");
             0
         }

@@ -1,7 +1,9 @@
 //! Throughput per message size: the clock starts when a size's warm-up messages
 //! are done and stops when its last timed message completes; the pipeline stays
-//! full across the boundary. Also reads the interface's byte counters, which show
-//! what actually crossed the wire (they will matter once compression lands).
+//! full across the boundary. [`Wire`] reads the interface's byte counters over a
+//! whole run (per block they would not line up with completions: bytes of later
+//! messages are already in flight), which shows what actually crossed the wire
+//! per payload byte (it will matter once compression lands).
 
 use std::time::Instant;
 
@@ -13,9 +15,8 @@ pub struct BenchClock {
     role: &'static str,
     transport: &'static str,
     count: usize,
-    iface: Option<String>,
     started: Option<Instant>,
-    block: Option<(Instant, Option<(u64, u64)>)>,
+    block: Option<Instant>,
     total_bytes: u64,
     total_msgs: u64,
 }
@@ -49,7 +50,6 @@ impl BenchClock {
             role,
             transport,
             count: o.count,
-            iface: if o.bench { wire_iface(o) } else { None },
             started: None,
             block: None,
             total_bytes: 0,
@@ -70,16 +70,15 @@ impl BenchClock {
         }
         let last_of_block = next.map_or(true, |n| n.block != m.block);
         if m.warmup && next.is_some_and(|n| !n.warmup && n.block == m.block) {
-            let w = self.iface.as_deref().and_then(wire_counters);
-            self.block = Some((Instant::now(), w));
+            self.block = Some(Instant::now());
         } else if !m.warmup && last_of_block {
-            let Some((t0, w0)) = self.block.take() else {
+            let Some(t0) = self.block.take() else {
                 return;
             };
             let secs = t0.elapsed().as_secs_f64();
             let bytes = (m.size * self.count) as f64;
             let gbps = bytes / secs / 1e9;
-            let mut line = format!(
+            let line = format!(
                 "BENCH transport={} role={} size={} count={} secs={:.6} GBps={:.3} Gbps={:.3}",
                 self.transport,
                 self.role,
@@ -89,18 +88,12 @@ impl BenchClock {
                 gbps,
                 gbps * 8.0
             );
-            if let (Some(iface), Some((rx0, tx0))) = (self.iface.as_deref(), w0) {
-                if let Some((rx1, tx1)) = wire_counters(iface) {
-                    let (rx, tx) = (rx1 - rx0, tx1 - tx0);
-                    let main = if self.role == "recv" { rx } else { tx };
-                    line += &format!(
-                        " iface={iface} wire_rx={rx} wire_tx={tx} wire_per_payload={:.4}",
-                        main as f64 / bytes
-                    );
-                }
-            }
             println!("{line}");
         }
+    }
+
+    pub fn total_bytes(&self) -> u64 {
+        self.total_bytes
     }
 
     /// One summary line for a whole run.
@@ -118,5 +111,35 @@ impl BenchClock {
                 0.0
             }
         )
+    }
+}
+
+/// Interface byte counters at the start of a run.
+pub struct Wire {
+    iface: String,
+    start: (u64, u64),
+}
+
+impl Wire {
+    /// Call before listen/connect, so every byte of the run is counted.
+    pub fn start(o: &Opts) -> Option<Wire> {
+        let iface = wire_iface(o)?;
+        let start = wire_counters(&iface)?;
+        Some(Wire { iface, start })
+    }
+
+    /// `WIRE` line: bytes the interface saw during the run per payload byte
+    /// (receiver: rx; sender: tx; on lo both are all traffic).
+    pub fn report(&self, role: &str, payload: u64) {
+        let Some((rx, tx)) = wire_counters(&self.iface) else {
+            return;
+        };
+        let (rx, tx) = (rx - self.start.0, tx - self.start.1);
+        let main = if role == "recv" { rx } else { tx };
+        println!(
+            "WIRE iface={} role={role} rx={rx} tx={tx} payload={payload} wire_per_payload={:.4}",
+            self.iface,
+            main as f64 / payload.max(1) as f64
+        );
     }
 }
