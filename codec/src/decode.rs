@@ -162,6 +162,20 @@ impl Tables {
     }
 }
 
+/// `memset` with ascending 16-byte stores (see [`copy_ascending`]).
+fn fill_ascending(dst: &mut [u8], v: u8) {
+    use std::sync::atomic::{compiler_fence, Ordering};
+    let pat = [v; 16];
+    let mut d = dst.chunks_exact_mut(16);
+    for c in &mut d {
+        c.copy_from_slice(&pat);
+        compiler_fence(Ordering::Release);
+    }
+    for x in d.into_remainder() {
+        *x = v;
+    }
+}
+
 /// Decodes block at `src[start..start + size]` into `out` (its `L` bytes).
 pub(crate) fn decode_block(
     src: &[u8],
@@ -186,7 +200,7 @@ pub(crate) fn decode_block(
             if size != 2 {
                 return Err(CodecError::Corrupt("fill block length mismatch"));
             }
-            out.fill(src[start + 1]);
+            fill_ascending(out, src[start + 1]);
             Ok(())
         }
         MODE_BF16 => decode_coded::<Bf16>(src, start, size, out, tables),

@@ -33,7 +33,7 @@
 //!
 //! All functions are thread-safe and use no global mutable state.
 
-mod codes;
+pub mod codes;
 mod decode;
 mod elem;
 mod encode;
