@@ -86,7 +86,12 @@ impl Core {
         {
             let mut g = self.error.lock();
             if g.is_none() {
-                if !self.closing.load(Acquire) {
+                // A peer that closes while nothing is in flight is an orderly
+                // teardown: no WARN. Any later call still gets the error.
+                if self.closing.load(Acquire) {
+                } else if self.ring.idle() && matches!(e, Error::Remote(_)) {
+                    info!("connection with {}: {e}", self.peer);
+                } else {
                     warn!("connection with {} failed: {e}", self.peer);
                 }
                 *g = Some(e);
