@@ -280,6 +280,76 @@ fn compression_off_bf16_data() {
     assert_received(&r, 1000);
 }
 
+/// Issue 5: the same two-process dlopen run, compressed. `on` must really compress
+/// float data (the receiver's close line counts compressed chunks); every data kind
+/// must arrive bit-exact, including random bytes (sent raw) and all-zero data.
+#[test]
+fn compressed_on_and_auto_bit_exact_across_dtypes() {
+    for mode in ["on", "auto"] {
+        for (i, data) in ["bf16", "fp16", "fp32", "random", "zero"]
+            .into_iter()
+            .enumerate()
+        {
+            let seed = (40 + i).to_string();
+            let sched = [
+                "--size-range",
+                "0:4M",
+                "--count",
+                "60",
+                "--seed",
+                &seed,
+                "--data",
+                data,
+            ];
+            let env = [
+                ("NCCL_ZIP_COMPRESS", mode),
+                ("NCCL_ZIP_CHECKSUM", "1"),
+                ("NCCL_DEBUG", "INFO"),
+            ];
+            let (r, _) = transfer(&format!("zip-{mode}-{data}"), &sched, &env);
+            assert_received(&r, 60);
+            if mode == "on" && matches!(data, "bf16" | "fp16" | "fp32" | "zero") {
+                let line = r
+                    .err
+                    .lines()
+                    .find(|l| l.contains("closed recv comm"))
+                    .unwrap_or_default()
+                    .to_string();
+                let n: u64 = line
+                    .split("chunks compressed ")
+                    .nth(1)
+                    .and_then(|t| t.split_whitespace().next())
+                    .and_then(|t| t.parse().ok())
+                    .unwrap_or(0);
+                assert!(
+                    n > 0,
+                    "{mode}/{data}: no compressed chunk arrived: {line:?}\n{}",
+                    r.log()
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn compressed_odd_sizes() {
+    let sizes = "0,1,2,3,5,17,4095,4096,4097,8083,12345,65535,65537,131071,524289,1048575,4194303";
+    let sched = [
+        "--sizes",
+        sizes,
+        "--count",
+        "51",
+        "--seed",
+        "47",
+        "--data",
+        "bf16",
+        "--recv-size",
+        "4M",
+    ];
+    let (r, _) = transfer("zip-odd", &sched, &[("NCCL_ZIP_COMPRESS", "on")]);
+    assert_received(&r, 51);
+}
+
 #[test]
 fn thirty_two_in_flight_small_messages() {
     let sched = [
