@@ -6,7 +6,9 @@
 //! - [`verbs`]: libibverbs loaded at run time (no link-time dependency).
 //! - [`device`]: HCA enumeration and `NCCL_IB_HCA` parsing.
 
+pub mod device;
 pub mod fabric;
 pub mod mem_fabric;
 pub mod proto;
 pub mod region;
+pub mod verbs;
