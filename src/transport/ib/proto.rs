@@ -212,7 +212,7 @@ pub struct Imm {
 impl Imm {
     pub fn encode(&self) -> u32 {
         debug_assert!((self.fifo as usize) < FIFO_DEPTH && (self.chunk as usize) < MAX_CHUNKS);
-        debug_assert!(self.stage_off as usize % STAGE_ALIGN == 0);
+        debug_assert!((self.stage_off as usize).is_multiple_of(STAGE_ALIGN));
         (self.fifo as u32 & 31)
             | (self.compressed as u32) << 5
             | (self.chunk as u32 & 63) << 6
