@@ -2,11 +2,14 @@
 //! codec pays, from a size threshold, the recent compression ratio, and a cost model
 //! of codec speed against link speed. Pure logic (times are passed in), unit-tested.
 //!
-//! Compressing a chunk of `n` bytes at ratio `r` costs `n / codec_rate` of CPU and
-//! saves `n (1 - 1/r) / link_share` of wire time, where `link_share` is the link
-//! rate divided among the streams that compress in parallel. It pays when
-//! `codec_rate > link_share * r / (r - 1)`. Data that stops compressing (ratio below
-//! [`MIN_RATIO`]) is sent raw for [`REPROBE_EVERY`] chunks, then probed again.
+//! The stream threads overlap: while one compresses a chunk, others are sending.
+//! With an aggregate codec throughput `C` and a link rate `L`, compressed traffic
+//! moves `min(C, L * r)` bytes per second against `L` raw. `C` is one thread's rate,
+//! measured in wall time per chunk, times the streams: wall time, because a thread
+//! that waits for a core (the machine is busy with training, or other comms) makes
+//! the codec slower in fact, and the policy must see it. Compression pays when `r >= MIN_RATIO` and `C > L * COST_MARGIN`. Data that
+//! stops compressing (ratio below [`MIN_RATIO`]) is sent raw for [`REPROBE_EVERY`]
+//! chunks, then probed again; so is data whose codec cannot keep up with the link.
 
 use parking_lot::Mutex;
 
@@ -18,6 +21,8 @@ pub const MIN_COMPRESS_BYTES: usize = 4096;
 pub const MIN_RATIO: f64 = 1.03;
 /// Chunks sent raw before compression is tried again after it stopped paying.
 pub const REPROBE_EVERY: u32 = 64;
+/// Codec throughput must beat the link by this factor before compression is used.
+pub const COST_MARGIN: f64 = 1.25;
 const ALPHA: f64 = 0.25;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -32,7 +37,7 @@ pub enum Decision {
 #[derive(Debug)]
 struct State {
     ratio: f64,
-    /// Codec throughput of one thread, bytes per second.
+    /// Codec throughput of one thread, bytes per (wall) second.
     codec_bps: f64,
     bypass_left: u32,
 }
@@ -40,22 +45,20 @@ struct State {
 #[derive(Debug)]
 pub struct Policy {
     mode: CompressMode,
-    /// Link bytes per second available to one compressing stream.
-    link_share_bps: f64,
-    /// How many streams compress at once (bounded by the cores).
+    /// Link bytes per second.
+    link_bps: f64,
+    /// How many threads compress at once: the streams.
     parallel: f64,
     state: Mutex<State>,
 }
 
 impl Policy {
-    /// `link_mbps`: the link's speed; `streams`: streams sharing it; `cores`: CPUs the codec may use.
-    pub fn new(mode: CompressMode, link_mbps: u64, streams: usize, cores: usize) -> Policy {
-        let link_bps = link_mbps as f64 * 1e6 / 8.0;
-        let streams = streams.max(1) as f64;
+    /// `link_mbps`: the link's speed; `streams`: threads that compress and share it.
+    pub fn new(mode: CompressMode, link_mbps: u64, streams: usize) -> Policy {
         Policy {
             mode,
-            link_share_bps: link_bps / streams,
-            parallel: (cores.max(1) as f64).min(streams) / streams,
+            link_bps: link_mbps as f64 * 1e6 / 8.0,
+            parallel: streams.max(1) as f64,
             // Optimistic start, so the first chunks probe the codec.
             state: Mutex::new(State {
                 ratio: 1.4,
@@ -77,7 +80,7 @@ impl Policy {
             s.bypass_left -= 1;
             return Decision::RawBypass;
         }
-        if Self::pays(s.ratio, s.codec_bps * self.parallel, self.link_share_bps) {
+        if Self::pays(s.ratio, s.codec_bps * self.parallel, self.link_bps) {
             Decision::Compress
         } else {
             s.bypass_left = REPROBE_EVERY;
@@ -85,11 +88,13 @@ impl Policy {
         }
     }
 
-    fn pays(ratio: f64, codec_bps: f64, link_share_bps: f64) -> bool {
-        ratio >= MIN_RATIO && codec_bps > link_share_bps * ratio / (ratio - 1.0)
+    /// `codec_bps`: aggregate codec throughput; `link_bps`: the link's.
+    fn pays(ratio: f64, codec_bps: f64, link_bps: f64) -> bool {
+        ratio >= MIN_RATIO && codec_bps > link_bps * COST_MARGIN
     }
 
-    /// Feeds back one compressed chunk: `raw` bytes became `wire` bytes in `codec_ns`.
+    /// Feeds back one compressed chunk: `raw` bytes became `wire` bytes in
+    /// `codec_ns` of wall time.
     pub fn record(&self, raw: usize, wire: usize, codec_ns: u64) {
         if raw == 0 {
             return;
@@ -114,16 +119,16 @@ mod tests {
 
     #[test]
     fn off_and_small_never_compress() {
-        let p = Policy::new(CompressMode::Off, 2 * GBIT, 4, 2);
+        let p = Policy::new(CompressMode::Off, 2 * GBIT, 4);
         assert_eq!(p.decide(1 << 20), Decision::RawBypass);
-        let p = Policy::new(CompressMode::On, 2 * GBIT, 4, 2);
+        let p = Policy::new(CompressMode::On, 2 * GBIT, 4);
         assert_eq!(p.decide(100), Decision::RawSmall);
         assert_eq!(p.decide(1 << 20), Decision::Compress);
     }
 
     #[test]
     fn incompressible_data_is_bypassed_then_reprobed() {
-        let p = Policy::new(CompressMode::Auto, 2 * GBIT, 4, 2);
+        let p = Policy::new(CompressMode::Auto, 2 * GBIT, 4);
         assert_eq!(p.decide(1 << 20), Decision::Compress);
         for _ in 0..20 {
             p.record(1 << 20, (1 << 20) + 24, 200_000);
@@ -147,10 +152,23 @@ mod tests {
     #[test]
     fn cost_model_links_and_codec_speed() {
         // 2 GB/s codec, ratio 1.5: pays on 2 Gbit/s, not on a 400 Gbit/s link.
-        assert!(Policy::pays(1.5, 2e9, 2e9 / 8.0 / 4.0));
-        assert!(!Policy::pays(1.5, 2e9, 400e9 / 8.0 / 4.0));
+        assert!(Policy::pays(1.5, 2e9, 2e9 / 8.0));
+        assert!(!Policy::pays(1.5, 2e9, 400e9 / 8.0));
+        // Incompressible data never pays, however fast the codec.
+        assert!(!Policy::pays(1.01, 100e9, 1e6));
+        // Streams compress in parallel: 0.8 GB/s per thread beats a 10 Gbit/s
+        // link with two streams, not with one.
+        let one = Policy::new(CompressMode::Auto, 10 * GBIT, 1);
+        let two = Policy::new(CompressMode::Auto, 10 * GBIT, 2);
+        for p in [&one, &two] {
+            for _ in 0..20 {
+                p.record(1 << 20, 700_000, 1_310_000); // 0.8 GB/s
+            }
+        }
+        assert_eq!(one.decide(1 << 20), Decision::RawBypass);
+        assert_eq!(two.decide(1 << 20), Decision::Compress);
         // A slow codec loses even on a modest link.
-        let p = Policy::new(CompressMode::Auto, 100 * GBIT, 1, 1);
+        let p = Policy::new(CompressMode::Auto, 100 * GBIT, 1);
         for _ in 0..20 {
             p.record(1 << 20, 700_000, 5_000_000); // 0.2 GB/s
         }

@@ -1,8 +1,6 @@
 //! The data path's use of the codec: sizing staging buffers, compressing a chunk
 //! when the adaptive policy says so, and decoding a received chunk into NCCL's buffer.
 
-use std::time::Instant;
-
 use crate::adapt::{Decision, Policy};
 use crate::codec::{self, EncodeOptions};
 use crate::error::{Error, Result};
@@ -31,9 +29,9 @@ pub fn encode_chunk<'s>(
         }
     }
     let out = staging.get(codec::max_compressed_size(src.len()));
-    let t0 = Instant::now();
+    let t0 = now_ns();
     let r = codec::compress(src, out, opts);
-    let ns = t0.elapsed().as_nanos() as u64;
+    let ns = now_ns().saturating_sub(t0);
     stats.add(&stats.codec_ns, ns);
     match r {
         Ok(n) => {
@@ -52,10 +50,10 @@ pub fn encode_chunk<'s>(
 
 /// Decodes one compressed chunk into `dst`, which must come out exactly full.
 pub fn decode_chunk(frame: &[u8], dst: &mut [u8], stats: &Stats) -> Result<()> {
-    let t0 = Instant::now();
+    let t0 = now_ns();
     let n = codec::decompress(frame, dst)
         .map_err(|e| Error::Remote(format!("corrupt compressed chunk: {e}")))?;
-    stats.add(&stats.codec_ns, t0.elapsed().as_nanos() as u64);
+    stats.add(&stats.codec_ns, now_ns().saturating_sub(t0));
     if n != dst.len() {
         return Err(Error::Remote(format!(
             "corrupt compressed chunk: decodes to {n} bytes, its header says {}",
@@ -63,4 +61,12 @@ pub fn decode_chunk(frame: &[u8], dst: &mut [u8], stats: &Stats) -> Result<()> {
         )));
     }
     Ok(())
+}
+
+/// Monotonic wall-clock ns. The policy wants wall time: see [`crate::adapt`].
+fn now_ns() -> u64 {
+    use std::sync::OnceLock;
+    use std::time::Instant;
+    static T0: OnceLock<Instant> = OnceLock::new();
+    T0.get_or_init(Instant::now).elapsed().as_nanos() as u64
 }

@@ -56,6 +56,8 @@ pub enum DataKind {
     Bf16,
     Fp16,
     Fp32,
+    /// `file:PATH`: the bytes of a real tensor file (tiled to the needed length).
+    File,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -75,6 +77,8 @@ pub struct Opts {
     pub count: usize,
     pub seed: u64,
     pub data: DataKind,
+    /// With `DataKind::File`.
+    pub data_file: Option<std::path::PathBuf>,
     pub sigma: f64,
     pub recv_size: Option<usize>,
     pub verify: bool,
@@ -141,6 +145,7 @@ impl Opts {
             count: 1000,
             seed: 1,
             data: DataKind::Random,
+            data_file: None,
             sigma: 0.02,
             recv_size: None,
             verify: true,
@@ -201,8 +206,14 @@ impl Opts {
                         "bf16" => DataKind::Bf16,
                         "fp16" => DataKind::Fp16,
                         "fp32" => DataKind::Fp32,
+                        d if d.starts_with("file:") => {
+                            o.data_file = Some(d["file:".len()..].into());
+                            DataKind::File
+                        }
                         d => {
-                            return Err(format!("--data {d}: expected random|zero|bf16|fp16|fp32"))
+                            return Err(format!(
+                                "--data {d}: expected random|zero|bf16|fp16|fp32|file:PATH"
+                            ))
                         }
                     }
                 }

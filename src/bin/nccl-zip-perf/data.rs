@@ -116,6 +116,7 @@ pub fn fill(kind: DataKind, sigma: f64, seed: u64, key: u64, out: &mut [u8]) {
         DataKind::Fp32 => floats(out, 4, &mut rng, sigma, |x| {
             (x as f32).to_le_bytes().to_vec()
         }),
+        DataKind::File => unreachable!("file data is loaded by Payloads::new"),
     }
 }
 
@@ -188,11 +189,28 @@ impl Payloads {
     pub fn new(o: &Opts, max_size: usize) -> Payloads {
         let width = match o.data {
             DataKind::Bf16 | DataKind::Fp16 => 2,
-            DataKind::Fp32 => 4,
+            DataKind::Fp32 | DataKind::File => 4,
             _ => 1,
         };
         let mut table = vec![0u8; max_size + (1 << 20)];
-        fill(o.data, o.sigma, o.seed, u64::MAX, &mut table);
+        if o.data == DataKind::File {
+            let path = o.data_file.as_ref().expect("set with DataKind::File");
+            let bytes = std::fs::read(path).unwrap_or_else(|e| {
+                eprintln!("nccl-zip-perf: cannot read {}: {e}", path.display());
+                std::process::exit(2)
+            });
+            if bytes.len() < 4 {
+                eprintln!("nccl-zip-perf: {} holds fewer than 4 bytes", path.display());
+                std::process::exit(2)
+            }
+            // Tile whole 4-byte elements so every value stays intact.
+            let unit = &bytes[..bytes.len() / 4 * 4];
+            for (dst, src) in table.chunks_mut(unit.len()).zip(std::iter::repeat(unit)) {
+                dst.copy_from_slice(&src[..dst.len()]);
+            }
+        } else {
+            fill(o.data, o.sigma, o.seed, u64::MAX, &mut table);
+        }
         Payloads {
             table,
             width,

@@ -62,9 +62,8 @@ impl SendComm {
             cfg.stats.then_some(STATS_EVERY),
         ));
         let (tx, rx) = crossbeam_channel::unbounded::<Task>();
-        let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
         let coder = Arc::new(Coder {
-            policy: Policy::new(cfg.compress, link_mbps, n, cores),
+            policy: Policy::new(cfg.compress, link_mbps, n),
             opts: EncodeOptions {
                 dtype: cfg.dtype,
                 checksum: cfg.checksum,

@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# The demo (README): what the plugin does, on the machine at hand.
+#
+# Without a GPU: two ranks, in two network namespaces joined by a veth pair shaped
+# to RATE (default 2 Gbit/s), stream tensors through the plugin, which each rank
+# loads with dlopen the way NCCL does. Each data set runs twice in the same
+# session, compressed (NCCL_ZIP_COMPRESS=auto) and uncompressed (=off). The demo
+# prints throughput, the speedup, and the wire bytes per payload byte, read from
+# the veth counters. Data sets:
+#   - real MiniLM-L6 tensors, bf16: weights, gradients, activations
+#     (scripts/make_tensors.sh builds them; skipped, with the reason, if that fails)
+#   - Gaussian bf16 (sigma 0.02)
+#   - random bytes (incompressible: must not be slower)
+#
+# With a GPU the demo is a real NCCL collective through the plugin (issue 6).
+#
+# Env: RATE (2gbit | 10gbit | none), SIZES (512K,4M), BYTES (bytes per run, 96M),
+#      REPS (1), OUT (results file; default bench/results/demo-<rate>-<date>.md).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+CMD="$0 $*"
+RATE=${RATE:-2gbit}
+SIZES=${SIZES:-512K,4M}
+BYTES=${BYTES:-$((96 << 20))}
+REPS=${REPS:-1}
+
+scripts/setup.sh
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+  echo "demo: a GPU is present, but the NCCL end-to-end demo (issue 6) is not written yet;"
+  echo "demo: running the host-path demo instead."
+fi
+cargo build --release --quiet --lib --bins
+TD=${CARGO_TARGET_DIR:-$ROOT/target}
+BIN=$TD/release/nccl-zip-perf
+SO=$TD/release/libnccl_net_zip.so
+WORK=$(mktemp -d)
+cleanup() { "$ROOT/scripts/netns.sh" down >/dev/null 2>&1 || true; rm -rf "$WORK"; }
+trap cleanup EXIT
+source "$ROOT/scripts/lib/pair.sh"
+
+SETS=()
+if [ -f bench/data/weights.bf16 ] || scripts/make_tensors.sh >"$WORK/tensors.log" 2>&1; then
+  for t in weights gradients activations; do
+    [ -f "bench/data/$t.bf16" ] && SETS+=("real $t bf16=file:$ROOT/bench/data/$t.bf16")
+  done
+else
+  echo "demo: real tensors unavailable (scripts/make_tensors.sh failed: $(tail -1 "$WORK/tensors.log")); using synthetic data only" >&2
+fi
+SETS+=("Gaussian bf16 (sigma 0.02)=bf16" "random bytes=random")
+
+if [[ $RATE == none ]]; then
+  "$ROOT/scripts/netns.sh" up none >&2
+  LINK="unshaped veth"
+else
+  "$ROOT/scripts/netns.sh" up "$RATE" >&2
+  LINK="veth shaped to $RATE"
+  # tbf is invisible to the plugin (the veth says 10 Gbit/s): tell its cost model.
+  mbps=$(awk -v r="${RATE,,}" 'BEGIN{ if (r ~ /gbit$/) print r*1000; else if (r ~ /mbit$/) print r+0; else print 10000 }')
+  export NCCL_ZIP_LINK_MBPS=$mbps
+fi
+
+echo
+echo "nccl-net-zip demo: 2 ranks, 2 network namespaces, $LINK, messages $SIZES"
+echo
+ROWS=()
+for set in "${SETS[@]}"; do
+  name=${set%%=*}
+  DATA=${set#*=}
+  for size in ${SIZES//,/ }; do
+    zg=() og=() zw=() ow=()
+    for ((i = 0; i < REPS; i++)); do
+      z=$(NCCL_ZIP_COMPRESS=auto run_pair netns zip "$size" "$BYTES")
+      o=$(NCCL_ZIP_COMPRESS=off run_pair netns zip "$size" "$BYTES")
+      zg+=("$(field GBps <<<"$z")") og+=("$(field GBps <<<"$o")")
+      zw+=("$(field wire_per_payload <<<"$z")") ow+=("$(field wire_per_payload <<<"$o")")
+    done
+    zm=$(printf '%s\n' "${zg[@]}" | median)
+    om=$(printf '%s\n' "${og[@]}" | median)
+    zwm=$(printf '%s\n' "${zw[@]}" | median)
+    owm=$(printf '%s\n' "${ow[@]}" | median)
+    row=$(awk -v n="$name" -v s="$size" -v z="$zm" -v o="$om" -v zw="$zwm" -v ow="$owm" \
+      'BEGIN{printf "| %s | %s | %.3f (%.2f Gbit/s) | %.3f (%.2f Gbit/s) | **%.2fx** | %.3f | %.3f | %.2fx |", n, s, z, z*8, o, o*8, z/o, zw, ow, ow/zw}')
+    echo "$row"
+    ROWS+=("$row")
+  done
+done
+
+DATE=$(date -u +%Y-%m-%d)
+OUT=${OUT:-$ROOT/bench/results/demo-${RATE}-$DATE.md}
+mkdir -p "$(dirname "$OUT")"
+{
+  echo "# Demo: compressed vs uncompressed through the plugin, $LINK ($DATE)"
+  echo
+  echo "- Machine: $(lscpu | sed -n 's/^Model name: *//p' | head -1), $(nproc) cores, kernel $(uname -r); no GPU (host-memory path, CPU codec)"
+  echo "- Commit: $(git -C "$ROOT" rev-parse --short HEAD)$(git -C "$ROOT" diff --quiet HEAD -- src codec || echo ' (modified)')"
+  echo "- Command: \`RATE=$RATE SIZES=$SIZES BYTES=$BYTES REPS=$REPS $CMD\`"
+  echo "- Both columns: the same plugin, the same link and data, in the same run; only NCCL_ZIP_COMPRESS differs (auto vs off)."
+  echo "- Throughput: receiver side, GB/s = 1e9 B/s (median of $REPS); wire: bytes counted by the receiving veth per payload byte (Ethernet/IP/TCP headers included)."
+  echo
+  echo "| data | message | compressed | off | speedup | wire/payload compressed | wire/payload off | wire reduction |"
+  echo "|---|---|---|---|---|---|---|---|"
+  printf '%s\n' "${ROWS[@]}"
+} >"$OUT"
+echo
+echo "written to ${OUT#$ROOT/}"
