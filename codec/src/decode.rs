@@ -153,12 +153,13 @@ pub(crate) struct Tables {
 }
 
 impl Tables {
-    pub(crate) fn new() -> Box<Tables> {
-        Box::new(Tables {
+    /// 32 KiB, on the caller's stack: decoding does not allocate.
+    pub(crate) fn new() -> Tables {
+        Tables {
             key: None,
             single: [0; TABLE],
             multi: [0; TABLE],
-        })
+        }
     }
 }
 
