@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Installs what building and testing nccl-net-zip needs on a fresh Debian machine:
-# libclang (bindgen), a C compiler (cc crate), iproute2 (network-namespace tests).
+# libclang (bindgen), a C compiler (cc crate), iproute2 (network-namespace tests),
+# binutils (readelf checks) and libibverbs-dev (verbs.h, for the layout test only:
+# the plugin itself loads libibverbs at run time, if at all).
 # Idempotent and quiet when everything is already there.
 set -euo pipefail
 
@@ -9,6 +11,9 @@ ldconfig -p 2>/dev/null | grep -q 'libclang' || need+=(libclang-dev)
 command -v cc >/dev/null || need+=(gcc)
 command -v ip >/dev/null || need+=(iproute2)
 command -v tc >/dev/null || need+=(iproute2)
+command -v readelf >/dev/null || need+=(binutils)
+# verbs.h: tests/ib_verbs.rs checks our runtime-loaded verbs layouts against it.
+[ -f /usr/include/infiniband/verbs.h ] || need+=(libibverbs-dev)
 if [ ${#need[@]} -gt 0 ]; then
   echo "setup: installing ${need[*]}"
   export DEBIAN_FRONTEND=noninteractive

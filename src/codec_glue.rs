@@ -4,47 +4,65 @@
 use crate::adapt::{Decision, Policy};
 use crate::codec::{self, EncodeOptions};
 use crate::error::{Error, Result};
-use crate::transport::tcp::stats::{Staging, Stats};
+use crate::stats::{Staging, Stats};
 
 /// Largest wire payload of one chunk whose uncompressed size is at most `max_chunk`.
 pub fn max_wire(max_chunk: usize) -> usize {
     codec::max_compressed_size(max_chunk)
 }
 
-/// Compresses `src` into `staging` when the policy wants it and the result is
-/// smaller. Returns the frame, or `None` to send `src` raw (never expands).
-pub fn encode_chunk<'s>(
-    src: &[u8],
-    staging: &'s mut Staging<'_>,
-    opts: &EncodeOptions,
-    policy: &Policy,
-    stats: &Stats,
-) -> Option<&'s [u8]> {
-    match policy.decide(src.len()) {
-        Decision::Compress => {}
-        Decision::RawSmall => return None,
-        Decision::RawBypass => {
-            stats.add(&stats.bypassed, 1);
-            return None;
+/// A sender's compression settings: its adaptive policy and codec options. Every
+/// transport compresses chunks through this.
+pub struct Coder {
+    pub policy: Policy,
+    pub opts: EncodeOptions,
+}
+
+impl Coder {
+    /// Compresses `src` into `out` when the policy wants it, `out` can hold the
+    /// worst case, and the frame comes out smaller than `src`. Returns the frame
+    /// length, or `None` to send `src` raw (the wire never carries more than the
+    /// data). For memory that must not move (registered RDMA buffers).
+    pub fn encode_into(&self, src: &[u8], out: &mut [u8], stats: &Stats) -> Option<usize> {
+        match self.policy.decide(src.len()) {
+            Decision::Compress => {}
+            Decision::RawSmall => return None,
+            Decision::RawBypass => {
+                stats.add(&stats.bypassed, 1);
+                return None;
+            }
+        }
+        let out = out.get_mut(..codec::max_compressed_size(src.len()))?;
+        let t0 = now_ns();
+        let r = codec::compress(src, out, &self.opts);
+        let ns = now_ns().saturating_sub(t0);
+        stats.add(&stats.codec_ns, ns);
+        match r {
+            Ok(n) => {
+                self.policy.record(src.len(), n, ns);
+                (n < src.len()).then_some(n)
+            }
+            Err(e) => {
+                tracing::warn!(
+                    "compressing a {}-byte chunk failed, sending it raw: {e}",
+                    src.len()
+                );
+                None
+            }
         }
     }
-    let out = staging.get(codec::max_compressed_size(src.len()));
-    let t0 = now_ns();
-    let r = codec::compress(src, out, opts);
-    let ns = now_ns().saturating_sub(t0);
-    stats.add(&stats.codec_ns, ns);
-    match r {
-        Ok(n) => {
-            policy.record(src.len(), n, ns);
-            (n < src.len()).then(|| &out[..n])
-        }
-        Err(e) => {
-            tracing::warn!(
-                "compressing a {}-byte chunk failed, sending it raw: {e}",
-                src.len()
-            );
-            None
-        }
+
+    /// [`Coder::encode_into`] a per-thread staging buffer that grows to the largest
+    /// chunk (TCP). Returns the frame.
+    pub fn encode_chunk<'s>(
+        &self,
+        src: &[u8],
+        staging: &'s mut Staging<'_>,
+        stats: &Stats,
+    ) -> Option<&'s [u8]> {
+        let out = staging.get(codec::max_compressed_size(src.len()));
+        let n = self.encode_into(src, out, stats)?;
+        Some(&out[..n])
     }
 }
 

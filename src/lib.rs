@@ -21,4 +21,5 @@ pub mod log;
 pub mod net;
 pub mod plugin;
 pub mod proto;
+pub mod stats;
 pub mod transport;

@@ -1,4 +1,5 @@
-//! Per-comm counters, cheap enough for the data path (relaxed atomics).
+//! Counters of comms and of the whole plugin, cheap enough for the data path
+//! (relaxed atomics), and the counted staging buffers. Shared by every transport.
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 

@@ -4,11 +4,12 @@
 
 use nccl_net_zip::adapt::Policy;
 use nccl_net_zip::codec::{DtypeHint, EncodeOptions};
+use nccl_net_zip::codec_glue::Coder;
 use nccl_net_zip::config::CompressMode;
 use nccl_net_zip::error::Error;
 use nccl_net_zip::transport::ib::fabric::{Fabric, Mr};
 use nccl_net_zip::transport::ib::mem_fabric::{MemFabric, MemNet};
-use nccl_net_zip::transport::ib::proto::{Coder, Event, Params, Receiver, Sender, MAX_CHUNKS};
+use nccl_net_zip::transport::ib::proto::{Event, Params, Receiver, Sender, MAX_CHUNKS};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use std::sync::atomic::Ordering::Relaxed;
@@ -30,7 +31,7 @@ struct Pair {
 
 fn coder(mode: CompressMode) -> Coder {
     Coder {
-        policy: Policy::new(mode, 100_000, 4, 4),
+        policy: Policy::new(mode, 100_000, 4),
         opts: EncodeOptions {
             dtype: DtypeHint::Bf16,
             ..EncodeOptions::default()

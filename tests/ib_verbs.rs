@@ -97,10 +97,11 @@ fn struct_layouts_match_the_installed_verbs_h() {
 fn ib_hw_loopback_transfer() {
     use nccl_net_zip::adapt::Policy;
     use nccl_net_zip::codec::{DtypeHint, EncodeOptions};
+    use nccl_net_zip::codec_glue::Coder;
     use nccl_net_zip::config::CompressMode;
     use nccl_net_zip::transport::ib::device::{enumerate, HcaFilter};
     use nccl_net_zip::transport::ib::fabric::Fabric;
-    use nccl_net_zip::transport::ib::proto::{Coder, Event, Params, Receiver, Sender};
+    use nccl_net_zip::transport::ib::proto::{Event, Params, Receiver, Sender};
     use nccl_net_zip::transport::ib::verbs::{Context, QpParams, VerbsFabric};
 
     if std::env::var("NCCL_ZIP_IB_HW_TEST").as_deref() != Ok("1") {
@@ -129,7 +130,7 @@ fn ib_hw_loopback_transfer() {
     fs.connect(&ir).unwrap();
     fr.connect(&is).unwrap();
     let coder = Coder {
-        policy: Policy::new(CompressMode::On, 100_000, nqps, 4),
+        policy: Policy::new(CompressMode::On, 100_000, nqps),
         opts: EncodeOptions {
             dtype: DtypeHint::Bf16,
             ..EncodeOptions::default()

@@ -24,15 +24,11 @@
 
 use std::collections::VecDeque;
 
-use crate::adapt::Decision;
-use crate::adapt::Policy;
-use crate::codec;
-use crate::codec::EncodeOptions;
-use crate::codec_glue::{decode_chunk, max_wire};
+use crate::codec_glue::{decode_chunk, max_wire, Coder};
 use crate::error::{Error, Result};
 use crate::proto::plan;
 use crate::proto::slots::NSLOTS;
-use crate::transport::tcp::stats::Stats;
+use crate::stats::Stats;
 
 use super::fabric::{Completion, Fabric, Local, Mr, Remote, WcOp, WcStatus};
 use super::region::Region;
@@ -283,42 +279,6 @@ impl Failure {
 /// `codec_glue::encode_chunk` for a fixed, registered output buffer (which must
 /// never be reallocated): the same policy decision, codec call and feedback.
 /// Returns the frame length, or `None` to send the chunk raw.
-fn encode_into(src: &[u8], out: &mut [u8], coder: &Coder, stats: &Stats) -> Option<usize> {
-    match coder.policy.decide(src.len()) {
-        Decision::Compress => {}
-        Decision::RawSmall => return None,
-        Decision::RawBypass => {
-            stats.add(&stats.bypassed, 1);
-            return None;
-        }
-    }
-    let need = codec::max_compressed_size(src.len());
-    let out = out.get_mut(..need)?;
-    let t0 = std::time::Instant::now();
-    let r = codec::compress(src, out, &coder.opts);
-    let ns = t0.elapsed().as_nanos() as u64;
-    stats.add(&stats.codec_ns, ns);
-    match r {
-        Ok(n) => {
-            coder.policy.record(src.len(), n, ns);
-            (n < src.len()).then_some(n)
-        }
-        Err(e) => {
-            tracing::warn!(
-                "compressing a {}-byte chunk failed, sending it raw: {e}",
-                src.len()
-            );
-            None
-        }
-    }
-}
-
-/// Compression settings of a sender.
-pub struct Coder {
-    pub policy: Policy,
-    pub opts: EncodeOptions,
-}
-
 const WR_INFO: u64 = 1;
 const WR_CHUNK: u64 = 2;
 const WR_CTS: u64 = 3;
@@ -564,7 +524,7 @@ impl Sender {
                 // SAFETY: NCCL keeps the send buffer unchanged until the request is
                 // done, which is after every write of it completed.
                 let src = unsafe { std::slice::from_raw_parts(src_addr as *const u8, len) };
-                let r = encode_into(src, &mut self.bufs[b], &self.coder, &self.stats);
+                let r = self.coder.encode_into(src, &mut self.bufs[b], &self.stats);
                 match r {
                     Some(n) if n <= room => wire = Some((b, n)),
                     _ => self.free_bufs.push(b),

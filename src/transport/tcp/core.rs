@@ -10,7 +10,7 @@ use parking_lot::Mutex;
 use socket2::Socket;
 use tracing::{info, warn};
 
-use super::stats::{Stats, HELD};
+use crate::stats::{Stats, HELD};
 use crate::error::{Error, Result};
 use crate::proto::slots::Ring;
 

@@ -7,7 +7,7 @@ mod listen;
 mod recv;
 mod send;
 mod sock;
-pub mod stats;
+
 
 pub use connect::ConnectState;
 pub use listen::ListenComm;

@@ -16,7 +16,7 @@ use tracing::info;
 
 use super::core::{spawn_io, Core};
 use super::sock::{configure_data_socket, recv_exact, recv_exact_or_eof};
-use super::stats::Staging;
+use crate::stats::Staging;
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::proto::slots::Slot;
@@ -141,7 +141,7 @@ fn recv_chunks(core: &Core, stream: usize, max_wire: usize) -> Result<()> {
 
 impl RecvComm {
     /// This comm's counters.
-    pub fn stats(&self) -> &super::stats::Stats {
+    pub fn stats(&self) -> &crate::stats::Stats {
         &self.core.stats
     }
 }

@@ -15,16 +15,16 @@ use tracing::info;
 
 use super::core::{spawn_io, Core};
 use super::sock::{configure_data_socket, send_all};
-use super::stats::Staging;
 use crate::adapt::Policy;
 use crate::codec::EncodeOptions;
-use crate::codec_glue::encode_chunk;
+use crate::codec_glue::Coder;
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::proto::plan;
 use crate::proto::slots::Slot;
 use crate::proto::wire::FLAG_COMPRESSED;
 use crate::proto::wire::{ChunkHeader, MAX_MESSAGE};
+use crate::stats::Staging;
 
 /// One chunk to write. `data` is NCCL's buffer, valid until `test` reports done.
 struct Task {
@@ -135,12 +135,6 @@ impl SendComm {
 /// Period of the `NCCL_ZIP_STATS=1` lines.
 pub const STATS_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
 
-/// What a comm's send threads share for compression.
-struct Coder {
-    policy: Policy,
-    opts: EncodeOptions,
-}
-
 fn send_loop(core: &Core, stream: usize, rx: Receiver<Task>, coder: &Coder) {
     let sock = &core.socks[stream];
     // Bounded: at most one compressed chunk (max_compressed_size(max_chunk)).
@@ -162,16 +156,11 @@ fn send_loop(core: &Core, stream: usize, rx: Receiver<Task>, coder: &Coder) {
                 )
             }
         };
-        let (flags, wire): (u16, &[u8]) = match encode_chunk(
-            payload,
-            &mut staging,
-            &coder.opts,
-            &coder.policy,
-            &core.stats,
-        ) {
-            Some(frame) => (FLAG_COMPRESSED, frame),
-            None => (0, payload),
-        };
+        let (flags, wire): (u16, &[u8]) =
+            match coder.encode_chunk(payload, &mut staging, &core.stats) {
+                Some(frame) => (FLAG_COMPRESSED, frame),
+                None => (0, payload),
+            };
         let hdr = ChunkHeader {
             flags,
             seq: t.seq,
@@ -206,7 +195,7 @@ fn send_loop(core: &Core, stream: usize, rx: Receiver<Task>, coder: &Coder) {
 
 impl SendComm {
     /// This comm's counters.
-    pub fn stats(&self) -> &super::stats::Stats {
+    pub fn stats(&self) -> &crate::stats::Stats {
         &self.core.stats
     }
 }
