@@ -1,0 +1,217 @@
+#!/usr/bin/env python3
+"""One rank of the end-to-end check: real torch.distributed (backend nccl) through
+whatever NCCL_NET / NCCL_NET_PLUGIN the environment selects. scripts/e2e.sh starts
+two of these (two "nodes" on one GPU) and compares the runs.
+
+Modes (--mode):
+  check  every collective x dtype x size on deterministic data; writes the SHA-256
+         of every result (rank-local) to --out, so runs over different transports
+         can be compared bit for bit.
+  bench  bus bandwidth (nccl-tests definition) of all_reduce etc. per size.
+  train  a short DDP run of a small GPT in bf16; per-step losses to --out.
+
+With two ranks, every reduction is a + b, which IEEE addition makes commutative bit
+for bit: results must not depend on the algorithm or channel count NCCL picks, so
+any difference between transports is a transport bug.
+"""
+import argparse
+import hashlib
+import json
+import os
+import sys
+import time
+import zlib
+
+import torch
+import torch.distributed as dist
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+COLLECTIVES = ["all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all", "send_recv"]
+
+
+def sizes(lo, hi):
+    s = lo
+    out = []
+    while s <= hi:
+        out.append(s)
+        s *= 4
+    return out
+
+
+def data(nbytes, dtype, rank, tag, kind):
+    """Deterministic per (rank, tag): Gaussian values, or random bits (incompressible)."""
+    # zlib.crc32, not hash(): str hashing is randomized per process.
+    g = torch.Generator(device="cpu").manual_seed(zlib.crc32(f"{rank}/{tag}/{nbytes}/{dtype}".encode()))
+    n = max(1, nbytes // torch.tensor([], dtype=dtype).element_size())
+    if kind == "random":
+        bits = torch.randint(-(2**31), 2**31 - 1, (max(1, nbytes // 4),), generator=g, dtype=torch.int32)
+        return bits.cuda()  # int32: sums wrap deterministically, bytes look random
+    return (torch.randn(n, generator=g) * 0.02).to(dtype).cuda()
+
+
+def run_collective(name, x, rank, world):
+    if name == "all_reduce":
+        y = x.clone()
+        dist.all_reduce(y)
+        return y
+    if name == "all_gather":
+        out = torch.empty(world * x.numel(), dtype=x.dtype, device=x.device)
+        dist.all_gather_into_tensor(out, x)
+        return out
+    if name == "reduce_scatter":
+        n = x.numel() - x.numel() % world or world
+        inp = x[:n] if x.numel() >= world else x.repeat(world)[:world]
+        out = torch.empty(inp.numel() // world, dtype=x.dtype, device=x.device)
+        dist.reduce_scatter_tensor(out, inp)
+        return out
+    if name == "broadcast":
+        y = x.clone()
+        dist.broadcast(y, src=0)
+        return y
+    if name == "all_to_all":
+        n = x.numel() - x.numel() % world or world
+        inp = x[:n] if x.numel() >= world else x.repeat(world)[:world]
+        out = torch.empty_like(inp)
+        dist.all_to_all_single(out, inp)
+        return out
+    if name == "send_recv":
+        y = torch.empty_like(x)
+        if rank == 0:
+            dist.send(x, 1)
+            dist.recv(y, 1)
+        else:
+            dist.recv(y, 0)
+            dist.send(x, 0)
+        return y
+    raise ValueError(name)
+
+
+def sha(t):
+    return hashlib.sha256(t.contiguous().view(torch.uint8).cpu().numpy().tobytes()).hexdigest()
+
+
+def mode_check(a, rank, world):
+    res = {}
+    for dt in a.dtypes.split(","):
+        for kind in ("gauss", "random"):
+            for nbytes in sizes(a.min_bytes, a.max_bytes):
+                x = data(nbytes, DTYPES[dt], rank, 1, kind)
+                for c in COLLECTIVES:
+                    y = run_collective(c, x, rank, world)
+                    torch.cuda.synchronize()
+                    res[f"{c}/{dt}/{kind}/{nbytes}"] = sha(y)
+    return res
+
+
+def busbw_factor(name, world):
+    return {"all_reduce": 2 * (world - 1) / world, "all_gather": (world - 1) / world,
+            "reduce_scatter": (world - 1) / world, "broadcast": 1.0,
+            "all_to_all": (world - 1) / world, "send_recv": 1.0}[name]
+
+
+def mode_bench(a, rank, world):
+    res = []
+    for c in a.collectives.split(","):
+        for dt in a.dtypes.split(","):
+            for nbytes in sizes(a.min_bytes, a.max_bytes):
+                x = data(nbytes, DTYPES[dt], rank, 2, a.kind)
+                for _ in range(a.warmup):
+                    run_collective(c, x, rank, world)
+                torch.cuda.synchronize()
+                dist.barrier()
+                iters = max(a.iters_min, min(a.iters, int(a.bench_bytes // max(nbytes, 1))))
+                t0 = time.perf_counter()
+                for _ in range(iters):
+                    run_collective(c, x, rank, world)
+                torch.cuda.synchronize()
+                dt_s = (time.perf_counter() - t0) / iters
+                algbw = x.numel() * x.element_size() / dt_s / 1e9
+                res.append({"collective": c, "dtype": dt, "kind": a.kind, "bytes": x.numel() * x.element_size(),
+                            "time_us": dt_s * 1e6, "algbw_GBps": algbw, "busbw_GBps": algbw * busbw_factor(c, world)})
+                if rank == 0:
+                    print(f"BENCH {c} {dt} {a.kind} {nbytes} busbw={res[-1]['busbw_GBps']:.3f} GB/s", flush=True)
+    return res
+
+
+class Block(torch.nn.Module):
+    def __init__(self, d, h):
+        super().__init__()
+        self.ln1, self.ln2 = torch.nn.LayerNorm(d), torch.nn.LayerNorm(d)
+        self.attn = torch.nn.MultiheadAttention(d, h, batch_first=True)
+        self.mlp = torch.nn.Sequential(torch.nn.Linear(d, 4 * d), torch.nn.GELU(), torch.nn.Linear(4 * d, d))
+
+    def forward(self, x, mask):
+        y = self.ln1(x)
+        x = x + self.attn(y, y, y, attn_mask=mask, need_weights=False)[0]
+        return x + self.mlp(self.ln2(x))
+
+
+class TinyGPT(torch.nn.Module):
+    def __init__(self, vocab=512, d=256, h=4, layers=4, ctx=128):
+        super().__init__()
+        self.tok, self.pos = torch.nn.Embedding(vocab, d), torch.nn.Embedding(ctx, d)
+        self.blocks = torch.nn.ModuleList([Block(d, h) for _ in range(layers)])
+        self.head = torch.nn.Linear(d, vocab)
+        self.register_buffer("mask", torch.triu(torch.full((ctx, ctx), float("-inf")), 1))
+
+    def forward(self, idx):
+        t = idx.shape[1]
+        x = self.tok(idx) + self.pos(torch.arange(t, device=idx.device))
+        for b in self.blocks:
+            x = b(x, self.mask[:t, :t].to(x.dtype))
+        return self.head(x)
+
+
+def mode_train(a, rank, world):
+    torch.manual_seed(1234)  # same init on both ranks
+    torch.use_deterministic_algorithms(True)
+    model = TinyGPT().cuda().to(torch.bfloat16)  # bf16 parameters, so gradients travel as bf16
+    ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=4)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+    g = torch.Generator(device="cpu").manual_seed(99 + rank)
+    losses = []
+    for step in range(a.steps):
+        idx = torch.randint(0, 512, (8, 129), generator=g).cuda()
+        logits = ddp(idx[:, :-1])
+        loss = torch.nn.functional.cross_entropy(logits.float().reshape(-1, 512), idx[:, 1:].reshape(-1))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+        if rank == 0:
+            print(f"STEP {step} loss={loss.item():.6f}", flush=True)
+    return {"losses_hex": [float(l).hex() for l in losses], "losses": losses}
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--mode", choices=["check", "bench", "train"], required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--dtypes", default="bf16,fp16,fp32")
+    p.add_argument("--collectives", default="all_reduce")
+    p.add_argument("--min-bytes", type=int, default=4096)
+    p.add_argument("--max-bytes", type=int, default=256 << 20)
+    p.add_argument("--kind", default="gauss", choices=["gauss", "random"])
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--iters", type=int, default=50)
+    p.add_argument("--iters-min", type=int, default=3)
+    p.add_argument("--bench-bytes", type=float, default=2e9)
+    p.add_argument("--steps", type=int, default=30)
+    a = p.parse_args()
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    torch.cuda.set_device(int(os.environ.get("LOCAL_DEVICE", "0")))
+    dist.init_process_group("nccl", rank=rank, world_size=world, device_id=torch.device("cuda", torch.cuda.current_device()))
+    t0 = time.time()
+    res = {"check": mode_check, "bench": mode_bench, "train": mode_train}[a.mode](a, rank, world)
+    dist.barrier()
+    dist.destroy_process_group()
+    meta = {"rank": rank, "secs": time.time() - t0, "torch": torch.__version__,
+            "nccl": ".".join(map(str, torch.cuda.nccl.version())), "gpu": torch.cuda.get_device_name(),
+            "env": {k: v for k, v in os.environ.items() if k.startswith("NCCL_")}}
+    with open(a.out, "w") as f:
+        json.dump({"meta": meta, "result": res}, f)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
