@@ -12,7 +12,8 @@
 #   - Gaussian bf16 (sigma 0.02)
 #   - random bytes (incompressible: must not be slower)
 #
-# With a GPU the demo is a real NCCL collective through the plugin (issue 6).
+# With a GPU (and PyTorch with CUDA) the demo is instead a real NCCL all_reduce
+# through the plugin, against NCCL's Socket transport: scripts/e2e.sh, bench part.
 #
 # Env: RATE (2gbit | 10gbit | none), SIZES (512K,4M), BYTES (bytes per run, 96M),
 #      REPS (1), OUT (results file; default bench/results/demo-<rate>-<date>.md).
@@ -26,9 +27,10 @@ BYTES=${BYTES:-$((96 << 20))}
 REPS=${REPS:-1}
 
 scripts/setup.sh
-if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
-  echo "demo: a GPU is present, but the NCCL end-to-end demo (issue 6) is not written yet;"
-  echo "demo: running the host-path demo instead."
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 \
+  && python3 -c 'import torch,sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
+  echo "demo: GPU present: a real NCCL all_reduce through the plugin (PyTorch, 2 ranks)"
+  PARTS=bench MAX_BYTES=$((64 << 20)) exec scripts/e2e.sh
 fi
 cargo build --release --quiet --lib --bins
 TD=${CARGO_TARGET_DIR:-$ROOT/target}

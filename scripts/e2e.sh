@@ -16,7 +16,8 @@
 # trains a small GPT with DDP over Socket and over the plugin (losses identical).
 #
 # Env: RATE (10gbit; "none" for unshaped), OUT (results folder; default
-# bench/results/e2e-<date>), STEPS (30), MAX_BYTES (256M for bench, 16M for check).
+# bench/results/e2e-<date>), STEPS (30), MAX_BYTES (256M for bench),
+# MAX_BYTES_CHECK (16M), PARTS (check,bench,train: which parts to run).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -93,6 +94,9 @@ run() {
 }
 
 FAIL=0
+PARTS=${PARTS:-check,bench,train}
+part() { [[ ,$PARTS, == *,$1,* ]]; }
+if part check; then
 CHECK_MAX=${MAX_BYTES_CHECK:-$((16 << 20))}
 for proto in Simple LL LL128; do
   for t in socket off zip; do
@@ -115,13 +119,19 @@ for proto in ["Simple", "LL", "LL128"]:
                 print("   differs:", k)
 sys.exit(1 if bad else 0)
 EOF
+fi
 
+if part bench; then
 BENCH_MAX=${MAX_BYTES:-$((256 << 20))}
 for kind in gauss random; do
   for t in socket off zip; do
     run "bench-$kind-$t" "$t" Simple bench --dtypes bf16 --collectives all_reduce --kind "$kind" --max-bytes "$BENCH_MAX" || FAIL=1
   done
 done
+python3 "$ROOT/scripts/e2e_report.py" "$OUT" || FAIL=1
+fi
+
+if part train; then
 for t in socket zip; do
   run "train-$t" "$t" Simple train --steps "$STEPS" || FAIL=1
 done
@@ -133,6 +143,6 @@ b = json.load(open(f"{out}/train-zip.rank0.json"))["result"]["losses_hex"]
 print(f"train: {len(a)} steps, losses identical to Socket: {a == b}")
 sys.exit(0 if a == b else 1)
 EOF
-python3 "$ROOT/scripts/e2e_report.py" "$OUT" || FAIL=1
+fi
 log "done, results in $OUT (FAIL=$FAIL)"
 exit $FAIL
