@@ -1,0 +1,822 @@
+// nccl-zip GPU codec: the encoder and decoder of docs/FORMAT.md, written once for
+// the CUDA kernels and the host test harness.
+//
+// Every algorithm is a template over an executor X that stands for "one CTA":
+//   x.par(n, f)      f(i) for i in 0..n, spread over the CTA's threads, then a barrier
+//   x.one(f)         f() on one thread, then a barrier
+//   x.any(n, pred)   whether pred(i) holds for some i (early exit), uniform result
+//   x.rounds(n, f)   like par, but unit i is done no later than any unit >= i + nthreads
+//                    starts (ascending store rounds, for NCCL LL/LL128 consumers)
+//   X::add32/add64/or32   atomics on shared memory
+//   x.lookback(scan, b, size)   decoupled look-back over the blocks of a frame
+//   x.finish(state, items)      "this CTA finished the last work item of the job"
+//   x.publish(result, len, st)  write a job's result and make it visible to the host
+// The device executor (nzc_kernels.cu) maps these to threads and barriers; the host
+// executor (host/harness.cpp) runs every unit sequentially in order, which is one
+// valid schedule of the same program. Values computed inside `one` must go through
+// shared memory (Smem), never through captured locals: on the device only thread 0
+// runs the lambda.
+#pragma once
+#include "nzc_codes.cuh"
+#include "nzc_common.cuh"
+
+namespace nzc {
+
+// ---- job descriptors (host <-> device ABI; mirrored in src/gpu/abi.rs) ---------
+// Pointers travel as u64 so the layout is the same for nvcc, g++ and Rust.
+struct EncJob {         // 64 bytes
+    u64 src;            // const u8*: n input bytes
+    u64 dst;            // u8*: frame, capacity dst_cap >= n + 24
+    u64 n;
+    u64 dst_cap;
+    u64 ws;             // job workspace (JobState, then scan[nb] u64, then crc[nb] u32), zeroed
+    u64 result;         // JobResult* (device or host-mapped memory)
+    u32 hint;           // HINT_*
+    u32 checksum;       // 0/1
+    u32 block_log2;     // 12..=20
+    u32 nb;             // ceil(n / 2^block_log2), computed by the host
+};
+struct DecJob {         // 64 bytes
+    u64 src;            // const u8*: the frame
+    u64 src_len;        // its exact length
+    u64 dst;            // u8*: output
+    u64 dst_cap;        // output capacity (NCCL's posted receive size)
+    u64 ws;             // job workspace, zeroed; room for ws_blocks blocks
+    u64 result;         // JobResult*
+    u64 ws_blocks;      // >= ceil(dst_cap / 4096)
+    u64 reserved;
+};
+struct JobState {       // 32 bytes at the start of a job workspace
+    u32 claim;          // next work item (block) to hand out
+    u32 done;           // work items finished
+    u32 err;            // first nonzero status
+    u32 pad0;
+    u64 pad1, pad2;
+};
+struct JobResult {      // 16 bytes
+    u64 len;            // encode: frame length; decode: uncompressed length
+    u32 status;         // ST_*
+    u32 done;           // set to 1 last, after a system-scope fence
+};
+#if defined(__cplusplus) && __cplusplus >= 201103L
+static_assert(sizeof(EncJob) == 64, "EncJob is mirrored in src/gpu/abi.rs");
+static_assert(sizeof(DecJob) == 64, "DecJob is mirrored in src/gpu/abi.rs");
+static_assert(sizeof(JobState) == 32, "workspace layout is computed by the host");
+static_assert(sizeof(JobResult) == 16, "JobResult is mirrored in src/gpu/abi.rs");
+#endif
+
+NZC_HD u64 ws_bytes(u64 nb) { return sizeof(JobState) + 8 * nb + 4 * nb; }
+NZC_HD u64* ws_scan(u64 ws) { return (u64*)(ws + sizeof(JobState)); }
+NZC_HD u32* ws_crc(u64 ws, u64 nb) { return (u32*)(ws + sizeof(JobState) + 8 * nb); }
+
+// ---- shared memory (one CTA) ---------------------------------------------------
+// Sized for the largest block_log2 of a launch; see smem_bytes().
+enum : u32 {
+    COST_UNITS = 6 * NCODES,   // anchors smax-4..smax+1 x codes
+    DEC_GROUP_SEGS = 32,       // segments decoded per smem round (keys buffer)
+    CRC_PARTS = 256,           // a block's CRC is computed in this many parts
+    NSCAL = 64,
+};
+struct Smem {
+    u32* hist;       // 3 x 256 exponent histograms
+    u64* cost;       // 3 x COST_UNITS costs
+    u32* nz;         // 3 x 256 (count << 8 | exponent) of nonzero histogram bins
+    u32* lut;        // encode: 256 entries; decode: DEC_TABLE entries
+    u16* lanebits;   // nseg_max x LANES
+    u16* laneoff;    // nseg_max x LANES
+    u32* seglen;     // nseg_max
+    u32* segoff;     // nseg_max
+    u32* crc_tab;    // 256
+    u32* crc_x2n;    // 32
+    u32* crc_part;   // CRC_PARTS
+    u8* keys;        // DEC_GROUP_SEGS x SEG_ELEMS
+    u32* sc;         // NSCAL scalars (broadcast slots)
+    u64* sc64;       // NSCAL 64-bit scalars
+};
+NZC_HD u32 nseg_max(u32 block_log2) { return ((1u << block_log2) / 2 + SEG_ELEMS - 1) / SEG_ELEMS; }
+
+NZC_HD u64 align16(u64 v) { return (v + 15) & ~(u64)15; }
+// Carves the regions out of `base` (16-aligned); returns the bytes used.
+NZC_HD u64 smem_carve(u8* base, u32 block_log2, Smem* s) {
+    u64 o = 0;
+    u32 ns = nseg_max(block_log2);
+#define NZC_CARVE(field, type, count)            \
+    s->field = (type*)(base + o);                \
+    o = align16(o + (u64)sizeof(type) * (count));
+    NZC_CARVE(sc64, u64, NSCAL)
+    NZC_CARVE(cost, u64, 3 * COST_UNITS)
+    NZC_CARVE(sc, u32, NSCAL)
+    NZC_CARVE(hist, u32, 3 * 256)
+    NZC_CARVE(nz, u32, 3 * 256)
+    NZC_CARVE(lut, u32, DEC_TABLE)
+    NZC_CARVE(seglen, u32, ns)
+    NZC_CARVE(segoff, u32, ns)
+    NZC_CARVE(crc_tab, u32, 256)
+    NZC_CARVE(crc_x2n, u32, 32)
+    NZC_CARVE(crc_part, u32, CRC_PARTS)
+    NZC_CARVE(lanebits, u16, ns * LANES)
+    NZC_CARVE(laneoff, u16, ns * LANES)
+    NZC_CARVE(keys, u8, DEC_GROUP_SEGS * SEG_ELEMS)
+#undef NZC_CARVE
+    return o;
+}
+NZC_HD u64 smem_bytes(u32 block_log2) {
+    Smem s;
+    return smem_carve((u8*)0, block_log2, &s);
+}
+
+// Scalar slots in Smem::sc / sc64.
+enum : u32 {
+    SC_USED = 0,      // detection: sampled groups not constant
+    SC_FLAG = 1,      // generic flag (any/err)
+    SC_ERR = 2,       // block decode error (ST_*)
+    SC_TOTAL = 3,     // decode: sum of segment lengths
+    SC_KA = 8,        // best_cost result h: k | a << 8 (3 slots)
+    SC_LOHI = 12,     // best_cost anchors h: lo | hi << 16 (3 slots)
+    SC_WORDS = 32,    // 26 canonical code words (decoder)
+    S64_COST = 0,     // best_cost result cost h (3 slots)
+    S64_A = 4,        // table prefix / generic
+    S64_B = 5,
+};
+
+// ---- small pure helpers ---------------------------------------------------------
+// Canonical code word of symbol s in code k, bit-reversed for LSB-first writing.
+NZC_HD u32 canon_word(u32 k, u32 s) {
+    u32 code = 0, prev_len = 0;
+    bool first = true;
+    for (u32 len = 1; len <= MAXLEN; len++) {
+        for (u32 t = 0; t < NSYM; t++) {
+            if (CODE_LENGTHS[k][t] != len) continue;
+            if (first) {
+                code = 0;
+                first = false;
+            } else {
+                code = (code + 1) << (len - prev_len);
+            }
+            prev_len = len;
+            if (t == s) {
+                u32 r = 0;
+                for (u32 i = 0; i < len; i++) r = (r << 1) | ((code >> i) & 1);
+                return r;
+            }
+        }
+    }
+    return 0;
+}
+
+// Encode-table entry for a key: code word (+ escape payload, + fp16 extra bits) in
+// bits 0..24, total bit length in bits 24..32 (as codec/src/encode.rs enc_table).
+NZC_HD u32 enc_entry(u32 dt, u32 k, u32 a, u32 key) {
+    TypeInfo ti = type_info(dt);
+    u32 e, x;
+    key_parts(dt, key, &e, &x);
+    u32 s = symbol_of(e, a);
+    u32 lc = CODE_LENGTHS[k][s];
+    u32 bits = canon_word(k, s);
+    u32 len = lc;
+    if (s == SYM_ESC) {
+        bits |= e << len;
+        len += ti.ebits;
+    }
+    bits |= x << len;
+    len += ti.xbits;
+    return bits | (len << 24);
+}
+
+// Decode-table entry layout (as codec/src/decode.rs dec_table): bits 0..8 exponent
+// (0 for ESC), 8..12 code length, 12..17 length incl. escape payload, bit 17 invalid,
+// bits 24..32 escape payload mask.
+enum : u32 { DEC_INVALID = 1u << 17 };
+NZC_HD u32 dec_entry(u32 dt, u32 k, u32 a, u32 s) {
+    TypeInfo ti = type_info(dt);
+    u32 lc = CODE_LENGTHS[k][s];
+    if (s < ND) {
+        if (s < a) return (a - s) | (lc << 8) | (lc << 12);
+        return DEC_INVALID | (lc << 8) | (lc << 12);
+    }
+    if (s == SYM_ZERO) return (lc << 8) | (lc << 12);
+    return (lc << 8) | ((lc + ti.ebits) << 12) | (((1u << ti.ebits) - 1) << 24);
+}
+
+NZC_HD void write_header(u8* dst, u32 flags, u32 dt, u32 block_log2, u64 n, u32 crc) {
+    dst[0] = 'N';
+    dst[1] = 'Z';
+    dst[2] = 'C';
+    dst[3] = 'F';
+    dst[4] = 1;
+    dst[5] = (u8)flags;
+    dst[6] = (u8)dt;
+    dst[7] = (u8)block_log2;
+    st_u64(dst + 8, n);
+    st_u32(dst + 16, crc);
+    st_u32(dst + 20, crc32c_bitwise(dst, 20));
+}
+
+// 16 bytes (cnt <= 16) to d; one 16-byte store when possible (LL/LL128 lines).
+NZC_HD void store_chunk(u8* d, const u8* v, u32 cnt) {
+#if defined(__CUDA_ARCH__)
+    if (cnt == 16 && (((uintptr_t)d) & 15) == 0) {
+        uint4 w;
+        w.x = ld_u32(v);
+        w.y = ld_u32(v + 4);
+        w.z = ld_u32(v + 8);
+        w.w = ld_u32(v + 12);
+        *(uint4*)d = w;
+        return;
+    }
+#endif
+    for (u32 i = 0; i < cnt; i++) d[i] = v[i];
+}
+
+// ---- cooperative building blocks ---------------------------------------------------
+// dst[0..len) = src[0..len), in ascending 16-byte rounds.
+template <class X>
+NZC_HD void copy_rounds(X& x, u8* dst, const u8* src, u64 len) {
+    x.rounds((len + 15) / 16, [&](u64 c) {
+        u8 v[16];
+        u32 cnt = (u32)(len - 16 * c < 16 ? len - 16 * c : 16);
+        for (u32 i = 0; i < cnt; i++) v[i] = src[16 * c + i];
+        store_chunk(dst + 16 * c, v, cnt);
+    });
+}
+
+template <class X>
+NZC_HD void fill_rounds(X& x, u8* dst, u8 val, u64 len) {
+    x.rounds((len + 15) / 16, [&](u64 c) {
+        u8 v[16];
+        u32 cnt = (u32)(len - 16 * c < 16 ? len - 16 * c : 16);
+        for (u32 i = 0; i < 16; i++) v[i] = val;
+        store_chunk(dst + 16 * c, v, cnt);
+    });
+}
+
+// Whether all len (>= 1) bytes of p equal p[0].
+template <class X>
+NZC_HD bool all_equal(X& x, const u8* p, u64 len) {
+    const u8 v = p[0];
+    return !x.any((len + 15) / 16, [&](u64 c) {
+        u64 e = 16 * c + 16 < len ? 16 * c + 16 : len;
+        for (u64 i = 16 * c; i < e; i++)
+            if (p[i] != v) return true;
+        return false;
+    });
+}
+
+// CRC tables into shared memory (once per CTA and job that needs them).
+template <class X>
+NZC_HD void crc_init(X& x, Smem& s) {
+    x.par(256, [&](u64 i) { s.crc_tab[i] = crc32c_table_entry((u32)i); });
+    x.one([&]() { crc_x2n_table(s.crc_x2n); });
+}
+
+// In place: arr[0] = CRC of the concatenation of `count` parts whose CRCs are arr[i];
+// every part is part_len bytes except the last, which ends at total_len.
+template <class X>
+NZC_HD void crc_tree(X& x, Smem& s, u32* arr, u64 count, u64 part_len, u64 total_len) {
+    for (u64 step = 1; step < count; step *= 2) {
+        x.par((count + 2 * step - 1) / (2 * step), [&](u64 u) {
+            u64 i = u * 2 * step, r = i + step;
+            if (r >= count) return;
+            u64 rend = (r + step) * part_len;
+            if (rend > total_len) rend = total_len;
+            arr[i] = crc32c_combine(s.crc_x2n, arr[i], arr[r], rend - r * part_len);
+        });
+    }
+}
+
+// CRC32C of p[0..len) (len >= 1); crc_init must have run.
+template <class X>
+NZC_HD u32 block_crc(X& x, Smem& s, const u8* p, u64 len) {
+    u64 part = (len + CRC_PARTS - 1) / CRC_PARTS;
+    part = (part + 63) & ~(u64)63;
+    u64 parts = (len + part - 1) / part;
+    x.par(parts, [&](u64 i) {
+        u64 o = i * part;
+        u64 l = len - o < part ? len - o : part;
+        s.crc_part[i] = crc32c_tab(s.crc_tab, p + o, l);
+    });
+    crc_tree(x, s, s.crc_part, parts, part, len);
+    return s.crc_part[0];
+}
+
+// best_cost (FORMAT.md §6) for nh histograms at s.hist + 256*h, element types dts[h].
+// Result h: s.sc[SC_KA + h] = k | a << 8, s.sc64[S64_COST + h] = cost.
+template <class X>
+NZC_HD void best_cost(X& x, Smem& s, u32 nh, const u32* dts) {
+    // anchors and the nonzero bins of each histogram
+    x.par(nh, [&](u64 h) {
+        TypeInfo ti = type_info(dts[h]);
+        const u32* hist = s.hist + 256 * h;
+        u32 smax = 1;
+        for (int e = (int)ti.emax; e >= 0; e--) {
+            if (hist[e]) {
+                smax = e > 1 ? (u32)e : 1;
+                break;
+            }
+        }
+        u32 lo = smax > 5 ? smax - 4 : 1;
+        u32 hi = smax + 1 < ti.emax ? smax + 1 : ti.emax;
+        s.sc[SC_LOHI + h] = lo | (hi << 16);
+        u32 nnz = 0;
+        for (u32 e = 0; e <= ti.emax; e++)
+            if (hist[e]) s.nz[256 * h + nnz++] = (hist[e] << 8) | e;
+        if (nnz < 256) s.nz[256 * h + nnz] = 0;  // terminator (count 0)
+    });
+    x.par(nh * COST_UNITS, [&](u64 u) {
+        u32 h = (u32)(u / COST_UNITS), r = (u32)(u % COST_UNITS);
+        u32 ai = r / NCODES, k = r % NCODES;
+        u32 lo = s.sc[SC_LOHI + h] & 0xFFFF, hi = s.sc[SC_LOHI + h] >> 16;
+        u32 a = lo + ai;
+        u64 cost = ~(u64)0;
+        if (a <= hi) {
+            TypeInfo ti = type_info(dts[h]);
+            cost = 0;
+            for (u32 i = 0; i < 256; i++) {
+                u32 v = s.nz[256 * h + i];
+                if ((v >> 8) == 0) break;
+                u32 sym = symbol_of(v & 0xFF, a);
+                u32 bits = CODE_LENGTHS[k][sym] + (sym == SYM_ESC ? ti.ebits : 0);
+                cost += (u64)(v >> 8) * bits;
+            }
+        }
+        s.cost[u] = cost;
+    });
+    x.par(nh, [&](u64 h) {
+        u64 best = ~(u64)0;
+        u32 bk = 0, ba = s.sc[SC_LOHI + h] & 0xFFFF;
+        for (u32 r = 0; r < COST_UNITS; r++) {
+            u64 c = s.cost[h * COST_UNITS + r];
+            if (c < best) {  // first minimum in (anchor, k) order
+                best = c;
+                bk = r % NCODES;
+                ba = (s.sc[SC_LOHI + h] & 0xFFFF) + r / NCODES;
+            }
+        }
+        s.sc[SC_KA + h] = bk | (ba << 8);
+        s.sc64[S64_COST + h] = best;
+    });
+}
+
+// ---- encoder: frame level -------------------------------------------------------
+// Sample-based dtype detection (FORMAT.md §6), n >= 64. Returns DT_*.
+template <class X>
+NZC_HD u32 detect_dtype(X& x, Smem& s, const u8* src, u64 n) {
+    u64 g = n / 1024;
+    if (g < 1) g = 1;
+    if (g > 64) g = 64;
+    const u64 units = n / 64;
+    x.par(3 * 256, [&](u64 i) { s.hist[i] = 0; });
+    x.one([&]() { s.sc[SC_USED] = 0; });
+    x.par(g, [&](u64 j) {
+        const u8* p = src + 64 * (j * units / g);
+        bool eq = true;
+        for (u32 i = 1; i < 64; i++) eq = eq && p[i] == p[0];
+        if (eq) return;  // constant runs become FILL blocks whatever the type
+        X::add32(&s.sc[SC_USED], 1);
+        for (u32 i = 0; i < 32; i++) {
+            u32 v = load_elem(p, i, 2);
+            X::add32(&s.hist[exp_field(DT_BF16, v)], 1);
+            X::add32(&s.hist[256 + exp_field(DT_FP16, v)], 1);
+        }
+        for (u32 i = 0; i < 16; i++) X::add32(&s.hist[512 + exp_field(DT_FP32, load_elem(p, i, 4))], 1);
+    });
+    if (s.sc[SC_USED] == 0) return DT_RAW;
+    const u32 dts[3] = {DT_BF16, DT_FP16, DT_FP32};
+    best_cost(x, s, 3, dts);
+    const u64 used = s.sc[SC_USED];
+    const u64 c[3] = {s.sc64[S64_COST + 0] + 8 * 32 * used, s.sc64[S64_COST + 1] + 11 * 32 * used,
+                      s.sc64[S64_COST + 2] + 24 * 16 * used};
+    u32 best = 0;
+    for (u32 i = 1; i < 3; i++)
+        if (c[i] < c[best]) best = i;
+    if (c[best] * 32 >= 31 * 512 * used) return DT_RAW;
+    return dts[best];
+}
+
+// Whether some block of src is one repeated byte (FORMAT.md §6, raw-typed frames).
+template <class X>
+NZC_HD bool has_fill_block(X& x, const u8* src, u64 n, u32 block_log2) {
+    const u64 b = (u64)1 << block_log2;
+    for (u64 o = 0; o < n; o += b) {
+        u64 l = n - o < b ? n - o : b;
+        if (all_equal(x, src + o, l)) return true;
+    }
+    return false;
+}
+
+struct FramePlan {
+    u32 dt;            // header dtype
+    u32 stored_early;  // STORED decided before any block is coded
+};
+
+template <class X>
+NZC_HD FramePlan frame_plan(X& x, Smem& s, const u8* src, u64 n, u32 hint, u32 block_log2) {
+    FramePlan fp;
+    fp.stored_early = 0;
+    if (n < MIN_CODED_INPUT) fp.dt = DT_RAW;
+    else if (hint == HINT_BF16) fp.dt = DT_BF16;
+    else if (hint == HINT_FP16) fp.dt = DT_FP16;
+    else if (hint == HINT_FP32) fp.dt = DT_FP32;
+    else if (hint == HINT_AUTO) fp.dt = detect_dtype(x, s, src, n);
+    else fp.dt = DT_RAW;
+    if (fp.dt == DT_RAW)
+        fp.stored_early = !(hint == HINT_AUTO && n >= MIN_CODED_INPUT && has_fill_block(x, src, n, block_log2));
+    return fp;
+}
+
+// ---- encoder: one block ------------------------------------------------------------
+struct BlockPlan {
+    u32 mode;
+    u32 k, a;
+    u32 size;  // bytes of the block in the frame
+    u32 m, nseg, t;
+};
+
+// Chooses the block's form and computes its exact size without writing anything.
+// Leaves s.lut (encode table), s.laneoff/lanebits and s.seglen/segoff ready for
+// block_write when the block is coded.
+template <class X>
+NZC_HD BlockPlan block_plan(X& x, Smem& s, u32 dt, const u8* blk, u32 L) {
+    BlockPlan bp;
+    bp.k = bp.a = bp.m = bp.nseg = bp.t = 0;
+    if (all_equal(x, blk, L)) {
+        bp.mode = MODE_FILL;
+        bp.size = 2;
+        return bp;
+    }
+    bp.mode = MODE_RAW;
+    bp.size = 1 + L;
+    if (dt == DT_RAW) return bp;
+    const TypeInfo ti = type_info(dt);
+    const u32 m = L / ti.w;
+    if (m < MIN_CODED_ELEMS) return bp;
+    // code choice from a 1/13 sample
+    x.par(256, [&](u64 i) { s.hist[i] = 0; });
+    x.par((m + SAMPLE_STRIDE - 1) / SAMPLE_STRIDE,
+          [&](u64 j) { X::add32(&s.hist[exp_field(dt, load_elem(blk, SAMPLE_STRIDE * j, ti.w))], 1); });
+    best_cost(x, s, 1, &dt);
+    const u32 k = s.sc[SC_KA] & 0xFF, a = s.sc[SC_KA] >> 8;
+    x.par(256, [&](u64 key) { s.lut[key] = enc_entry(dt, k, a, (u32)key); });
+    // bit length of every lane (32 elements) of every segment
+    const u32 nseg = (m + SEG_ELEMS - 1) / SEG_ELEMS;
+    x.par((u64)nseg * LANES, [&](u64 u) {
+        u32 e0 = (u32)u * LANE_ELEMS, e1 = e0 + LANE_ELEMS < m ? e0 + LANE_ELEMS : m;
+        u32 bits = 0;
+        for (u32 i = e0; i < e1; i++) bits += s.lut[key_of(dt, load_elem(blk, i, ti.w))] >> 24;
+        s.lanebits[u] = (u16)bits;
+    });
+    x.par(nseg, [&](u64 j) {
+        u32 o = 0;
+        for (u32 l = 0; l < LANES; l++) {
+            s.laneoff[j * LANES + l] = (u16)o;
+            o += s.lanebits[j * LANES + l];
+        }
+        s.seglen[j] = (o + 7) / 8;
+    });
+    x.one([&]() {
+        u32 o = 0;
+        for (u32 j = 0; j < nseg; j++) {
+            s.segoff[j] = o;
+            o += s.seglen[j];
+        }
+        s.sc[SC_TOTAL] = o;
+    });
+    const u32 t = L - m * ti.w;
+    const u64 size = (u64)BLOCK_HEADER_LEN + 2 * nseg + (u64)m * (1 + ti.p2) + s.sc[SC_TOTAL] + t;
+    if (size > L) return bp;  // coded must be strictly shorter than 1 + L
+    bp.mode = ti.mode;
+    bp.k = k;
+    bp.a = a;
+    bp.size = (u32)size;
+    bp.m = m;
+    bp.nseg = nseg;
+    bp.t = t;
+    return bp;
+}
+
+// Writes the bytes of segment-lane u (FORMAT.md §4 bitstream): the segment bytes whose
+// first bit lies in the lane's bit range. Bits of the following elements complete the
+// lane's last byte, so every byte has exactly one writer and no atomics are needed.
+NZC_HD void emit_lane(const u32* lut, u32 dt, u32 w, const u8* blk, u32 m, u32 u, u32 off, u32 nbits,
+                      u8* seg, u32 seg_bytes) {
+    const u32 p0 = (off + 7) / 8, p1 = (off + nbits + 7) / 8;
+    if (p0 >= p1) return;
+    const u32 seg_end = (u / LANES) * SEG_ELEMS + SEG_ELEMS < m ? (u / LANES) * SEG_ELEMS + SEG_ELEMS : m;
+    u32 i = u * LANE_ELEMS;
+    u32 cur = off;          // absolute bit position of element i in the segment
+    u64 acc = 0;            // bits from position 8*p onwards
+    u32 nacc = 0;
+    u32 p = p0;
+    while (p < p1) {
+        if (i < seg_end) {
+            u32 c = lut[key_of(dt, load_elem(blk, i, w))];
+            u32 len = c >> 24;
+            u64 bits = c & 0xFFFFFF;
+            i++;
+            if (cur + len <= 8 * p0) {
+                cur += len;
+                continue;
+            }
+            if (cur < 8 * p0) {  // straddles the first owned byte: drop its head
+                u32 drop = 8 * p0 - cur;
+                bits >>= drop;
+                len -= drop;
+                cur = 8 * p0;
+            }
+            acc |= bits << nacc;
+            nacc += len;
+            cur += len;
+        } else {
+            nacc = 64;  // segment ended: zero padding
+        }
+        while (nacc >= 8 && p < p1) {
+            if (p < seg_bytes) seg[p] = (u8)acc;
+            acc >>= 8;
+            nacc -= 8;
+            p++;
+        }
+    }
+}
+
+// Writes the planned block at out (bytes out[0..bp.size)).
+template <class X>
+NZC_HD void block_write(X& x, Smem& s, u32 dt, const BlockPlan& bp, const u8* blk, u32 L, u8* out) {
+    if (bp.mode == MODE_FILL) {
+        x.one([&]() {
+            out[0] = MODE_FILL;
+            out[1] = blk[0];
+        });
+        return;
+    }
+    if (bp.mode == MODE_RAW) {
+        x.one([&]() { out[0] = MODE_RAW; });
+        copy_rounds(x, out + 1, blk, L);
+        return;
+    }
+    const TypeInfo ti = type_info(dt);
+    const u32 m = bp.m, nseg = bp.nseg;
+    const u32 off1 = BLOCK_HEADER_LEN + 2 * nseg, off2 = off1 + m, streams = off2 + ti.p2 * m;
+    x.par(4 + nseg, [&](u64 j) {
+        if (j == 0) out[0] = (u8)bp.mode;
+        else if (j == 1) out[1] = (u8)bp.k;
+        else if (j == 2) out[2] = (u8)bp.a;
+        else if (j == 3) out[3] = 0;
+        else st_u16(out + 4 + 2 * (j - 4), s.seglen[j - 4]);
+    });
+    x.par(m, [&](u64 i) {
+        u32 v = load_elem(blk, i, ti.w);
+        out[off1 + i] = (u8)plane1_of(dt, v);
+        if (ti.p2) st_u16(out + off2 + 2 * i, v & 0xFFFF);
+    });
+    x.par((u64)nseg * LANES, [&](u64 u) {
+        u32 j = (u32)u / LANES;
+        emit_lane(s.lut, dt, ti.w, blk, m, (u32)u, s.laneoff[u], s.lanebits[u], out + streams + s.segoff[j],
+                  s.seglen[j]);
+    });
+    const u32 tail = streams + s.sc[SC_TOTAL];
+    x.par(bp.t, [&](u64 i) { out[tail + i] = blk[m * ti.w + i]; });
+}
+
+// ---- encoder: one work item (block b of a job) and the job's finish ----------------
+template <class X>
+NZC_HD void encode_item(X& x, Smem& s, const EncJob& job, const FramePlan& fp, u32 b) {
+    const u8* src = (const u8*)job.src;
+    u8* dst = (u8*)job.dst;
+    const u64 B = (u64)1 << job.block_log2;
+    const u64 o = (u64)b * B;
+    const u32 L = (u32)(job.n - o < B ? job.n - o : B);
+    if (job.checksum && L > 0) ws_crc(job.ws, job.nb)[b] = block_crc(x, s, src + o, L);
+    if (fp.stored_early) {
+        copy_rounds(x, dst + HEADER_LEN + o, src + o, L);
+        return;
+    }
+    BlockPlan bp = block_plan(x, s, fp.dt, src + o, L);
+    const u64 excl = x.lookback(ws_scan(job.ws), b, bp.size);
+    const u64 pos = HEADER_LEN + 4 * (u64)job.nb + excl;
+    if (pos + bp.size > job.n + HEADER_LEN) return;  // frame overflows: STORED at finish
+    x.one([&]() { st_u32(dst + HEADER_LEN + 4 * (u64)b, bp.size); });
+    block_write(x, s, fp.dt, bp, src + o, L, dst + pos);
+}
+
+template <class X>
+NZC_HD void encode_finish(X& x, Smem& s, const EncJob& job, const FramePlan& fp) {
+    const u8* src = (const u8*)job.src;
+    u8* dst = (u8*)job.dst;
+    const u64 limit = job.n + HEADER_LEN;
+    u64 total = limit;
+    bool stored = fp.stored_early != 0;
+    if (!stored) {
+        total = HEADER_LEN + 4 * (u64)job.nb + (ws_scan(job.ws)[job.nb - 1] & ((1ull << 62) - 1));
+        stored = total >= limit;
+    }
+    u32 crc = 0;
+    if (job.checksum && job.n > 0) {
+        u32* bc = ws_crc(job.ws, job.nb);
+        crc_tree(x, s, bc, job.nb, (u64)1 << job.block_log2, job.n);
+        crc = bc[0];
+    }
+    if (stored && !fp.stored_early) copy_rounds(x, dst + HEADER_LEN, src, job.n);
+    const u32 flags = (job.checksum ? (u32)FLAG_CHECKSUM : 0u) | (stored ? (u32)FLAG_STORED : 0u);
+    x.one([&]() { write_header(dst, flags, fp.dt, job.block_log2, job.n, crc); });
+    x.publish((JobResult*)job.result, stored ? limit : total, ST_OK);
+}
+
+// ---- decoder ------------------------------------------------------------------------
+struct DecFrame {
+    u32 status;      // ST_OK or why the frame is rejected before any block
+    u32 flags, dt, block_log2;
+    u64 n, nb;       // uncompressed length; blocks (stored frames: B-sized copy items)
+    u32 crc;
+};
+
+// Header, length and block-table checks (FORMAT.md §2, §3, §7). Reads at most
+// 24 + 4*nb bytes, each checked against src_len.
+template <class X>
+NZC_HD DecFrame parse_frame(X& x, Smem& s, const u8* src, u64 src_len, u64 dst_cap) {
+    DecFrame f;
+    f.flags = f.dt = f.block_log2 = f.crc = 0;
+    f.n = f.nb = 0;
+    f.status = ST_HEADER;
+    if (src_len < HEADER_LEN) return f;
+    if (src[0] != 'N' || src[1] != 'Z' || src[2] != 'C' || src[3] != 'F' || src[4] != 1) return f;
+    if (crc32c_bitwise(src, 20) != ld_u32(src + 20)) return f;
+    f.flags = src[5];
+    f.dt = src[6];
+    f.block_log2 = src[7];
+    f.n = ld_u64(src + 8);
+    f.crc = ld_u32(src + 16);
+    if (f.flags & ~(u32)(FLAG_CHECKSUM | FLAG_STORED)) return f;
+    if (f.dt > 3) return f;
+    if (f.block_log2 < MIN_BLOCK_LOG2 || f.block_log2 > MAX_BLOCK_LOG2) return f;
+    if (!(f.flags & FLAG_CHECKSUM) && f.crc != 0) return f;
+    if (f.n > dst_cap) {
+        f.status = ST_DST_TOO_SMALL;
+        return f;
+    }
+    f.nb = (f.n + ((u64)1 << f.block_log2) - 1) >> f.block_log2;
+    f.status = ST_LENGTH;
+    if (f.flags & FLAG_STORED) {
+        if (src_len != HEADER_LEN + f.n) return f;
+    } else {
+        if (HEADER_LEN + 4 * f.nb > src_len) return f;
+        x.one([&]() { s.sc64[S64_A] = 0; });
+        x.par(f.nb, [&](u64 i) { X::add64(&s.sc64[S64_A], ld_u32(src + HEADER_LEN + 4 * i)); });
+        if (HEADER_LEN + 4 * f.nb + s.sc64[S64_A] != src_len) return f;
+    }
+    f.status = ST_OK;
+    return f;
+}
+
+// Decodes one block (FORMAT.md §3-§4) of `size` bytes at blk into out[0..L).
+// Every read is within blk[0..size); every write within out[0..L), ascending rounds.
+template <class X>
+NZC_HD u32 decode_block(X& x, Smem& s, const u8* blk, u32 size, u8* out, u32 L) {
+    if (size == 0) return ST_BLOCK;
+    const u32 mode = blk[0];
+    if (mode == MODE_RAW) {
+        if ((u64)size != 1 + (u64)L) return ST_BLOCK;
+        copy_rounds(x, out, blk + 1, L);
+        return ST_OK;
+    }
+    if (mode == MODE_FILL) {
+        if (size != 2) return ST_BLOCK;
+        fill_rounds(x, out, blk[1], L);
+        return ST_OK;
+    }
+    if (mode != MODE_BF16 && mode != MODE_FP16 && mode != MODE_FP32) return ST_BLOCK;
+    const u32 dt = dtype_of_mode(mode);
+    const TypeInfo ti = type_info(dt);
+    const u32 m = L / ti.w, t = L - m * ti.w;
+    const u32 nseg = (m + SEG_ELEMS - 1) / SEG_ELEMS;
+    const u64 off1 = BLOCK_HEADER_LEN + 2 * (u64)nseg, off2 = off1 + m, streams = off2 + (u64)ti.p2 * m;
+    if (m == 0 || streams > size) return ST_BLOCK;
+    const u32 k = blk[1], a = blk[2];
+    if (k >= NCODES || a == 0 || a > ti.emax || blk[3] != 0) return ST_BLOCK;
+    x.par(nseg, [&](u64 j) { s.seglen[j] = ld_u16(blk + 4 + 2 * j); });
+    x.one([&]() {
+        u32 o = 0;
+        for (u32 j = 0; j < nseg; j++) {
+            s.segoff[j] = o;
+            o += s.seglen[j];
+        }
+        s.sc[SC_TOTAL] = o;
+        s.sc[SC_ERR] = ST_OK;
+    });
+    if (streams + s.sc[SC_TOTAL] + t != size) return ST_BLOCK;
+    // 12-bit decode table
+    x.par(NSYM, [&](u64 sy) { s.sc[SC_WORDS + sy] = canon_word(k, (u32)sy); });
+    x.par(DEC_TABLE, [&](u64 idx) {
+        for (u32 sy = 0; sy < NSYM; sy++) {
+            u32 len = CODE_LENGTHS[k][sy];
+            if ((idx & ((1u << len) - 1)) == s.sc[SC_WORDS + sy]) {
+                s.lut[idx] = dec_entry(dt, k, a, sy);
+                return;
+            }
+        }
+    });
+    const u8* streams_p = blk + streams;
+    for (u32 g0 = 0; g0 < nseg; g0 += DEC_GROUP_SEGS) {
+        const u32 g1 = g0 + DEC_GROUP_SEGS < nseg ? g0 + DEC_GROUP_SEGS : nseg;
+        // one thread per segment: bit-serial prefix decode into the keys buffer
+        x.par(g1 - g0, [&](u64 gi) {
+            const u32 j = g0 + (u32)gi;
+            const u8* sp = streams_p + s.segoff[j];
+            const u32 slen = s.seglen[j];
+            const u32 e0 = j * SEG_ELEMS, e1 = e0 + SEG_ELEMS < m ? e0 + SEG_ELEMS : m;
+            u8* keys = s.keys + (u64)gi * SEG_ELEMS;
+            u64 bp = 0;
+            u32 bad = 0;
+            for (u32 i = e0; i < e1; i++) {
+                if (bp > 8 * (u64)slen) {
+                    bad = 1;
+                    break;
+                }
+                // 64-bit window at bit bp, zero past the segment's end
+                const u32 p = (u32)(bp >> 3);
+                u64 buf = 0;
+                for (u32 q = 0; q < 8; q++)
+                    if (p + q < slen) buf |= (u64)sp[p + q] << (8 * q);
+                buf >>= (bp & 7);
+                const u32 ent = s.lut[buf & (DEC_TABLE - 1)];
+                const u32 lc = (ent >> 8) & 0xF;
+                const u32 e = (ent & 0xFF) | ((u32)(buf >> lc) & (ent >> 24));
+                u32 len = (ent >> 12) & 0x1F;
+                u32 key = e;
+                if (ti.xbits) {
+                    key = make_key(dt, e, (u32)(buf >> len) & 7);
+                    len += ti.xbits;
+                }
+                bad |= ent & DEC_INVALID;
+                keys[i - e0] = (u8)key;
+                bp += len;
+            }
+            if (bad || (bp + 7) / 8 != slen) X::or32(&s.sc[SC_ERR], ST_STREAM);
+        });
+        if (s.sc[SC_ERR]) return ST_STREAM;
+        // join keys and planes into output, ascending 16-byte rounds
+        const u64 b0 = (u64)g0 * SEG_ELEMS * ti.w;
+        const u64 b1 = g1 == nseg ? (u64)L : (u64)g1 * SEG_ELEMS * ti.w;
+        x.rounds((b1 - b0 + 15) / 16, [&](u64 c) {
+            u8 v[16];
+            const u64 cb = b0 + 16 * c;
+            const u32 cnt = (u32)(b1 - cb < 16 ? b1 - cb : 16);
+            for (u32 q = 0; q < cnt; q++) {
+                const u64 byte = cb + q;
+                const u64 ei = byte / ti.w;
+                if (ei < m) {
+                    const u32 key = s.keys[ei - (u64)g0 * SEG_ELEMS];
+                    const u32 p1 = blk[off1 + ei];
+                    const u32 p2 = ti.p2 ? ld_u16(blk + off2 + 2 * ei) : 0;
+                    const u32 el = join_elem(dt, key, p1, p2);
+                    v[q] = (u8)(el >> (8 * (byte % ti.w)));
+                } else {
+                    v[q] = blk[size - t + (byte - (u64)m * ti.w)];
+                }
+            }
+            store_chunk(out + cb, v, cnt);
+        });
+    }
+    return ST_OK;
+}
+
+// Decodes work item b of a parsed frame. Returns ST_*.
+template <class X>
+NZC_HD u32 decode_item(X& x, Smem& s, const DecJob& job, const DecFrame& f, u32 b) {
+    const u8* src = (const u8*)job.src;
+    u8* dst = (u8*)job.dst;
+    if (f.status != ST_OK) return f.status;
+    if (f.nb == 0) return ST_OK;
+    const u64 B = (u64)1 << f.block_log2;
+    const u64 o = (u64)b * B;
+    const u32 L = (u32)(f.n - o < B ? f.n - o : B);
+    u32 st = ST_OK;
+    if (f.flags & FLAG_STORED) {
+        copy_rounds(x, dst + o, src + HEADER_LEN + o, L);
+    } else {
+        x.one([&]() { s.sc64[S64_B] = 0; });
+        x.par(b, [&](u64 i) { X::add64(&s.sc64[S64_B], ld_u32(src + HEADER_LEN + 4 * i)); });
+        const u64 pos = HEADER_LEN + 4 * f.nb + s.sc64[S64_B];
+        const u32 size = ld_u32(src + HEADER_LEN + 4 * (u64)b);
+        // parse_frame checked that all blocks end within src_len
+        st = decode_block(x, s, src + pos, size, dst + o, L);
+    }
+    if (st == ST_OK && (f.flags & FLAG_CHECKSUM)) ws_crc(job.ws, f.nb)[b] = block_crc(x, s, dst + o, L);
+    return st;
+}
+
+template <class X>
+NZC_HD void decode_finish(X& x, Smem& s, const DecJob& job, const DecFrame& f, u32 err) {
+    u32 st = err;
+    if (st == ST_OK && (f.flags & FLAG_CHECKSUM)) {
+        u32 crc = 0;
+        if (f.nb > 0) {
+            u32* bc = ws_crc(job.ws, f.nb);
+            crc_tree(x, s, bc, f.nb, (u64)1 << f.block_log2, f.n);
+            crc = bc[0];
+        }
+        if (crc != f.crc) st = ST_CHECKSUM;
+    }
+    x.publish((JobResult*)job.result, st == ST_OK ? f.n : 0, st);
+}
+
+}  // namespace nzc

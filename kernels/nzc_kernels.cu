@@ -1,0 +1,207 @@
+// nccl-zip GPU codec kernels: one launch encodes (or decodes) a batch of messages.
+//
+// Launch: grid = min(work items, NCCL_ZIP_GPU_SMS x CTAs per SM), 256 threads per CTA,
+// dynamic shared memory = smem_bytes(smem_log2). A CTA walks the jobs in order and
+// claims blocks of each job from the job's claim counter (JobState::claim), so block
+// b of a job is always claimed after block b-1: the encoder's decoupled look-back only
+// waits on blocks already held by running CTAs, which makes the kernel deadlock-free
+// with any grid size. The CTA that finishes a job's last block writes the frame
+// header (encode) or checks the CRC (decode) and publishes the JobResult with a
+// system-scope fence, so the host can poll results in mapped memory without a stream
+// sync. See docs/GPU.md.
+#include "nzc_codec.cuh"
+
+namespace nzc {
+
+enum : u32 { SC_BCAST = 48, SC_LAST = 49, S64_LOOKBACK = 8 };
+enum : u64 { SCAN_AGG = 1ull << 62, SCAN_INC = 2ull << 62, SCAN_VAL = (1ull << 62) - 1 };
+
+struct DevExec {
+    Smem* s;
+    __device__ explicit DevExec(Smem* sm) : s(sm) {}
+
+    template <class F>
+    __device__ void par(u64 n, F f) {
+        for (u64 i = threadIdx.x; i < n; i += blockDim.x) f(i);
+        __syncthreads();
+    }
+    template <class F>
+    __device__ void one(F f) {
+        if (threadIdx.x == 0) f();
+        __syncthreads();
+    }
+    template <class F>
+    __device__ bool any(u64 n, F f) {
+        if (threadIdx.x == 0) s->sc[SC_FLAG] = 0;
+        __syncthreads();
+        int found = 0;
+        volatile u32* flag = &s->sc[SC_FLAG];
+        for (u64 i = threadIdx.x; i < n; i += blockDim.x) {
+            if (*flag) break;
+            if (f(i)) {
+                found = 1;
+                *flag = 1;
+                break;
+            }
+        }
+        return __syncthreads_or(found) != 0;
+    }
+    // Ascending store rounds: round r covers units [r*blockDim, (r+1)*blockDim); its
+    // stores are fenced before any thread starts round r+1.
+    template <class F>
+    __device__ void rounds(u64 n, F f) {
+        for (u64 base = 0; base < n; base += blockDim.x) {
+            u64 i = base + threadIdx.x;
+            if (i < n) f(i);
+#ifndef NZC_UNORDERED_ROUNDS
+            __threadfence();
+#endif
+            __syncthreads();
+        }
+    }
+    __device__ static void add32(u32* p, u32 v) { atomicAdd(p, v); }
+    __device__ static void add64(u64* p, u64 v) { atomicAdd((unsigned long long*)p, (unsigned long long)v); }
+    __device__ static void or32(u32* p, u32 v) { atomicOr(p, v); }
+
+    // Claims the next work item of a job (uniform result).
+    __device__ u32 claim(u32* counter) {
+        if (threadIdx.x == 0) s->sc[SC_BCAST] = atomicAdd(counter, 1u);
+        __syncthreads();
+        u32 v = s->sc[SC_BCAST];
+        __syncthreads();
+        return v;
+    }
+    // Decoupled look-back: publishes block b's size, returns the exclusive prefix.
+    __device__ u64 lookback(u64* scan, u32 b, u64 size) {
+        if (threadIdx.x == 0) {
+            volatile u64* vs = scan;
+            u64 excl = 0;
+            if (b == 0) {
+                atomicExch((unsigned long long*)&scan[0], (unsigned long long)(SCAN_INC | size));
+            } else {
+                atomicExch((unsigned long long*)&scan[b], (unsigned long long)(SCAN_AGG | size));
+                for (int p = (int)b - 1; p >= 0; p--) {
+                    u64 v;
+                    do {
+                        v = vs[p];
+                    } while ((v & ~SCAN_VAL) == 0);
+                    excl += v & SCAN_VAL;
+                    if ((v & ~SCAN_VAL) == SCAN_INC) break;
+                }
+                atomicExch((unsigned long long*)&scan[b], (unsigned long long)(SCAN_INC | (excl + size)));
+            }
+            s->sc64[S64_LOOKBACK] = excl;
+        }
+        __syncthreads();
+        u64 v = s->sc64[S64_LOOKBACK];
+        __syncthreads();
+        return v;
+    }
+    // True (uniformly) in the CTA that finished the job's last item.
+    __device__ bool finish(JobState* st, u32 items) {
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            __threadfence();
+            u32 d = atomicAdd(&st->done, 1u);
+            s->sc[SC_LAST] = (d == items - 1);
+            if (d == items - 1) __threadfence();
+        }
+        __syncthreads();
+        bool last = s->sc[SC_LAST] != 0;
+        __syncthreads();
+        return last;
+    }
+    __device__ void publish(JobResult* r, u64 len, u32 status) {
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            r->len = len;
+            r->status = status;
+            __threadfence_system();
+            *(volatile u32*)&r->done = 1;
+        }
+        __syncthreads();
+    }
+};
+
+}  // namespace nzc
+
+using namespace nzc;
+
+extern "C" __global__ void __launch_bounds__(256) nzc_encode(const EncJob* jobs, u32 njobs, u32 smem_log2) {
+    extern __shared__ __align__(16) u8 smem_raw[];
+    Smem s;
+    smem_carve(smem_raw, smem_log2, &s);
+    DevExec x(&s);
+    for (u32 j = 0; j < njobs; j++) {
+        const EncJob job = jobs[j];
+        JobState* st = (JobState*)job.ws;
+        const bool bad = job.block_log2 < MIN_BLOCK_LOG2 || job.block_log2 > MAX_BLOCK_LOG2 ||
+                         job.block_log2 > smem_log2 || job.dst_cap < job.n + HEADER_LEN ||
+                         job.nb != ((job.n + (1ull << (job.block_log2 & 31)) - 1) >> (job.block_log2 & 31));
+        const u32 items = bad ? 1 : (job.nb ? job.nb : 1);
+        bool planned = false;
+        FramePlan fp;
+        for (;;) {
+            const u32 item = x.claim(&st->claim);
+            if (item >= items) break;
+            if (bad) {
+                x.publish((JobResult*)job.result, 0, ST_BAD_ARGS);
+                break;
+            }
+            if (!planned) {
+                fp = frame_plan(x, s, (const u8*)job.src, job.n, job.hint, job.block_log2);
+                if (job.checksum) crc_init(x, s);
+                planned = true;
+            }
+            encode_item(x, s, job, fp, item);
+            if (x.finish(st, items)) encode_finish(x, s, job, fp);
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(256) nzc_decode(const DecJob* jobs, u32 njobs, u32 smem_log2) {
+    extern __shared__ __align__(16) u8 smem_raw[];
+    Smem s;
+    smem_carve(smem_raw, smem_log2, &s);
+    DevExec x(&s);
+    for (u32 j = 0; j < njobs; j++) {
+        const DecJob job = jobs[j];
+        JobState* st = (JobState*)job.ws;
+        // Skip jobs whose items are all claimed (pad0 = items + 1 once someone parsed it).
+        if (threadIdx.x == 0) {
+            u32 known = *(volatile u32*)&st->pad0;
+            s.sc[SC_BCAST] = known != 0 && *(volatile u32*)&st->claim >= known - 1;
+        }
+        __syncthreads();
+        const bool skip = s.sc[SC_BCAST] != 0;
+        __syncthreads();
+        if (skip) continue;
+        DecFrame f = parse_frame(x, s, (const u8*)job.src, job.src_len, job.dst_cap);
+        if (f.status == ST_OK && f.nb > job.ws_blocks) f.status = ST_BAD_ARGS;
+        if (f.status == ST_OK && f.block_log2 > smem_log2) f.status = ST_BAD_ARGS;
+        const u32 items = f.status != ST_OK ? 1 : (f.nb ? (u32)f.nb : 1);
+        if (threadIdx.x == 0) atomicExch(&st->pad0, items + 1);
+        bool crc_ready = false;
+        for (;;) {
+            const u32 item = x.claim(&st->claim);
+            if (item >= items) break;
+            if (!crc_ready && f.status == ST_OK && (f.flags & FLAG_CHECKSUM)) {
+                crc_init(x, s);
+                crc_ready = true;
+            }
+            const u32 r = decode_item(x, s, job, f, item);
+            if (threadIdx.x == 0 && r != ST_OK) atomicCAS(&st->err, 0u, r);
+            if (x.finish(st, items)) {
+                if (threadIdx.x == 0) s.sc[SC_BCAST] = *(volatile u32*)&st->err;
+                __syncthreads();
+                const u32 err = s.sc[SC_BCAST];
+                __syncthreads();
+                decode_finish(x, s, job, f, err);
+            }
+        }
+    }
+}
+
+// Shared-memory bytes a launch needs for blocks up to 2^block_log2 (host wrappers call
+// the same formula through src/gpu; exported for tests on the device).
+extern "C" __global__ void nzc_smem_bytes(u32 block_log2, u64* out) { *out = smem_bytes(block_log2); }
