@@ -27,6 +27,26 @@ pub fn compress_with_stats(
     dst: &mut [u8],
     opts: &EncodeOptions,
 ) -> Result<FrameStats, CodecError> {
+    compress_impl(src, dst, opts, true)
+}
+
+/// [`compress`] on the portable scalar path only (no SIMD, whatever the CPU): the
+/// reference the vector encoders are tested against. Same bytes as [`compress`].
+#[doc(hidden)]
+pub fn compress_scalar(
+    src: &[u8],
+    dst: &mut [u8],
+    opts: &EncodeOptions,
+) -> Result<usize, CodecError> {
+    compress_impl(src, dst, opts, false).map(|s| s.frame_len)
+}
+
+fn compress_impl(
+    src: &[u8],
+    dst: &mut [u8],
+    opts: &EncodeOptions,
+    simd: bool,
+) -> Result<FrameStats, CodecError> {
     let n = src.len();
     check_args(n, dst.len(), opts)?;
     let crc = if opts.checksum {
@@ -51,7 +71,7 @@ pub fn compress_with_stats(
         let mut ok = pos < limit;
         if ok {
             for (i, blk) in src.chunks(b).enumerate() {
-                match encode_block(dtype, blk, &mut dst[pos..limit]) {
+                match encode_block_with(dtype, blk, &mut dst[pos..limit], simd) {
                     Some((size, kind)) => {
                         dst[table + 4 * i..table + 4 * i + 4]
                             .copy_from_slice(&(size as u32).to_le_bytes());
@@ -252,6 +272,16 @@ pub(crate) fn best_cost<T: Elem>(h: &[u32; 256]) -> (u8, u32, u64) {
 /// Encodes one block into `out` (the room left below the frame limit).
 /// Returns its size and kind, or `None` if even the chosen form does not fit.
 pub(crate) fn encode_block(dtype: Dtype, blk: &[u8], out: &mut [u8]) -> Option<(usize, BlockKind)> {
+    encode_block_with(dtype, blk, out, true)
+}
+
+/// [`encode_block`]; `simd = false` forces the scalar reference path.
+fn encode_block_with(
+    dtype: Dtype,
+    blk: &[u8],
+    out: &mut [u8],
+    simd: bool,
+) -> Option<(usize, BlockKind)> {
     let l = blk.len();
     if all_equal(blk) {
         if out.len() < 2 {
@@ -263,9 +293,9 @@ pub(crate) fn encode_block(dtype: Dtype, blk: &[u8], out: &mut [u8]) -> Option<(
     }
     let cap = l.min(out.len());
     let coded = match dtype {
-        Dtype::Bf16 => encode_coded::<Bf16>(blk, &mut out[..cap]),
-        Dtype::Fp16 => encode_coded::<Fp16>(blk, &mut out[..cap]),
-        Dtype::Fp32 => encode_coded::<Fp32>(blk, &mut out[..cap]),
+        Dtype::Bf16 => encode_coded::<Bf16>(blk, &mut out[..cap], simd),
+        Dtype::Fp16 => encode_coded::<Fp16>(blk, &mut out[..cap], simd),
+        Dtype::Fp32 => encode_coded::<Fp32>(blk, &mut out[..cap], simd),
         Dtype::Raw => None,
     };
     if let Some(size) = coded {
@@ -430,15 +460,16 @@ fn code_segments2(
 
 /// Encodes a coded block (FORMAT.md §4) into `out`; `None` if it does not fit
 /// (the caller then stores the block raw).
-fn encode_coded<T: Elem>(blk: &[u8], out: &mut [u8]) -> Option<usize> {
+fn encode_coded<T: Elem>(blk: &[u8], out: &mut [u8], simd: bool) -> Option<usize> {
     #[cfg(target_arch = "x86_64")]
     {
-        if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("bmi2") {
+        if simd && std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("bmi2") {
             // SAFETY: the CPU has the features the function is compiled for.
             return unsafe { encode_coded_avx2::<T>(blk, out) };
         }
     }
-    encode_coded_body::<T>(blk, out)
+    let _ = simd;
+    encode_coded_body::<T, false>(blk, out)
 }
 
 /// # Safety
@@ -446,11 +477,13 @@ fn encode_coded<T: Elem>(blk: &[u8], out: &mut [u8]) -> Option<usize> {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,bmi1,bmi2")]
 unsafe fn encode_coded_avx2<T: Elem>(blk: &[u8], out: &mut [u8]) -> Option<usize> {
-    encode_coded_body::<T>(blk, out)
+    encode_coded_body::<T, true>(blk, out)
 }
 
+/// The coded-block encoder. `V`: the caller is compiled for AVX2+BMI2 and the
+/// vector packer (`avx2::code_segment`) may be used for full segments.
 #[inline(always)]
-fn encode_coded_body<T: Elem>(blk: &[u8], out: &mut [u8]) -> Option<usize> {
+fn encode_coded_body<T: Elem, const V: bool>(blk: &[u8], out: &mut [u8]) -> Option<usize> {
     let l = blk.len();
     let m = l / T::W;
     if m < MIN_CODED_ELEMS {
@@ -462,6 +495,9 @@ fn encode_coded_body<T: Elem>(blk: &[u8], out: &mut [u8]) -> Option<usize> {
     }
     let (k, a, _) = best_cost::<T>(&h);
     let lut = enc_table::<T>(k as usize, a);
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: V is set only by callers compiled for AVX2 (checked at run time).
+    let vt = (V && T::XBITS == 0).then(|| unsafe { avx2::VecTables::new(k as usize, a) });
 
     let nseg = m.div_ceil(SEG_ELEMS);
     let off1 = BLOCK_HEADER_LEN + 2 * nseg;
@@ -491,15 +527,37 @@ fn encode_coded_body<T: Elem>(blk: &[u8], out: &mut [u8]) -> Option<usize> {
             } else {
                 &mut []
             };
-            T::split(
-                &blk[g0 * T::W..g1 * T::W],
-                gk,
-                &mut head[off1 + g0..off1 + g1],
-                p2,
-            );
+            let src = &blk[g0 * T::W..g1 * T::W];
+            let p1 = &mut head[off1 + g0..off1 + g1];
+            #[cfg(target_arch = "x86_64")]
+            if V && T::MODE == MODE_BF16 {
+                // SAFETY: V means the CPU has AVX2.
+                unsafe { avx2::split_bf16(src, gk, p1) };
+            } else {
+                T::split(src, gk, p1, p2);
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            T::split(src, gk, p1, p2);
         }
         let nsg = (g1 - g0).div_ceil(SEG_ELEMS);
-        if g1 - g0 == GROUP {
+        #[cfg(target_arch = "x86_64")]
+        let done = if let Some(vt) = &vt {
+            for (i, ks) in gk.chunks(SEG_ELEMS).enumerate() {
+                lens[i] = if ks.len() == SEG_ELEMS {
+                    // SAFETY: `vt` exists only when the CPU has AVX2 and BMI2.
+                    unsafe { avx2::code_segment(vt, &lut, ks.try_into().unwrap(), &mut bufs[i]) }
+                } else {
+                    code_segment(&lut, ks, &mut bufs[i])
+                };
+            }
+            true
+        } else {
+            false
+        };
+        #[cfg(not(target_arch = "x86_64"))]
+        let done = false;
+        if done {
+        } else if g1 - g0 == GROUP {
             let (b01, b23) = bufs.split_at_mut(2);
             let (b0, b1) = b01.split_at_mut(1);
             let (b2, b3) = b23.split_at_mut(1);
@@ -538,4 +596,198 @@ fn encode_coded_body<T: Elem>(blk: &[u8], out: &mut [u8]) -> Option<usize> {
     }
     out[pos..pos + t].copy_from_slice(&blk[m * T::W..]);
     Some(pos + t)
+}
+
+/// AVX2 pieces of the encoder. Same bits as the scalar path, by construction and
+/// by test (`tests/roundtrip.rs` compares with [`crate::compress_scalar`]).
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use super::{SegWriter, SEG_MAX_BYTES};
+    use crate::codes::{CODE_LENGTHS, CODE_WORDS, ESC, NSYM, ZERO};
+    use crate::format::SEG_ELEMS;
+    use std::arch::x86_64::*;
+
+    /// Per-block 32-entry symbol tables (code length, code word low and high byte),
+    /// each as two 16-entry `vpshufb` tables, and the anchor (element types whose
+    /// key is the exponent field: bf16, fp32).
+    pub(super) struct VecTables {
+        len: [__m256i; 2],
+        lo: [__m256i; 2],
+        hi: [__m256i; 2],
+        anchor: __m256i,
+    }
+
+    impl VecTables {
+        /// # Safety
+        /// The CPU must support AVX2.
+        #[target_feature(enable = "avx2")]
+        pub(super) unsafe fn new(k: usize, a: u32) -> VecTables {
+            let mut len = [0u8; 32];
+            let mut lo = [0u8; 32];
+            let mut hi = [0u8; 32];
+            for s in 0..NSYM {
+                len[s] = CODE_LENGTHS[k][s];
+                lo[s] = CODE_WORDS[k][s] as u8;
+                hi[s] = (CODE_WORDS[k][s] >> 8) as u8;
+            }
+            let tab = |t: &[u8; 32], h: usize| {
+                let mut v = [0u8; 32];
+                v[..16].copy_from_slice(&t[16 * h..16 * h + 16]);
+                v[16..].copy_from_slice(&t[16 * h..16 * h + 16]);
+                _mm256_loadu_si256(v.as_ptr() as *const __m256i)
+            };
+            VecTables {
+                len: [tab(&len, 0), tab(&len, 1)],
+                lo: [tab(&lo, 0), tab(&lo, 1)],
+                hi: [tab(&hi, 0), tab(&hi, 1)],
+                anchor: _mm256_set1_epi8(a as u8 as i8),
+            }
+        }
+    }
+
+    /// 32-entry byte table lookup: `t[idx]` for `idx` in 0..32.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn lookup32(t: &[__m256i; 2], idx: __m256i, sel: __m256i) -> __m256i {
+        _mm256_blendv_epi8(
+            _mm256_shuffle_epi8(t[0], idx),
+            _mm256_shuffle_epi8(t[1], idx),
+            sel,
+        )
+    }
+
+    /// bf16 split: 32 elements per step into keys (exponent) and plane1 (sign, mantissa).
+    ///
+    /// # Safety
+    /// The CPU must support AVX2.
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn split_bf16(src: &[u8], keys: &mut [u8], p1: &mut [u8]) {
+        let n = keys.len().min(p1.len()).min(src.len() / 2);
+        let mut i = 0;
+        let m7f = _mm256_set1_epi16(0x7F);
+        let m80 = _mm256_set1_epi16(0x80);
+        let mff = _mm256_set1_epi16(0xFF);
+        while i + 32 <= n {
+            let sp = src.as_ptr().add(2 * i) as *const __m256i;
+            let x0 = _mm256_loadu_si256(sp);
+            let x1 = _mm256_loadu_si256(sp.add(1));
+            let k0 = _mm256_and_si256(_mm256_srli_epi16(x0, 7), mff);
+            let k1 = _mm256_and_si256(_mm256_srli_epi16(x1, 7), mff);
+            let p0 = _mm256_or_si256(
+                _mm256_and_si256(_mm256_srli_epi16(x0, 8), m80),
+                _mm256_and_si256(x0, m7f),
+            );
+            let q1 = _mm256_or_si256(
+                _mm256_and_si256(_mm256_srli_epi16(x1, 8), m80),
+                _mm256_and_si256(x1, m7f),
+            );
+            let k = _mm256_permute4x64_epi64(_mm256_packus_epi16(k0, k1), 0xD8);
+            let p = _mm256_permute4x64_epi64(_mm256_packus_epi16(p0, q1), 0xD8);
+            _mm256_storeu_si256(keys.as_mut_ptr().add(i) as *mut __m256i, k);
+            _mm256_storeu_si256(p1.as_mut_ptr().add(i) as *mut __m256i, p);
+            i += 32;
+        }
+        for j in i..n {
+            let x = u16::from_le_bytes([src[2 * j], src[2 * j + 1]]);
+            keys[j] = (x >> 7) as u8;
+            p1[j] = ((x >> 8) as u8 & 0x80) | (x as u8 & 0x7F);
+        }
+    }
+
+    /// Codes one full segment (1024 keys that are exponent fields) into `buf`;
+    /// returns its byte length. 32 keys per step: symbols, code words and lengths
+    /// by `vpshufb`, merged pairwise into 4-element chunks of at most 48 bits by
+    /// variable shifts, then appended by a 64-bit accumulator. A step that holds
+    /// an escape is coded by the scalar table `lut` instead.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2 and BMI2.
+    #[target_feature(enable = "avx2,bmi1,bmi2")]
+    pub(super) unsafe fn code_segment(
+        t: &VecTables,
+        lut: &[u32; 256],
+        keys: &[u8; SEG_ELEMS],
+        buf: &mut [u8; SEG_MAX_BYTES + 16],
+    ) -> usize {
+        let mut acc = 0u64;
+        let mut nb = 0u32;
+        let mut pos = 0usize;
+        let bp = buf.as_mut_ptr();
+        let c23 = _mm256_set1_epi8(23);
+        let czero = _mm256_set1_epi8(ZERO as i8);
+        let zero = _mm256_setzero_si256();
+        let ones16 = _mm256_set1_epi16(1);
+        let m16 = _mm256_set1_epi32(0xFFFF);
+        let m32 = _mm256_set1_epi64x(0xFFFF_FFFF);
+        let mut qv = [0u64; 8];
+        let mut ql = [0u32; 16];
+        for g in 0..SEG_ELEMS / 32 {
+            let kv = _mm256_loadu_si256(keys.as_ptr().add(32 * g) as *const __m256i);
+            let d = _mm256_sub_epi8(t.anchor, kv);
+            let is_zero = _mm256_cmpeq_epi8(kv, zero);
+            // Coded without escape: e == 0, or e <= A and A - e <= 23.
+            let le = _mm256_cmpeq_epi8(_mm256_max_epu8(kv, t.anchor), t.anchor);
+            let near = _mm256_cmpeq_epi8(_mm256_min_epu8(d, c23), d);
+            let ok = _mm256_or_si256(is_zero, _mm256_and_si256(le, near));
+            if _mm256_movemask_epi8(ok) != -1 {
+                // Rare: an escape. Scalar, same bits.
+                for &k in &keys[32 * g..32 * g + 32] {
+                    let c = lut[k as usize];
+                    acc |= ((c & 0xFF_FFFF) as u64) << nb;
+                    nb += c >> 24;
+                    bp.add(pos).cast::<u64>().write_unaligned(acc);
+                    let y = nb >> 3;
+                    pos += y as usize;
+                    acc = if y == 8 { 0 } else { acc >> (8 * y) };
+                    nb &= 7;
+                }
+                continue;
+            }
+            let sym = _mm256_blendv_epi8(d, czero, is_zero);
+            // Element order 0-7,16-23 | 8-15,24-31, so that the byte unpacks below
+            // give elements 0..16 and 16..32 in order.
+            let sym = _mm256_permute4x64_epi64(sym, 0xD8);
+            let sel = _mm256_slli_epi16(sym, 3); // bit 4 -> bit 7: upper half table
+            let ln = lookup32(&t.len, sym, sel);
+            let lo = lookup32(&t.lo, sym, sel);
+            let hi = lookup32(&t.hi, sym, sel);
+            for h in 0..2 {
+                let (c16, l16) = if h == 0 {
+                    (_mm256_unpacklo_epi8(lo, hi), _mm256_unpacklo_epi8(ln, zero))
+                } else {
+                    (_mm256_unpackhi_epi8(lo, hi), _mm256_unpackhi_epi8(ln, zero))
+                };
+                // pairs: c0 | c1 << l0 (<= 24 bits), l0 + l1
+                let pv = _mm256_or_si256(
+                    _mm256_and_si256(c16, m16),
+                    _mm256_sllv_epi32(_mm256_srli_epi32(c16, 16), _mm256_and_si256(l16, m16)),
+                );
+                let pl = _mm256_madd_epi16(l16, ones16);
+                // quads: p0 | p1 << lp0 (<= 48 bits), lp0 + lp1 (low 32 bits)
+                let q = _mm256_or_si256(
+                    _mm256_and_si256(pv, m32),
+                    _mm256_sllv_epi64(_mm256_srli_epi64(pv, 32), _mm256_and_si256(pl, m32)),
+                );
+                let qlen = _mm256_add_epi32(pl, _mm256_srli_epi64(pl, 32));
+                _mm256_storeu_si256(qv.as_mut_ptr().add(4 * h) as *mut __m256i, q);
+                _mm256_storeu_si256(ql.as_mut_ptr().add(8 * h) as *mut __m256i, qlen);
+            }
+            for i in 0..8 {
+                acc |= qv[i] << nb;
+                nb += ql[2 * i];
+                bp.add(pos).cast::<u64>().write_unaligned(acc);
+                pos += (nb >> 3) as usize;
+                acc >>= nb & 56;
+                nb &= 7;
+            }
+        }
+        let mut w = SegWriter {
+            acc,
+            nbits: nb,
+            pos,
+        };
+        w.finish(buf)
+    }
+
+    const _: () = assert!(ESC == 25 && ZERO == 24);
 }

@@ -43,7 +43,7 @@ mod parallel;
 pub mod cli;
 
 pub use decode::{decompress, frame_info};
-pub use encode::{compress, compress_with_stats};
+pub use encode::{compress, compress_scalar, compress_with_stats};
 pub use parallel::{compress_parallel, decompress_parallel};
 
 use std::fmt;

@@ -239,3 +239,82 @@ proptest! {
         let _ = frame_info(&data);
     }
 }
+
+/// The vector encoders produce exactly the scalar reference's bytes.
+fn same_as_scalar(src: &[u8], opts: &EncodeOptions) {
+    let mut a = vec![0u8; max_compressed_size(src.len())];
+    let mut b = vec![0u8; max_compressed_size(src.len())];
+    let na = compress(src, &mut a, opts).unwrap();
+    let nb = compress_scalar(src, &mut b, opts).unwrap();
+    assert!(
+        na == nb && a[..na] == b[..nb],
+        "vector and scalar encoders differ (n = {}, {opts:?})",
+        src.len()
+    );
+}
+
+/// Values whose exponents straddle the anchor by more than a code covers, so that
+/// escapes (above and far below the anchor, and wrapping) and zeros mix in one step.
+fn escape_heavy(ty: Ty, n: usize, seed: u64) -> Vec<u8> {
+    let mut r = Rng::new(seed);
+    encode(
+        ty,
+        (0..n / ty.width() + 1).map(move |_| match r.next_u64() % 8 {
+            0 => 0.0,
+            1 => r.gauss() * 1e30,
+            2 => r.gauss() * 1e-30,
+            3 => r.gauss() * 1e-6,
+            _ => r.gauss(),
+        }),
+    )[..n]
+        .to_vec()
+}
+
+#[test]
+fn vector_encoder_matches_scalar() {
+    for (i, &n) in SIZES.iter().enumerate() {
+        let mut sets = contents(n, 50 + i as u64);
+        for ty in [Ty::Bf16, Ty::Fp16, Ty::Fp32] {
+            sets.push(("esc", escape_heavy(ty, n, 60 + i as u64)));
+            // A tiny anchor (the sample sees only tiny values) and unsampled huge
+            // values: A - e wraps around in 8 bits.
+            let mut r = Rng::new(70 + i as u64);
+            let tiny = if ty == Ty::Fp16 { 1e-5 } else { 1e-36 };
+            let vals = (0..n / ty.width() + 1).map(move |j| {
+                if j % 13 != 0 && j % 97 == 5 {
+                    r.gauss() * 1e4
+                } else {
+                    r.gauss() * tiny
+                }
+            });
+            sets.push(("wrap", encode(ty, vals)[..n].to_vec()));
+        }
+        for (_, src) in &sets {
+            for dtype in [
+                DtypeHint::Auto,
+                DtypeHint::Bf16,
+                DtypeHint::Fp16,
+                DtypeHint::Fp32,
+            ] {
+                for block_log2 in [12, 16] {
+                    let opts = EncodeOptions {
+                        dtype,
+                        checksum: false,
+                        block_log2,
+                    };
+                    same_as_scalar(src, &opts);
+                }
+            }
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+    #[test]
+    fn prop_vector_encoder_matches_scalar(data in proptest::collection::vec(any::<u8>(), 0..40_000),
+                                          hint in 0usize..3) {
+        let dtype = [DtypeHint::Bf16, DtypeHint::Fp16, DtypeHint::Fp32][hint];
+        same_as_scalar(&data, &EncodeOptions { dtype, checksum: false, block_log2: 12 });
+    }
+}
