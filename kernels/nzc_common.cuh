@@ -6,7 +6,16 @@
 //   * nvcc, device side: NZC_HD = __host__ __device__, tables in __constant__;
 //   * g++ (kernels/host/harness.cpp): NZC_HD = static inline, tables in .rodata.
 #pragma once
+#if defined(__CUDACC_RTC__)
+// NVRTC (fallback for old drivers) has no C library headers.
+typedef unsigned char uint8_t;
+typedef unsigned short uint16_t;
+typedef unsigned int uint32_t;
+typedef unsigned long long uint64_t;
+typedef unsigned long long uintptr_t;
+#else
 #include <stdint.h>
+#endif
 
 #if defined(__CUDACC__)
 #define NZC_HD __host__ __device__ __forceinline__

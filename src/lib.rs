@@ -23,3 +23,4 @@ pub mod plugin;
 pub mod proto;
 pub mod stats;
 pub mod transport;
+pub mod gpu;
