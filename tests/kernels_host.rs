@@ -1,0 +1,496 @@
+//! Host proof of the GPU kernels (no GPU needed): kernels/host/harness.cpp compiles
+//! the kernels' per-CTA logic (kernels/nzc_codec.cuh, the very source nvcc builds)
+//! with g++ under AddressSanitizer + UBSan and runs it work item by work item. These
+//! tests require that it
+//! * reproduces every frozen vector of codec/tests/vectors byte for byte,
+//! * matches `nccl_zip_codec::compress` on a seeded sweep of dtypes, sizes and options,
+//! * decodes exactly the frames the CPU decoder accepts, to the same bytes, on
+//!   corrupted frames (and never touches memory out of bounds: ASan aborts otherwise),
+//! * and that its code table and shared-memory carve equal the Rust ones.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+use nccl_zip_codec::{compress, decompress, max_compressed_size, DtypeHint, EncodeOptions};
+use rand::{Rng, RngCore, SeedableRng};
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// A fresh directory per call (tests run in parallel threads of one process).
+fn work_dir() -> PathBuf {
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let k = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let d = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("kernels_host_{}_{k}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// Builds the harness once (g++ or c++, sanitizers when they link).
+fn harness() -> &'static Path {
+    static H: OnceLock<PathBuf> = OnceLock::new();
+    H.get_or_init(|| {
+        let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("nzc_host");
+        let src = root().join("kernels/host/harness.cpp");
+        let cxx = std::env::var("CXX").unwrap_or_else(|_| "g++".into());
+        let base = ["-std=c++17", "-O1", "-g", "-Wall", "-Wextra", "-Werror"];
+        let san = [
+            "-fsanitize=address,undefined",
+            "-fno-sanitize-recover=all",
+            "-fno-omit-frame-pointer",
+        ];
+        let t0 = std::time::Instant::now();
+        let try_build = |extra: &[&str]| {
+            Command::new(&cxx)
+                .args(base)
+                .args(extra)
+                .arg(&src)
+                .arg("-o")
+                .arg(&out)
+                .status()
+                .map(|s| s.success())
+                .unwrap_or(false)
+        };
+        if try_build(&san) {
+            eprintln!(
+                "kernels_host: harness built with ASan+UBSan in {:?}",
+                t0.elapsed()
+            );
+        } else if try_build(&[]) {
+            eprintln!("kernels_host: WARNING: sanitizers unavailable, harness built without them");
+        } else {
+            panic!(
+                "cannot build kernels/host/harness.cpp with {cxx} (a C++17 compiler is required)"
+            );
+        }
+        out
+    })
+}
+
+/// Runs a harness script; one result line per command.
+fn run_script(dir: &Path, lines: &[String]) -> Vec<String> {
+    let script = dir.join("script.txt");
+    std::fs::write(&script, lines.join("\n") + "\n").unwrap();
+    let o = Command::new(harness())
+        .arg(&script)
+        .env("ASAN_OPTIONS", "detect_leaks=0:abort_on_error=0")
+        .output()
+        .expect("run harness");
+    let stdout = String::from_utf8_lossy(&o.stdout).to_string();
+    assert!(
+        o.status.success(),
+        "harness failed (sanitizer report?): {}\n{}",
+        o.status,
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let res: Vec<String> = stdout.lines().map(str::to_string).collect();
+    assert_eq!(
+        res.len(),
+        lines.len(),
+        "harness answered {} of {} commands",
+        res.len(),
+        lines.len()
+    );
+    res
+}
+
+fn hint_code(h: DtypeHint) -> u32 {
+    nccl_net_zip::gpu::abi::hint_code(h)
+}
+
+struct EncCase {
+    input: Vec<u8>,
+    opts: EncodeOptions,
+}
+
+/// Encodes every case with the harness; returns the frames.
+fn harness_encode(cases: &[EncCase]) -> Vec<Vec<u8>> {
+    let dir = work_dir();
+    let mut lines = Vec::new();
+    for (i, c) in cases.iter().enumerate() {
+        let inp = dir.join(format!("e{i}.in"));
+        std::fs::write(&inp, &c.input).unwrap();
+        lines.push(format!(
+            "enc {} {} {} {} {}",
+            inp.display(),
+            dir.join(format!("e{i}.nzf")).display(),
+            hint_code(c.opts.dtype),
+            c.opts.checksum as u32,
+            c.opts.block_log2
+        ));
+    }
+    let res = run_script(&dir, &lines);
+    let out = res
+        .iter()
+        .enumerate()
+        .map(|(i, r)| {
+            assert!(r.starts_with("ok "), "case {i}: harness encode said {r}");
+            std::fs::read(dir.join(format!("e{i}.nzf"))).unwrap()
+        })
+        .collect();
+    let _ = std::fs::remove_dir_all(&dir);
+    out
+}
+
+/// Decodes every (frame, cap) with the harness: Ok(bytes) or Err(status line).
+fn harness_decode(frames: &[(Vec<u8>, usize)]) -> Vec<Result<Vec<u8>, String>> {
+    let dir = work_dir();
+    let mut lines = Vec::new();
+    for (i, (f, cap)) in frames.iter().enumerate() {
+        let inp = dir.join(format!("d{i}.nzf"));
+        std::fs::write(&inp, f).unwrap();
+        lines.push(format!(
+            "dec {} {} {}",
+            inp.display(),
+            dir.join(format!("d{i}.out")).display(),
+            cap
+        ));
+    }
+    let out = run_script(&dir, &lines)
+        .iter()
+        .enumerate()
+        .map(|(i, r)| {
+            if r.starts_with("ok ") {
+                Ok(std::fs::read(dir.join(format!("d{i}.out"))).unwrap())
+            } else {
+                Err(r.clone())
+            }
+        })
+        .collect();
+    let _ = std::fs::remove_dir_all(&dir);
+    out
+}
+
+fn cpu_frame(input: &[u8], opts: &EncodeOptions) -> Vec<u8> {
+    let mut f = vec![0u8; max_compressed_size(input.len())];
+    let n = compress(input, &mut f, opts).unwrap();
+    f.truncate(n);
+    f
+}
+
+#[test]
+fn code_table_matches_codec_crate() {
+    let text = std::fs::read_to_string(root().join("kernels/nzc_codes.cuh")).unwrap();
+    let rows: Vec<Vec<u8>> = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| l.starts_with('{') && l.ends_with("},"))
+        .map(|l| {
+            l.trim_matches(|c| c == '{' || c == '}' || c == ',')
+                .split(',')
+                .map(|v| v.trim().parse().unwrap())
+                .collect()
+        })
+        .collect();
+    assert_eq!(rows.len(), 32);
+    for (k, row) in rows.iter().enumerate() {
+        assert_eq!(
+            &row[..],
+            &nccl_zip_codec::codes::CODE_LENGTHS[k][..],
+            "code {k}"
+        );
+    }
+}
+
+#[test]
+fn smem_formula_matches_kernels() {
+    let lines: Vec<String> = (12..=20).map(|l| format!("smem {l}")).collect();
+    let dir = work_dir();
+    for (l, r) in (12..=20u32).zip(run_script(&dir, &lines)) {
+        assert_eq!(
+            r,
+            format!("ok {}", nccl_net_zip::gpu::abi::smem_bytes(l)),
+            "block_log2 {l}"
+        );
+    }
+}
+
+fn parse_manifest() -> Vec<(String, EncodeOptions)> {
+    let m = std::fs::read_to_string(root().join("codec/tests/vectors/MANIFEST.txt")).unwrap();
+    m.lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let kv = |k: &str| {
+                f.iter()
+                    .find_map(|x| x.strip_prefix(k))
+                    .unwrap()
+                    .to_string()
+            };
+            let dtype = match kv("dtype=").as_str() {
+                "Auto" => DtypeHint::Auto,
+                "Raw" => DtypeHint::Raw,
+                "Bf16" => DtypeHint::Bf16,
+                "Fp16" => DtypeHint::Fp16,
+                "Fp32" => DtypeHint::Fp32,
+                "Fp8E4m3" => DtypeHint::Fp8E4m3,
+                "Fp8E5m2" => DtypeHint::Fp8E5m2,
+                d => panic!("unknown dtype {d} in MANIFEST"),
+            };
+            let opts = EncodeOptions {
+                dtype,
+                checksum: kv("checksum=") == "true",
+                block_log2: kv("block_log2=").parse().unwrap(),
+            };
+            (f[0].to_string(), opts)
+        })
+        .collect()
+}
+
+#[test]
+fn frozen_vectors_byte_for_byte() {
+    let dir = root().join("codec/tests/vectors");
+    let man = parse_manifest();
+    assert!(man.len() >= 10, "MANIFEST lists {} vectors", man.len());
+    let cases: Vec<EncCase> = man
+        .iter()
+        .map(|(name, opts)| EncCase {
+            input: std::fs::read(dir.join(format!("{name}.in"))).unwrap(),
+            opts: *opts,
+        })
+        .collect();
+    let frames = harness_encode(&cases);
+    let mut dec = Vec::new();
+    for ((name, _), (frame, case)) in man.iter().zip(frames.iter().zip(&cases)) {
+        let want = std::fs::read(dir.join(format!("{name}.nzf"))).unwrap();
+        assert!(
+            frame == &want,
+            "vector {name}: harness frame ({} bytes) != frozen frame ({} bytes)",
+            frame.len(),
+            want.len()
+        );
+        dec.push((want, case.input.len()));
+    }
+    for ((name, _), (r, case)) in man.iter().zip(harness_decode(&dec).into_iter().zip(&cases)) {
+        assert_eq!(
+            r.as_deref().ok(),
+            Some(&case.input[..]),
+            "vector {name}: harness decode"
+        );
+    }
+    eprintln!(
+        "kernels_host: {} frozen vectors reproduced and decoded",
+        man.len()
+    );
+}
+
+// ---- seeded inputs --------------------------------------------------------------
+fn gauss(rng: &mut impl Rng) -> f64 {
+    let u1: f64 = rng.gen_range(1e-12..1.0);
+    let u2: f64 = rng.gen();
+    (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()
+}
+
+fn f32_to_f16_bits(x: f32) -> u16 {
+    // round-toward-zero conversion, enough to make fp16-shaped data
+    let b = x.to_bits();
+    let sign = ((b >> 16) & 0x8000) as u16;
+    let e = ((b >> 23) & 0xFF) as i32 - 127 + 15;
+    let m = (b >> 13) & 0x3FF;
+    if e <= 0 {
+        sign
+    } else if e >= 31 {
+        sign | 0x7BFF
+    } else {
+        sign | ((e as u16) << 10) | m as u16
+    }
+}
+
+fn gen_input(rng: &mut impl Rng, kind: u32, n: usize) -> Vec<u8> {
+    let sigma = 10f64.powf(rng.gen_range(-6.0..2.0));
+    let mut v = Vec::with_capacity(n + 4);
+    match kind {
+        0 => (0..n / 2 + 1).for_each(|_| {
+            v.extend(((((gauss(rng) * sigma) as f32).to_bits() >> 16) as u16).to_le_bytes())
+        }),
+        1 => (0..n / 2 + 1).for_each(|_| {
+            v.extend(f32_to_f16_bits((gauss(rng) * sigma.min(100.0)) as f32).to_le_bytes())
+        }),
+        2 => (0..n / 4 + 1).for_each(|_| v.extend(((gauss(rng) * sigma) as f32).to_le_bytes())),
+        3 => {
+            // gradient-like: wide scale mixture, some exact zeros
+            (0..n / 2 + 1).for_each(|_| {
+                let s = sigma * 2f64.powi(rng.gen_range(-12..12));
+                let x = if rng.gen_bool(0.1) {
+                    0.0
+                } else {
+                    gauss(rng) * s
+                };
+                v.extend((((x as f32).to_bits() >> 16) as u16).to_le_bytes())
+            })
+        }
+        4 => {
+            v.resize(n, 0);
+            rng.fill_bytes(&mut v)
+        }
+        5 => (0..n / 4 + 1).for_each(|i| v.extend(((i as u32 * 7) % 1000).to_le_bytes())),
+        _ => {
+            // runs of constant bytes mixed with bf16 and random chunks
+            while v.len() < n {
+                let len = rng.gen_range(1..20000);
+                match rng.gen_range(0..3) {
+                    0 => v.extend(std::iter::repeat(rng.gen::<u8>()).take(len)),
+                    1 => (0..len / 2).for_each(|_| {
+                        v.extend(((((gauss(rng)) as f32).to_bits() >> 16) as u16).to_le_bytes())
+                    }),
+                    _ => (0..len).for_each(|_| v.push(rng.gen())),
+                }
+            }
+        }
+    }
+    v.truncate(n);
+    v
+}
+
+fn sweep_cases(seed: u64, count: usize) -> Vec<EncCase> {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let sizes = [
+        0usize, 1, 17, 63, 64, 65, 1000, 4095, 4096, 4097, 8083, 12345, 65536, 70001, 131072,
+        200003,
+    ];
+    let hints = [
+        DtypeHint::Auto,
+        DtypeHint::Auto,
+        DtypeHint::Auto,
+        DtypeHint::Bf16,
+        DtypeHint::Fp16,
+        DtypeHint::Fp32,
+        DtypeHint::Raw,
+        DtypeHint::Fp8E4m3,
+    ];
+    (0..count)
+        .map(|i| {
+            let n = if i < sizes.len() {
+                sizes[i]
+            } else if rng.gen_bool(0.3) {
+                rng.gen_range(64..600_000)
+            } else {
+                sizes[rng.gen_range(0..sizes.len())]
+            };
+            let kind = rng.gen_range(0..7);
+            EncCase {
+                input: gen_input(&mut rng, kind, n),
+                opts: EncodeOptions {
+                    dtype: hints[rng.gen_range(0..hints.len())],
+                    checksum: rng.gen_bool(0.3),
+                    block_log2: *[12u8, 13, 14, 16, 16, 16, 17, 20]
+                        .get(rng.gen_range(0..8))
+                        .unwrap(),
+                },
+            }
+        })
+        .collect()
+}
+
+#[test]
+fn random_sweep_matches_cpu_encoder() {
+    let cases = sweep_cases(0x5EED_C0DE, 80);
+    let frames = harness_encode(&cases);
+    let mut total = 0usize;
+    for (i, (c, f)) in cases.iter().zip(&frames).enumerate() {
+        let want = cpu_frame(&c.input, &c.opts);
+        total += c.input.len();
+        assert!(
+            f == &want,
+            "case {i}: n={} opts={:?}: harness frame {} bytes, CPU frame {} bytes",
+            c.input.len(),
+            c.opts,
+            f.len(),
+            want.len()
+        );
+    }
+    // and the harness decodes the CPU frames
+    let dec: Vec<(Vec<u8>, usize)> = cases
+        .iter()
+        .map(|c| (cpu_frame(&c.input, &c.opts), c.input.len()))
+        .collect();
+    for (i, (r, c)) in harness_decode(&dec).into_iter().zip(&cases).enumerate() {
+        assert!(
+            r.as_deref().ok() == Some(&c.input[..]),
+            "case {i}: decode of CPU frame: {:?}",
+            r.err()
+        );
+    }
+    eprintln!(
+        "kernels_host: {} random cases ({total} bytes) identical to the CPU encoder",
+        cases.len()
+    );
+}
+
+#[test]
+fn corrupt_frames_rejected_like_cpu_without_oob() {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(0xBAD_F00D);
+    let mut bases = Vec::new();
+    for (kind, n, dt, ck, bl) in [
+        (0u32, 70001usize, DtypeHint::Auto, true, 12u8),
+        (1, 30000, DtypeHint::Fp16, false, 13),
+        (2, 40000, DtypeHint::Fp32, true, 14),
+        (6, 50000, DtypeHint::Auto, false, 12),
+        (4, 5000, DtypeHint::Auto, true, 16),
+        (0, 9000, DtypeHint::Bf16, false, 16),
+    ] {
+        let input = gen_input(&mut rng, kind, n);
+        let opts = EncodeOptions {
+            dtype: dt,
+            checksum: ck,
+            block_log2: bl,
+        };
+        bases.push((cpu_frame(&input, &opts), input));
+    }
+    let mut frames = Vec::new();
+    for (frame, input) in &bases {
+        for t in 0..40 {
+            let mut f = frame.clone();
+            match t % 5 {
+                0 | 1 => {
+                    // flip a byte after the header (the header CRC catches header flips)
+                    let p = rng.gen_range(24.min(f.len() - 1)..f.len());
+                    f[p] ^= 1 << rng.gen_range(0..8);
+                }
+                2 => {
+                    let cut = rng.gen_range(0..f.len());
+                    f.truncate(cut);
+                }
+                3 => f.extend(std::iter::repeat(0u8).take(rng.gen_range(1..9))),
+                _ => {
+                    // random garbage in a random run of bytes, including the header
+                    let p = rng.gen_range(0..f.len());
+                    let e = (p + rng.gen_range(1..64)).min(f.len());
+                    rng.fill_bytes(&mut f[p..e]);
+                }
+            }
+            let cap = if t % 7 == 0 {
+                input.len().saturating_sub(1)
+            } else {
+                input.len() + rng.gen_range(0..100)
+            };
+            frames.push((f, cap));
+        }
+        frames.push((frame.clone(), input.len()));
+    }
+    let res = harness_decode(&frames);
+    let mut rejected = 0;
+    for (i, ((f, cap), r)) in frames.iter().zip(res).enumerate() {
+        let mut out = vec![0u8; *cap];
+        let cpu = decompress(f, &mut out).map(|n| out[..n].to_vec());
+        match (&cpu, &r) {
+            (Ok(a), Ok(b)) => assert_eq!(a, b, "frame {i}: both accept but outputs differ"),
+            (Err(_), Err(_)) => rejected += 1,
+            _ => panic!(
+                "frame {i}: CPU {:?} vs harness {:?}",
+                cpu.as_ref().map(|v| v.len()),
+                r.as_ref().map(|v| v.len())
+            ),
+        }
+    }
+    assert!(
+        rejected > frames.len() / 2,
+        "only {rejected} of {} corrupted frames rejected",
+        frames.len()
+    );
+    eprintln!("kernels_host: {} corrupted frames, {rejected} rejected, decisions identical to the CPU decoder", frames.len());
+}
