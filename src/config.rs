@@ -20,8 +20,30 @@ pub enum CompressMode {
 /// `NCCL_ZIP_DTYPE`: overrides the codec's dtype detection.
 pub use nccl_zip_codec::DtypeHint;
 
+/// `NCCL_ZIP_TRANSPORT`: which transport moves the bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TransportChoice {
+    /// InfiniBand/RoCE verbs when an active port is found, else TCP (default).
+    Auto,
+    /// Verbs only; no usable device is an init error.
+    Ib,
+    /// Multi-stream TCP only.
+    Tcp,
+}
+
 #[derive(Clone, Debug)]
 pub struct Config {
+    pub transport: TransportChoice,
+    /// RC queue pairs per IB connection (`NCCL_ZIP_IB_QPS`).
+    pub ib_qps: usize,
+    /// IB receive staging slots = credits (`NCCL_ZIP_IB_STAGE_SLOTS`).
+    pub ib_stage_slots: usize,
+    /// Bytes per IB staging slot (`NCCL_ZIP_IB_STAGE_BYTES`).
+    pub ib_stage_bytes: usize,
+    /// `NCCL_IB_HCA` (NCCL's syntax).
+    pub ib_hca: Option<String>,
+    /// `NCCL_IB_GID_INDEX`.
+    pub ib_gid_index: Option<u8>,
     pub compress: CompressMode,
     pub dtype: DtypeHint,
     /// TCP streams per comm (`NCCL_ZIP_NSTREAMS`).
@@ -58,6 +80,12 @@ pub enum Family {
 impl Default for Config {
     fn default() -> Self {
         Config {
+            transport: TransportChoice::Auto,
+            ib_qps: 2,
+            ib_stage_slots: 8,
+            ib_stage_bytes: 512 << 10,
+            ib_hca: None,
+            ib_gid_index: None,
             compress: CompressMode::Auto,
             dtype: DtypeHint::Auto,
             nstreams: 4,
@@ -77,6 +105,8 @@ impl Default for Config {
 /// Upper bounds that keep memory and thread counts sane whatever the user sets.
 pub const MAX_STREAMS: usize = 16;
 pub const MAX_CHUNK_LIMIT: usize = 4 << 20;
+/// `NCCL_ZIP_IB_QPS` upper bound (the bootstrap accepts at most this many).
+pub const MAX_IB_QPS: usize = 16;
 
 impl Config {
     pub fn from_env() -> Result<Self> {
@@ -136,6 +166,31 @@ impl Config {
         }
         if let Some(n) = num("NCCL_ZIP_LINK_MBPS", 1, 100_000_000)? {
             c.link_mbps = Some(n as u64);
+        }
+        if let Some(v) = get("NCCL_ZIP_TRANSPORT") {
+            c.transport = match v.to_ascii_lowercase().as_str() {
+                "auto" | "" => TransportChoice::Auto,
+                "ib" => TransportChoice::Ib,
+                "tcp" => TransportChoice::Tcp,
+                _ => return Err(bad("NCCL_ZIP_TRANSPORT", &v, "auto|ib|tcp")),
+            };
+        }
+        if let Some(n) = num("NCCL_ZIP_IB_QPS", 1, MAX_IB_QPS)? {
+            c.ib_qps = n;
+        }
+        if let Some(n) = num("NCCL_ZIP_IB_STAGE_SLOTS", 1, 32)? {
+            c.ib_stage_slots = n;
+        }
+        if let Some(n) = num("NCCL_ZIP_IB_STAGE_BYTES", 64 << 10, 64 << 20)? {
+            c.ib_stage_bytes = n;
+        }
+        c.ib_hca = get("NCCL_IB_HCA").filter(|s| !s.is_empty());
+        if let Some(v) = get("NCCL_IB_GID_INDEX").filter(|s| !s.is_empty()) {
+            c.ib_gid_index = Some(
+                v.trim()
+                    .parse::<u8>()
+                    .map_err(|_| bad("NCCL_IB_GID_INDEX", &v, "a number in 0..=255"))?,
+            );
         }
         c.min_chunk = c.min_chunk.min(c.max_chunk);
         c.socket_ifname = get("NCCL_SOCKET_IFNAME").filter(|s| !s.is_empty());
@@ -200,6 +255,23 @@ mod tests {
             cfg(&[("NCCL_ZIP_DTYPE", "BF16")]).unwrap().dtype,
             DtypeHint::Bf16
         );
+        assert_eq!(cfg(&[]).unwrap().transport, TransportChoice::Auto);
+        let c = cfg(&[
+            ("NCCL_ZIP_TRANSPORT", "IB"),
+            ("NCCL_ZIP_IB_QPS", "4"),
+            ("NCCL_ZIP_IB_STAGE_BYTES", "1M"),
+            ("NCCL_IB_GID_INDEX", "3"),
+        ])
+        .unwrap();
+        assert_eq!(c.transport, TransportChoice::Ib);
+        assert_eq!(
+            (c.ib_qps, c.ib_stage_bytes, c.ib_gid_index),
+            (4, 1 << 20, Some(3))
+        );
+        assert_eq!(
+            cfg(&[("NCCL_ZIP_TRANSPORT", "tcp")]).unwrap().transport,
+            TransportChoice::Tcp
+        );
     }
 
     #[test]
@@ -209,6 +281,11 @@ mod tests {
             ("NCCL_ZIP_NSTREAMS", "0"),
             ("NCCL_ZIP_NSTREAMS", "99"),
             ("NCCL_ZIP_CHUNK_SIZE", "x"),
+            ("NCCL_ZIP_TRANSPORT", "rdma"),
+            ("NCCL_ZIP_IB_QPS", "0"),
+            ("NCCL_ZIP_IB_QPS", "17"),
+            ("NCCL_ZIP_IB_STAGE_SLOTS", "33"),
+            ("NCCL_ZIP_IB_STAGE_BYTES", "1K"),
         ] {
             let e = cfg(&[(k, v)]).unwrap_err().to_string();
             assert!(e.contains(k), "{e}");

@@ -108,3 +108,66 @@ pub trait Fabric {
     /// Appends up to `max` completions to `out`; returns how many.
     fn poll(&mut self, out: &mut Vec<Completion>, max: usize) -> Result<usize>;
 }
+
+/// What one QP tells its peer at connection setup (for the in-memory fabric,
+/// `qpn` carries its id and the rest is unused).
+pub use super::verbs::QpInfo;
+
+/// A [`Fabric`] that a comm can bring up: it is created with its QPs in INIT,
+/// publishes [`QpInfo`]s, and connects (RTR, RTS) to the peer's.
+pub trait Link: Fabric + Send + 'static {
+    fn local_info(&self) -> Result<Vec<QpInfo>>;
+    fn connect(&mut self, remote: &[QpInfo]) -> Result<()>;
+    /// Registers NCCL's buffers (`regMr`) from any thread, outside the fabric's
+    /// owner (the comm's progress thread).
+    fn registrar(&self) -> std::sync::Arc<dyn Registrar>;
+}
+
+/// Creates one side's [`Link`] for a new connection.
+pub trait Opener: Send + Sync + 'static {
+    type L: Link;
+    fn open(&self, nqps: usize, sq_depth: usize, rq_depth: usize) -> Result<Self::L>;
+}
+
+/// A registration of NCCL memory; dropping it deregisters.
+pub struct Registration {
+    pub mr: Mr,
+    /// What keeps the registration alive (a verbs `MemReg`, or the in-memory
+    /// model's key); dropped last.
+    _hold: Box<dyn Send + Sync>,
+}
+
+impl Registration {
+    pub fn new(mr: Mr, hold: Box<dyn Send + Sync>) -> Registration {
+        Registration { mr, _hold: hold }
+    }
+}
+
+/// Thread-safe memory registration for one protection domain.
+pub trait Registrar: Send + Sync {
+    /// # Safety
+    /// `len` bytes at `addr` must stay mapped while the registration lives.
+    unsafe fn reg(&self, addr: *mut u8, len: usize) -> Result<Registration>;
+
+    /// Registers `len` bytes at `offset` of DMA-BUF `fd`, seen by NCCL at `addr`.
+    ///
+    /// # Safety
+    /// `fd` must be a DMA-BUF covering `offset..offset+len`, alive while the
+    /// registration lives.
+    unsafe fn reg_dmabuf(
+        &self,
+        addr: u64,
+        len: usize,
+        offset: u64,
+        fd: i32,
+    ) -> Result<Registration> {
+        let _ = (addr, len, offset, fd);
+        Err(crate::error::Error::InvalidArgument(
+            "DMA-BUF registration is not supported by this device".into(),
+        ))
+    }
+
+    fn supports_dmabuf(&self) -> bool {
+        false
+    }
+}

@@ -18,11 +18,15 @@
 //!   `RetryExceeded` and errors the writer's QP.
 //! - Peer loss: a side that is gone neither executes nor answers anything.
 
-use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};
-use std::rc::Rc;
+use std::sync::Arc;
 
-use super::fabric::{Completion, Fabric, Local, Mr, Remote, WcOp, WcStatus};
+use parking_lot::Mutex;
+
+use super::fabric::{
+    Completion, Fabric, Link, Local, Mr, Opener, QpInfo, Registrar, Registration, Remote, WcOp,
+    WcStatus,
+};
 use crate::error::{Error, Result};
 
 struct Wr {
@@ -54,17 +58,31 @@ struct Side {
 struct World {
     sides: [Side; 2],
     next_key: u32,
+    /// Threaded mode ([`MemFabric::open`]): `poll` executes the polling side's
+    /// own writes, and dropping a side is losing it.
+    auto: bool,
+    /// Threaded mode: the listener's side has moved in as side 1.
+    joined: bool,
+    /// xorshift state: which busy QP moves next in threaded mode.
+    rng: u64,
 }
 
 /// The shared model of one connection; [`MemNet::endpoints`] gives both sides.
 #[derive(Clone)]
-pub struct MemNet(Rc<RefCell<World>>);
+pub struct MemNet(Arc<Mutex<World>>);
 
 /// One side of a [`MemNet`], implementing [`Fabric`].
 pub struct MemFabric {
     net: MemNet,
     side: usize,
+    /// Threaded mode: this fabric's id in the [`HUB`] (its "QP number").
+    id: u32,
 }
+
+/// Threaded mode's stand-in for the subnet: unconnected fabrics by id, so the
+/// listener's side can find the connector's model from the id in its QP info.
+static HUB: Mutex<Option<HashMap<u32, MemNet>>> = Mutex::new(None);
+static NEXT_ID: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(1);
 
 impl MemNet {
     pub fn new(nqps: usize) -> MemNet {
@@ -72,9 +90,12 @@ impl MemNet {
             qps: (0..nqps).map(|_| QpState::default()).collect(),
             ..Side::default()
         };
-        MemNet(Rc::new(RefCell::new(World {
+        MemNet(Arc::new(Mutex::new(World {
             sides: [side(), side()],
             next_key: 0x100,
+            auto: false,
+            joined: false,
+            rng: 0x9E37_79B9_7F4A_7C15,
         })))
     }
 
@@ -83,21 +104,23 @@ impl MemNet {
             MemFabric {
                 net: self.clone(),
                 side: 0,
+                id: 0,
             },
             MemFabric {
                 net: self.clone(),
                 side: 1,
+                id: 0,
             },
         )
     }
 
     pub fn nqps(&self) -> usize {
-        self.0.borrow().sides[0].qps.len()
+        self.0.lock().sides[0].qps.len()
     }
 
     /// `(side, qp)` pairs that have a write waiting to execute.
     pub fn busy(&self) -> Vec<(usize, usize)> {
-        let w = self.0.borrow();
+        let w = self.0.lock();
         let mut v = Vec::new();
         for (s, side) in w.sides.iter().enumerate() {
             for (q, qp) in side.qps.iter().enumerate() {
@@ -111,7 +134,10 @@ impl MemNet {
 
     /// Executes the oldest write of `side`'s QP `qp`. False if there was none.
     pub fn step(&self, side: usize, qp: usize) -> bool {
-        let mut w = self.0.borrow_mut();
+        Self::step_world(&mut self.0.lock(), side, qp)
+    }
+
+    fn step_world(w: &mut World, side: usize, qp: usize) -> bool {
         let Some(wr) = w.sides[side].qps[qp].sq.pop_front() else {
             return false;
         };
@@ -125,12 +151,14 @@ impl MemNet {
             byte_len: 0,
         };
         // Local protection: the source must be registered here.
-        if !covers(
-            &w.sides[side].mrs,
-            wr.local.lkey,
-            wr.local.addr,
-            wr.local.len as u64,
-        ) {
+        if wr.local.len > 0
+            && !covers(
+                &w.sides[side].mrs,
+                wr.local.lkey,
+                wr.local.addr,
+                wr.local.len as u64,
+            )
+        {
             w.sides[side].cq.push_back(done(WcStatus::LocalProtection));
             Self::qp_fail(&mut w.sides[side], qp);
             return true;
@@ -140,12 +168,14 @@ impl MemNet {
             Self::qp_fail(&mut w.sides[side], qp);
             return true;
         }
-        if !covers(
-            &w.sides[peer].mrs,
-            wr.remote.rkey,
-            wr.remote.addr,
-            wr.local.len as u64,
-        ) {
+        if wr.local.len > 0
+            && !covers(
+                &w.sides[peer].mrs,
+                wr.remote.rkey,
+                wr.remote.addr,
+                wr.local.len as u64,
+            )
+        {
             w.sides[side].cq.push_back(done(WcStatus::RemoteAccess));
             Self::qp_fail(&mut w.sides[side], qp);
             Self::qp_fail(&mut w.sides[peer], qp);
@@ -206,6 +236,27 @@ impl MemNet {
         }
     }
 
+    /// Threaded mode: executes `side`'s queued writes, picking the next busy QP at
+    /// random each time, so chunks on different QPs land in varying order.
+    fn run_side(w: &mut World, side: usize) {
+        loop {
+            if w.sides[side].lost {
+                return;
+            }
+            let busy: Vec<usize> = (0..w.sides[side].qps.len())
+                .filter(|&q| !w.sides[side].qps[q].sq.is_empty())
+                .collect();
+            if busy.is_empty() {
+                return;
+            }
+            w.rng ^= w.rng << 13;
+            w.rng ^= w.rng >> 7;
+            w.rng ^= w.rng << 17;
+            let q = busy[(w.rng % busy.len() as u64) as usize];
+            Self::step_world(w, side, q);
+        }
+    }
+
     fn qp_fail(side: &mut Side, qp: usize) {
         let q = &mut side.qps[qp];
         q.error = true;
@@ -233,13 +284,13 @@ impl MemNet {
 
     /// Injects an error on `side`'s QP `qp` (e.g. a link flap seen by that HCA).
     pub fn inject_qp_error(&self, side: usize, qp: usize) {
-        Self::qp_fail(&mut self.0.borrow_mut().sides[side], qp);
+        Self::qp_fail(&mut self.0.lock().sides[side], qp);
     }
 
     /// `side` disappears (process killed, node down): it executes nothing more, and
     /// writes towards it fail with retries exceeded.
     pub fn lose(&self, side: usize) {
-        let mut w = self.0.borrow_mut();
+        let mut w = self.0.lock();
         w.sides[side].lost = true;
         for q in w.sides[side].qps.iter_mut() {
             q.sq.clear();
@@ -249,13 +300,172 @@ impl MemNet {
 
     /// Writes `side` has executed and their payload bytes.
     pub fn traffic(&self, side: usize) -> (u64, u64) {
-        let w = self.0.borrow();
+        let w = self.0.lock();
         (w.sides[side].writes, w.sides[side].bytes)
     }
 
     /// Receives currently posted on `side`'s QP `qp`.
     pub fn posted_recvs(&self, side: usize, qp: usize) -> usize {
-        self.0.borrow().sides[side].qps[qp].rq.len()
+        self.0.lock().sides[side].qps[qp].rq.len()
+    }
+}
+
+impl MemFabric {
+    /// Threaded mode: one side of a connection-to-be, with `nqps` QPs, as a comm
+    /// creates it before the bootstrap exchange. Its [`MemFabric::id`] travels as
+    /// the QP number; [`MemFabric::join`] connects the two sides. In this mode
+    /// `poll` executes this side's posted writes (each side's "NIC" runs when
+    /// its owner polls), so both sides may live on different threads, and
+    /// dropping a side makes it lost to its peer, as a destroyed QP is.
+    pub fn open(nqps: usize) -> MemFabric {
+        let net = MemNet::new(nqps);
+        net.0.lock().auto = true;
+        let id = NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        HUB.lock()
+            .get_or_insert_with(HashMap::new)
+            .insert(id, net.clone());
+        MemFabric { net, side: 0, id }
+    }
+
+    /// The id the peer passes to [`MemFabric::join`].
+    pub fn id(&self) -> u32 {
+        self.id
+    }
+
+    /// Connects to the side whose id is `peer`. The first side to join moves
+    /// its state (registrations, posted receives) into the peer's model as side
+    /// 1; the second finds itself joined already.
+    pub fn join(&mut self, peer: u32) -> Result<()> {
+        let mut hub = HUB.lock();
+        let hub = hub.get_or_insert_with(HashMap::new);
+        if self.net.0.lock().joined {
+            hub.remove(&self.id);
+            return Ok(());
+        }
+        let other = hub
+            .remove(&peer)
+            .ok_or_else(|| Error::Remote(format!("no in-memory fabric {peer} to connect to")))?;
+        hub.remove(&self.id);
+        let mine = std::mem::take(&mut self.net.0.lock().sides[0]);
+        {
+            let mut w = other.0.lock();
+            if w.joined || w.sides[1].qps.len() != mine.qps.len() {
+                return Err(Error::Remote(format!(
+                    "in-memory fabric {peer} is taken or has a different QP count"
+                )));
+            }
+            w.sides[1] = mine;
+            w.joined = true;
+        }
+        self.net = other;
+        self.side = 1;
+        Ok(())
+    }
+
+    /// The model this side belongs to (tests inject faults through it).
+    pub fn net(&self) -> &MemNet {
+        &self.net
+    }
+}
+
+impl Link for MemFabric {
+    fn local_info(&self) -> Result<Vec<QpInfo>> {
+        Ok((0..self.nqps())
+            .map(|_| QpInfo {
+                qpn: self.id,
+                lid: 0,
+                gid: [0; 16],
+                mtu: 5,
+            })
+            .collect())
+    }
+
+    fn connect(&mut self, remote: &[QpInfo]) -> Result<()> {
+        if remote.len() != self.nqps() {
+            return Err(Error::Remote(format!(
+                "peer has {} QPs, we have {}",
+                remote.len(),
+                self.nqps()
+            )));
+        }
+        self.join(remote[0].qpn)
+    }
+
+    fn registrar(&self) -> Arc<dyn Registrar> {
+        Arc::new(MemRegistrar {
+            net: self.net.clone(),
+            side: self.side,
+        })
+    }
+}
+
+/// Threaded-mode fabrics for comms ([`MemFabric::open`]).
+pub struct MemOpener;
+
+impl Opener for MemOpener {
+    type L = MemFabric;
+    fn open(&self, nqps: usize, _sq: usize, _rq: usize) -> Result<MemFabric> {
+        Ok(MemFabric::open(nqps))
+    }
+}
+
+struct MemRegistrar {
+    net: MemNet,
+    side: usize,
+}
+
+struct MemKey {
+    net: MemNet,
+    side: usize,
+    key: u32,
+}
+
+impl Drop for MemKey {
+    fn drop(&mut self) {
+        self.net.0.lock().sides[self.side].mrs.remove(&self.key);
+    }
+}
+
+impl Registrar for MemRegistrar {
+    unsafe fn reg(&self, addr: *mut u8, len: usize) -> Result<Registration> {
+        let mut w = self.net.0.lock();
+        let key = w.next_key;
+        w.next_key += 1;
+        w.sides[self.side]
+            .mrs
+            .insert(key, (addr as u64, len as u64));
+        let mr = Mr {
+            addr: addr as u64,
+            len: len as u64,
+            lkey: key,
+            rkey: key,
+        };
+        Ok(Registration::new(
+            mr,
+            Box::new(MemKey {
+                net: self.net.clone(),
+                side: self.side,
+                key,
+            }),
+        ))
+    }
+}
+
+impl Drop for MemFabric {
+    fn drop(&mut self) {
+        let mut w = self.net.0.lock();
+        if w.auto {
+            let s = &mut w.sides[self.side];
+            s.lost = true;
+            for q in s.qps.iter_mut() {
+                q.sq.clear();
+                q.rq.clear();
+            }
+            drop(w);
+            if let Some(h) = HUB.lock().as_mut() {
+                h.remove(&self.id);
+            }
+        }
     }
 }
 
@@ -272,7 +482,7 @@ impl Fabric for MemFabric {
     }
 
     unsafe fn reg_mr(&mut self, addr: *mut u8, len: usize) -> Result<Mr> {
-        let mut w = self.net.0.borrow_mut();
+        let mut w = self.net.0.lock();
         let key = w.next_key;
         w.next_key += 1;
         w.sides[self.side]
@@ -287,7 +497,7 @@ impl Fabric for MemFabric {
     }
 
     fn dereg_mr(&mut self, mr: &Mr) -> Result<()> {
-        let mut w = self.net.0.borrow_mut();
+        let mut w = self.net.0.lock();
         w.sides[self.side]
             .mrs
             .remove(&mr.lkey)
@@ -303,7 +513,7 @@ impl Fabric for MemFabric {
         remote: Remote,
         imm: Option<u32>,
     ) -> Result<()> {
-        let mut w = self.net.0.borrow_mut();
+        let mut w = self.net.0.lock();
         let side = &mut w.sides[self.side];
         let q = side
             .qps
@@ -330,7 +540,7 @@ impl Fabric for MemFabric {
     }
 
     fn post_recv(&mut self, qp: usize, wr_id: u64) -> Result<()> {
-        let mut w = self.net.0.borrow_mut();
+        let mut w = self.net.0.lock();
         let side = &mut w.sides[self.side];
         let q = side
             .qps
@@ -352,7 +562,10 @@ impl Fabric for MemFabric {
     }
 
     fn poll(&mut self, out: &mut Vec<Completion>, max: usize) -> Result<usize> {
-        let mut w = self.net.0.borrow_mut();
+        let mut w = self.net.0.lock();
+        if w.auto {
+            MemNet::run_side(&mut w, self.side);
+        }
         let side = &mut w.sides[self.side];
         if side.lost {
             return Ok(0);

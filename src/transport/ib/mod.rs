@@ -5,7 +5,10 @@
 //! - [`mem_fabric`]: an in-memory RC model the protocol is tested against.
 //! - [`verbs`]: libibverbs loaded at run time (no link-time dependency).
 //! - [`device`]: HCA enumeration and `NCCL_IB_HCA` parsing.
+//! - [`comm`]: the listen/send/recv comms NCCL holds: TCP bootstrap, one
+//!   progress thread per comm, memory registration cache.
 
+pub mod comm;
 pub mod device;
 pub mod fabric;
 pub mod mem_fabric;

@@ -5,4 +5,4 @@ pub mod loader;
 pub mod safe;
 pub mod sys;
 
-pub use safe::{Context, MemReg, QpInfo, QpParams, VerbsFabric};
+pub use safe::{Context, MemReg, QpInfo, QpParams, VerbsFabric, VerbsOpener, VerbsRegistrar};

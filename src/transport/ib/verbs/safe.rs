@@ -554,3 +554,66 @@ impl Drop for VerbsFabric {
         }
     }
 }
+
+impl crate::transport::ib::fabric::Link for VerbsFabric {
+    fn local_info(&self) -> Result<Vec<QpInfo>> {
+        VerbsFabric::local_info(self)
+    }
+
+    fn connect(&mut self, remote: &[QpInfo]) -> Result<()> {
+        VerbsFabric::connect(self, remote)
+    }
+
+    fn registrar(&self) -> Arc<dyn crate::transport::ib::fabric::Registrar> {
+        Arc::new(VerbsRegistrar(self.ctx.clone()))
+    }
+}
+
+/// Opens [`VerbsFabric`]s on one device port (one [`Context`], so one PD, shared
+/// by every comm on that port).
+pub struct VerbsOpener {
+    pub ctx: Arc<Context>,
+    pub qp_params: QpParams,
+}
+
+impl crate::transport::ib::fabric::Opener for VerbsOpener {
+    type L = VerbsFabric;
+    fn open(&self, nqps: usize, sq_depth: usize, rq_depth: usize) -> Result<VerbsFabric> {
+        VerbsFabric::new(self.ctx.clone(), nqps, sq_depth, rq_depth, self.qp_params)
+    }
+}
+
+/// `regMr` through the device's PD.
+pub struct VerbsRegistrar(pub Arc<Context>);
+
+impl crate::transport::ib::fabric::Registrar for VerbsRegistrar {
+    unsafe fn reg(
+        &self,
+        addr: *mut u8,
+        len: usize,
+    ) -> Result<crate::transport::ib::fabric::Registration> {
+        let m = self.0.reg_mr(addr as *mut c_void, len)?;
+        Ok(crate::transport::ib::fabric::Registration::new(
+            m.mr(),
+            Box::new(m),
+        ))
+    }
+
+    unsafe fn reg_dmabuf(
+        &self,
+        addr: u64,
+        len: usize,
+        offset: u64,
+        fd: i32,
+    ) -> Result<crate::transport::ib::fabric::Registration> {
+        let m = self.0.reg_dmabuf_mr(offset, len, addr, fd)?;
+        Ok(crate::transport::ib::fabric::Registration::new(
+            m.mr(),
+            Box::new(m),
+        ))
+    }
+
+    fn supports_dmabuf(&self) -> bool {
+        self.0.supports_dmabuf()
+    }
+}

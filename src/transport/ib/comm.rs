@@ -1,0 +1,1202 @@
+//! The IB comms NCCL holds: [`IbListenComm`], [`IbConnect`] (a resumable
+//! connect), [`IbSendComm`] and [`IbRecvComm`]. They wrap the protocol of
+//! [`super::proto`] with what NCCL needs around it:
+//!
+//! - **Bootstrap.** The listen handle carries a TCP address and a secret. The
+//!   connector sends a [`Boot`] record (secret, its QPs' info, its CTS FIFO); the
+//!   listener creates its fabric and receiver, connects its QPs, and answers with
+//!   its own record (QPs, info table). Both sides then move their QPs to RTS.
+//!   Every step is non-blocking; `connect` keeps its state behind the handle's
+//!   stage area (bytes 64..80), as the TCP transport does.
+//! - **One progress thread per comm** owns the fabric and the Sender/Receiver,
+//!   takes the requests isend/irecv queue (they only post a [`Slot`] and a
+//!   command, so NCCL's progress thread never waits), polls completions, and
+//!   completes the slots, so `test()` is the TCP transport's.
+//! - **The bootstrap socket stays open** as the control channel: a side that
+//!   fails sends its error there (so a receive whose sender saw the size
+//!   mismatch fails too, with ncclInvalidUsage), and EOF means the peer closed.
+//!
+//! Generic over [`Opener`], so the whole comm runs over the in-memory fabric in
+//! tests (tests/ib_comm.rs) and over verbs in the plugin.
+
+use std::collections::HashMap;
+use std::io::{self, Read};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::sync::atomic::{AtomicBool, Ordering::*};
+use std::sync::{Arc, Weak};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver as ChanRx, RecvTimeoutError, Sender as ChanTx, TryRecvError};
+use parking_lot::Mutex;
+use socket2::{Domain, Protocol, SockAddr, Socket, Type};
+use tracing::{info, warn};
+
+use super::fabric::{Fabric, Link, Mr, Opener, QpInfo, Registrar, Registration};
+use super::proto::{Endpoint, Event, Params, Receiver, Sender, MAX_MESSAGE};
+use crate::adapt::Policy;
+use crate::codec::EncodeOptions;
+use crate::codec_glue::Coder;
+use crate::config::{CompressMode, Config, DtypeHint};
+use crate::error::{Error, Result};
+use crate::proto::slots::{Ring, Slot};
+use crate::proto::wire::{self, HANDLE_SIZE};
+
+/// Largest QP count a peer may announce (`NCCL_ZIP_IB_QPS` is capped the same).
+pub const MAX_QPS: usize = 16;
+
+/// Settings of IB comms (from [`Config`], or set directly by tests).
+#[derive(Clone, Debug)]
+pub struct IbConfig {
+    pub nqps: usize,
+    pub params: Params,
+    pub compress: CompressMode,
+    pub dtype: DtypeHint,
+    pub checksum: bool,
+    /// The link speed the adaptive policy assumes.
+    pub link_mbps: u64,
+    pub handshake_timeout: Duration,
+}
+
+impl IbConfig {
+    pub fn from_config(c: &Config, link_mbps: u64) -> IbConfig {
+        IbConfig {
+            nqps: c.ib_qps,
+            params: Params {
+                max_chunk: c.max_chunk,
+                min_chunk: c.min_chunk,
+                stage_slots: c.ib_stage_slots,
+                stage_bytes: c.ib_stage_bytes,
+                ..Params::default()
+            },
+            compress: c.compress,
+            dtype: c.dtype,
+            checksum: c.checksum,
+            link_mbps: c.link_mbps.unwrap_or(link_mbps),
+            handshake_timeout: c.handshake_timeout,
+        }
+    }
+
+    fn coder(&self) -> Coder {
+        Coder {
+            // One progress thread compresses for the whole comm.
+            policy: Policy::new(self.compress, self.link_mbps, 1),
+            opts: EncodeOptions {
+                dtype: self.dtype,
+                checksum: self.checksum,
+                ..EncodeOptions::default()
+            },
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Handle and bootstrap records
+
+const HANDLE_MAGIC: u32 = u32::from_le_bytes(*b"NZIB");
+/// Version of the IB handle, bootstrap records and data protocol.
+pub const IB_VERSION: u16 = 1;
+const _: () = assert!(
+    wire::STAGE_OFFSET >= 40 && wire::STAGE_OFFSET + 16 <= HANDLE_SIZE,
+    "the connect stage area must not overlap the address and secret"
+);
+
+/// What an IB listener publishes: the bootstrap address and the secret.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IbHandle {
+    pub addr: SocketAddr,
+    pub secret: u64,
+}
+
+impl IbHandle {
+    /// Layout: magic @0, version @4, family @6, port @8, IPv6 (or v4-mapped)
+    /// address @16..32, secret @32..40; bytes 64..80 are the connect stage.
+    pub fn encode(&self, out: &mut [u8; HANDLE_SIZE]) {
+        out.fill(0);
+        out[0..4].copy_from_slice(&HANDLE_MAGIC.to_le_bytes());
+        out[4..6].copy_from_slice(&IB_VERSION.to_le_bytes());
+        let (fam, ip): (u16, [u8; 16]) = match self.addr.ip() {
+            IpAddr::V4(a) => (4, a.to_ipv6_mapped().octets()),
+            IpAddr::V6(a) => (6, a.octets()),
+        };
+        out[6..8].copy_from_slice(&fam.to_le_bytes());
+        out[8..10].copy_from_slice(&self.addr.port().to_le_bytes());
+        out[16..32].copy_from_slice(&ip);
+        out[32..40].copy_from_slice(&self.secret.to_le_bytes());
+    }
+
+    pub fn decode(b: &[u8; HANDLE_SIZE]) -> Result<IbHandle> {
+        let magic = u32::from_le_bytes(b[0..4].try_into().unwrap());
+        if magic != HANDLE_MAGIC {
+            return Err(Error::InvalidArgument(
+                "connect handle is not an nccl-net-zip IB handle (does the peer use NCCL_ZIP_TRANSPORT=tcp?)"
+                    .into(),
+            ));
+        }
+        let version = u16::from_le_bytes(b[4..6].try_into().unwrap());
+        if version != IB_VERSION {
+            return Err(Error::InvalidUsage(format!(
+                "peer runs nccl-net-zip IB protocol v{version}, we run v{IB_VERSION}: install the same plugin on every node"
+            )));
+        }
+        let port = u16::from_le_bytes(b[8..10].try_into().unwrap());
+        let ip6 = Ipv6Addr::from(<[u8; 16]>::try_from(&b[16..32]).unwrap());
+        let ip = match u16::from_le_bytes(b[6..8].try_into().unwrap()) {
+            4 => IpAddr::V4(ip6.to_ipv4_mapped().unwrap_or(Ipv4Addr::UNSPECIFIED)),
+            6 => IpAddr::V6(ip6),
+            f => {
+                return Err(Error::InvalidArgument(format!(
+                    "IB handle has unknown address family {f}"
+                )))
+            }
+        };
+        Ok(IbHandle {
+            addr: SocketAddr::new(ip, port),
+            secret: u64::from_le_bytes(b[32..40].try_into().unwrap()),
+        })
+    }
+}
+
+/// One side's bootstrap record: its QPs and the memory the peer writes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Boot {
+    pub secret: u64,
+    pub endpoint: Endpoint,
+    pub qps: Vec<QpInfo>,
+}
+
+const BOOT_MAGIC: u32 = u32::from_le_bytes(*b"NZIQ");
+pub const BOOT_HEADER: usize = 32;
+pub const BOOT_QP: usize = 32;
+
+impl Boot {
+    /// Header: magic @0, version @4, nqps @6, secret @8, endpoint addr @16,
+    /// rkey @24; then per QP: qpn @0, lid @4, mtu @8, gid @16..32.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut b = vec![0u8; BOOT_HEADER + BOOT_QP * self.qps.len()];
+        b[0..4].copy_from_slice(&BOOT_MAGIC.to_le_bytes());
+        b[4..6].copy_from_slice(&IB_VERSION.to_le_bytes());
+        b[6..8].copy_from_slice(&(self.qps.len() as u16).to_le_bytes());
+        b[8..16].copy_from_slice(&self.secret.to_le_bytes());
+        b[16..24].copy_from_slice(&self.endpoint.addr.to_le_bytes());
+        b[24..28].copy_from_slice(&self.endpoint.rkey.to_le_bytes());
+        for (i, q) in self.qps.iter().enumerate() {
+            let o = BOOT_HEADER + i * BOOT_QP;
+            b[o..o + 4].copy_from_slice(&q.qpn.to_le_bytes());
+            b[o + 4..o + 6].copy_from_slice(&q.lid.to_le_bytes());
+            b[o + 8..o + 12].copy_from_slice(&q.mtu.to_le_bytes());
+            b[o + 16..o + 32].copy_from_slice(&q.gid);
+        }
+        b
+    }
+
+    /// Checks a header; returns the number of QP records that follow.
+    pub fn header(b: &[u8; BOOT_HEADER], secret: u64) -> Result<usize> {
+        if u32::from_le_bytes(b[0..4].try_into().unwrap()) != BOOT_MAGIC {
+            return Err(Error::Remote(
+                "not an nccl-net-zip IB bootstrap record".into(),
+            ));
+        }
+        let v = u16::from_le_bytes(b[4..6].try_into().unwrap());
+        if v != IB_VERSION {
+            return Err(Error::Remote(format!(
+                "IB bootstrap v{v}, expected v{IB_VERSION}"
+            )));
+        }
+        if u64::from_le_bytes(b[8..16].try_into().unwrap()) != secret {
+            return Err(Error::Remote("IB bootstrap with the wrong secret".into()));
+        }
+        let n = u16::from_le_bytes(b[6..8].try_into().unwrap()) as usize;
+        if n == 0 || n > MAX_QPS {
+            return Err(Error::Remote(format!("IB bootstrap with {n} QPs")));
+        }
+        Ok(n)
+    }
+
+    pub fn decode(b: &[u8], secret: u64) -> Result<Boot> {
+        let h: &[u8; BOOT_HEADER] = b
+            .get(..BOOT_HEADER)
+            .and_then(|h| h.try_into().ok())
+            .ok_or_else(|| Error::Remote("short IB bootstrap record".into()))?;
+        let n = Self::header(h, secret)?;
+        if b.len() != BOOT_HEADER + n * BOOT_QP {
+            return Err(Error::Remote(
+                "IB bootstrap record of the wrong length".into(),
+            ));
+        }
+        let qps = (0..n)
+            .map(|i| {
+                let o = BOOT_HEADER + i * BOOT_QP;
+                QpInfo {
+                    qpn: u32::from_le_bytes(b[o..o + 4].try_into().unwrap()),
+                    lid: u16::from_le_bytes(b[o + 4..o + 6].try_into().unwrap()),
+                    mtu: u32::from_le_bytes(b[o + 8..o + 12].try_into().unwrap()),
+                    gid: b[o + 16..o + 32].try_into().unwrap(),
+                }
+            })
+            .collect();
+        Ok(Boot {
+            secret,
+            endpoint: Endpoint {
+                addr: u64::from_le_bytes(b[16..24].try_into().unwrap()),
+                rkey: u32::from_le_bytes(b[24..28].try_into().unwrap()),
+            },
+            qps,
+        })
+    }
+}
+
+/// A buffer moved over a non-blocking socket in pieces.
+struct Xfer {
+    buf: Vec<u8>,
+    done: usize,
+}
+
+impl Xfer {
+    fn new(buf: Vec<u8>) -> Xfer {
+        Xfer { buf, done: 0 }
+    }
+
+    /// Writes what it can; true when all is written.
+    fn write(&mut self, s: &Socket, what: &str) -> Result<bool> {
+        while self.done < self.buf.len() {
+            match s.send_with_flags(&self.buf[self.done..], libc::MSG_NOSIGNAL) {
+                Ok(k) => self.done += k,
+                Err(e) if would_block(&e) => return Ok(false),
+                Err(e) => return Err(Error::io(what.to_string(), e)),
+            }
+        }
+        Ok(true)
+    }
+
+    /// Reads what it can; true when full.
+    fn read(&mut self, mut s: &Socket, what: &str) -> Result<bool> {
+        while self.done < self.buf.len() {
+            match s.read(&mut self.buf[self.done..]) {
+                Ok(0) => {
+                    return Err(Error::Remote(format!(
+                        "{what}: the peer closed the connection"
+                    )))
+                }
+                Ok(k) => self.done += k,
+                Err(e) if would_block(&e) => return Ok(false),
+                Err(e) => return Err(Error::io(what.to_string(), e)),
+            }
+        }
+        Ok(true)
+    }
+}
+
+fn would_block(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+    )
+}
+
+/// Reads a whole [`Boot`] record in steps.
+struct BootReader {
+    x: Xfer,
+    body: bool,
+}
+
+impl BootReader {
+    fn new() -> BootReader {
+        BootReader {
+            x: Xfer::new(vec![0; BOOT_HEADER]),
+            body: false,
+        }
+    }
+
+    fn read(&mut self, s: &Socket, secret: u64) -> Result<Option<Boot>> {
+        if !self.x.read(s, "IB bootstrap")? {
+            return Ok(None);
+        }
+        if !self.body {
+            let h: &[u8; BOOT_HEADER] = self.x.buf[..].try_into().expect("header");
+            let n = Boot::header(h, secret)?;
+            self.x.buf.resize(BOOT_HEADER + n * BOOT_QP, 0);
+            self.body = true;
+            if !self.x.read(s, "IB bootstrap")? {
+                return Ok(None);
+            }
+        }
+        Boot::decode(&self.x.buf, secret).map(Some)
+    }
+}
+
+fn nonblocking_socket(addr: SocketAddr) -> Result<Socket> {
+    let s = Socket::new(
+        Domain::for_address(addr),
+        Type::STREAM.cloexec(),
+        Some(Protocol::TCP),
+    )
+    .map_err(|e| Error::io("socket", e))?;
+    s.set_nonblocking(true)
+        .map_err(|e| Error::io("set_nonblocking", e))?;
+    Ok(s)
+}
+
+fn timed_out(since: Instant, limit: Duration, what: &str) -> Result<()> {
+    if since.elapsed() > limit {
+        Err(Error::Remote(format!(
+            "{what} did not finish within {limit:?} (NCCL_ZIP_HANDSHAKE_TIMEOUT_MS)"
+        )))
+    } else {
+        Ok(())
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Listen / accept
+
+struct Pending<L: Link> {
+    sock: Socket,
+    peer: SocketAddr,
+    since: Instant,
+    reader: BootReader,
+    /// Once the connector's record is in: our side, built, and the reply.
+    ready: Option<(L, Receiver, Xfer)>,
+}
+
+/// Most half-open bootstrap connections kept at once.
+const MAX_PENDING: usize = 256;
+
+pub struct IbListenComm<O: Opener> {
+    listener: Socket,
+    handle: IbHandle,
+    pending: Vec<Pending<O::L>>,
+    opener: Arc<O>,
+    cfg: Arc<IbConfig>,
+}
+
+impl<O: Opener> IbListenComm<O> {
+    /// Binds an ephemeral bootstrap port on `addr`.
+    pub fn bind(addr: SocketAddr, opener: Arc<O>, cfg: Arc<IbConfig>) -> Result<Self> {
+        let s = nonblocking_socket(addr)?;
+        s.set_reuse_address(true)
+            .map_err(|e| Error::io("SO_REUSEADDR", e))?;
+        s.bind(&addr.into())
+            .map_err(|e| Error::io(format!("bind {addr}"), e))?;
+        s.listen(1024).map_err(|e| Error::io("listen", e))?;
+        let local = s
+            .local_addr()
+            .ok()
+            .and_then(|a| a.as_socket())
+            .ok_or_else(|| Error::Internal("listener has no address".into()))?;
+        let secret = loop {
+            let v: u64 = rand::random();
+            if v != 0 {
+                break v;
+            }
+        };
+        Ok(IbListenComm {
+            listener: s,
+            handle: IbHandle {
+                addr: local,
+                secret,
+            },
+            pending: Vec::new(),
+            opener,
+            cfg,
+        })
+    }
+
+    pub fn handle(&self) -> &IbHandle {
+        &self.handle
+    }
+
+    /// One non-blocking step; a recv comm once a connector's bootstrap is done.
+    /// A stranger's or broken connection is dropped with a WARN and does not
+    /// disturb the listener.
+    pub fn accept(&mut self) -> Result<Option<IbRecvComm>> {
+        loop {
+            match self.listener.accept() {
+                Ok((sock, addr)) => {
+                    sock.set_nonblocking(true)
+                        .map_err(|e| Error::io("set_nonblocking", e))?;
+                    if self.pending.len() >= MAX_PENDING {
+                        let old = self.pending.remove(0);
+                        warn!("dropping half-open IB bootstrap from {}", old.peer);
+                    }
+                    self.pending.push(Pending {
+                        sock,
+                        peer: addr.as_socket().unwrap_or_else(|| ([0, 0, 0, 0], 0).into()),
+                        since: Instant::now(),
+                        reader: BootReader::new(),
+                        ready: None,
+                    });
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e)
+                    if e.kind() == io::ErrorKind::Interrupted
+                        || e.kind() == io::ErrorKind::ConnectionAborted => {}
+                Err(e) => return Err(Error::io("accept", e)),
+            }
+        }
+        let mut i = 0;
+        while i < self.pending.len() {
+            match self.step(i) {
+                Ok(false) => i += 1,
+                Ok(true) => {
+                    let p = self.pending.swap_remove(i);
+                    let (fab, recv, _) = p.ready.expect("finished");
+                    info!("IB recv comm from {}: {} QPs", p.peer, fab.nqps());
+                    return IbRecvComm::start(p.sock, p.peer, fab, recv).map(Some);
+                }
+                Err(e) => {
+                    let p = self.pending.swap_remove(i);
+                    warn!("rejected IB connection from {}: {e}", p.peer);
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    /// Advances pending connection `i`; true when its reply is fully written.
+    fn step(&mut self, i: usize) -> Result<bool> {
+        let secret = self.handle.secret;
+        let cfg = self.cfg.clone();
+        let p = &mut self.pending[i];
+        if p.ready.is_none() {
+            let Some(boot) = p.reader.read(&p.sock, secret)? else {
+                timed_out(p.since, cfg.handshake_timeout, "IB bootstrap")?;
+                return Ok(false);
+            };
+            let prm = &cfg.params;
+            let mut fab = self
+                .opener
+                .open(boot.qps.len(), prm.sq_depth, prm.rq_depth())?;
+            let mut recv = Receiver::new(&mut fab, prm.clone())?;
+            fab.connect(&boot.qps)?;
+            recv.connect(boot.endpoint);
+            let reply = Boot {
+                secret,
+                endpoint: recv.endpoint(),
+                qps: fab.local_info()?,
+            };
+            p.ready = Some((fab, recv, Xfer::new(reply.encode())));
+        }
+        let (_, _, x) = p.ready.as_mut().expect("set above");
+        if x.write(&p.sock, "IB bootstrap reply")? {
+            return Ok(true);
+        }
+        timed_out(p.since, cfg.handshake_timeout, "IB bootstrap")?;
+        Ok(false)
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Connect
+
+enum Stage {
+    Connecting,
+    Hello(Xfer),
+    Reply(BootReader),
+}
+
+/// A connect in progress (NCCL keeps its address in the handle's stage area).
+pub struct IbConnect<L: Link> {
+    sock: Socket,
+    stage: Stage,
+    peer: SocketAddr,
+    secret: u64,
+    since: Instant,
+    limit: Duration,
+    fab: L,
+    sender: Sender,
+}
+
+impl<L: Link> IbConnect<L> {
+    /// Creates our side (QPs in INIT, FIFO registered) and starts the TCP connect.
+    pub fn start<O: Opener<L = L>>(h: &IbHandle, opener: &O, cfg: &IbConfig) -> Result<Self> {
+        let p = &cfg.params;
+        let nqps = cfg.nqps.clamp(1, MAX_QPS);
+        let mut fab = opener.open(nqps, p.sq_depth, p.rq_depth())?;
+        let sender = Sender::new(&mut fab, p.clone(), cfg.coder())?;
+        let sock = nonblocking_socket(h.addr)?;
+        match sock.connect(&SockAddr::from(h.addr)) {
+            Ok(()) => {}
+            Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) || would_block(&e) => {}
+            Err(e) => return Err(Error::io(format!("connect to {}", h.addr), e)),
+        }
+        Ok(IbConnect {
+            sock,
+            stage: Stage::Connecting,
+            peer: h.addr,
+            secret: h.secret,
+            since: Instant::now(),
+            limit: cfg.handshake_timeout,
+            fab,
+            sender,
+        })
+    }
+
+    /// One non-blocking step; true once both sides are connected (then
+    /// [`IbConnect::finish`]).
+    pub fn progress(&mut self) -> Result<bool> {
+        let peer = self.peer;
+        let what = format!("IB connect to {peer}");
+        if let Stage::Connecting = self.stage {
+            if !writable(&self.sock).map_err(|e| Error::io("poll", e))? {
+                timed_out(self.since, self.limit, &what)?;
+                return Ok(false);
+            }
+            if let Some(e) = self
+                .sock
+                .take_error()
+                .map_err(|e| Error::io("getsockopt", e))?
+            {
+                return Err(Error::io(what, e));
+            }
+            let boot = Boot {
+                secret: self.secret,
+                endpoint: self.sender.endpoint(),
+                qps: self.fab.local_info()?,
+            };
+            self.stage = Stage::Hello(Xfer::new(boot.encode()));
+        }
+        if let Stage::Hello(x) = &mut self.stage {
+            if !x.write(&self.sock, "IB bootstrap")? {
+                timed_out(self.since, self.limit, &what)?;
+                return Ok(false);
+            }
+            self.stage = Stage::Reply(BootReader::new());
+        }
+        let Stage::Reply(r) = &mut self.stage else {
+            return Err(Error::Internal("IB connect in an impossible stage".into()));
+        };
+        match r.read(&self.sock, self.secret)? {
+            None => {
+                timed_out(self.since, self.limit, &what)?;
+                Ok(false)
+            }
+            Some(b) => {
+                if b.qps.len() != self.fab.nqps() {
+                    return Err(Error::Remote(format!(
+                        "{peer} answered with {} QPs, we have {}",
+                        b.qps.len(),
+                        self.fab.nqps()
+                    )));
+                }
+                self.fab.connect(&b.qps)?;
+                self.sender.connect(b.endpoint);
+                Ok(true)
+            }
+        }
+    }
+
+    /// Turns a finished connect into a send comm.
+    pub fn finish(self) -> Result<IbSendComm> {
+        info!("IB send comm to {}: {} QPs", self.peer, self.fab.nqps());
+        IbSendComm::start(self.sock, self.peer, self.fab, self.sender)
+    }
+}
+
+fn writable(s: &Socket) -> io::Result<bool> {
+    use std::os::fd::AsRawFd;
+    let mut p = libc::pollfd {
+        fd: s.as_raw_fd(),
+        events: libc::POLLOUT,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd, zero timeout.
+    let r = unsafe { libc::poll(&mut p, 1, 0) };
+    if r < 0 {
+        let e = io::Error::last_os_error();
+        return if e.kind() == io::ErrorKind::Interrupted {
+            Ok(false)
+        } else {
+            Err(e)
+        };
+    }
+    Ok(r > 0 && p.revents & (libc::POLLOUT | libc::POLLERR | libc::POLLHUP) != 0)
+}
+
+// ---------------------------------------------------------------------------
+// Memory registration
+
+/// A registration NCCL holds as an mhandle (`regMr`); comms share one
+/// registration per (address, length) while any handle to it is alive.
+#[derive(Clone)]
+pub struct IbMr {
+    reg: Arc<Registration>,
+}
+
+impl IbMr {
+    pub fn mr(&self) -> Mr {
+        self.reg.mr
+    }
+
+    /// `Ok` when `len` bytes at `addr` lie inside this registration.
+    fn covers(&self, addr: u64, len: usize) -> Result<()> {
+        let m = self.reg.mr;
+        let ok = addr >= m.addr
+            && addr
+                .checked_add(len as u64)
+                .is_some_and(|e| e <= m.addr + m.len);
+        if ok {
+            Ok(())
+        } else {
+            Err(Error::InvalidArgument(format!(
+                "buffer {addr:#x}+{len} is outside its memory handle {:#x}+{}",
+                m.addr, m.len
+            )))
+        }
+    }
+}
+
+/// `regMr` with an (address, length) cache: registering the same buffer again
+/// (NCCL does, per comm and per connection) returns the live registration.
+pub struct MrCache {
+    registrar: Arc<dyn Registrar>,
+    map: Mutex<HashMap<(u64, usize), Weak<Registration>>>,
+}
+
+impl MrCache {
+    pub fn new(registrar: Arc<dyn Registrar>) -> MrCache {
+        MrCache {
+            registrar,
+            map: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn cached(
+        &self,
+        key: (u64, usize),
+        make: impl FnOnce() -> Result<Registration>,
+    ) -> Result<IbMr> {
+        let mut m = self.map.lock();
+        if let Some(reg) = m.get(&key).and_then(Weak::upgrade) {
+            return Ok(IbMr { reg });
+        }
+        if m.len() >= 64 {
+            m.retain(|_, w| w.strong_count() > 0);
+        }
+        let reg = Arc::new(make()?);
+        m.insert(key, Arc::downgrade(&reg));
+        Ok(IbMr { reg })
+    }
+
+    /// Host memory (and, with nvidia-peermem, CUDA memory).
+    ///
+    /// # Safety
+    /// `len` bytes at `addr` must stay mapped while the returned handle (or a
+    /// clone) lives.
+    pub unsafe fn register(&self, addr: *mut u8, len: usize) -> Result<IbMr> {
+        self.cached((addr as u64, len), || self.registrar.reg(addr, len))
+    }
+
+    /// # Safety
+    /// As [`Registrar::reg_dmabuf`].
+    pub unsafe fn register_dmabuf(
+        &self,
+        addr: u64,
+        len: usize,
+        offset: u64,
+        fd: i32,
+    ) -> Result<IbMr> {
+        // The fd is part of the key: the same address may come from another buffer.
+        self.cached((addr ^ ((fd as u64) << 48) ^ offset, len), || {
+            self.registrar.reg_dmabuf(addr, len, offset, fd)
+        })
+    }
+
+    pub fn supports_dmabuf(&self) -> bool {
+        self.registrar.supports_dmabuf()
+    }
+
+    /// Registrations alive now (tests).
+    pub fn live(&self) -> usize {
+        self.map
+            .lock()
+            .values()
+            .filter(|w| w.strong_count() > 0)
+            .count()
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The comms and their progress thread
+
+/// Work isend/irecv hand to the progress thread.
+struct Cmd {
+    seq: u64,
+    addr: u64,
+    len: usize,
+    key: u32,
+}
+
+/// One side's protocol engine, owned by the progress thread.
+trait Engine: Send + 'static {
+    fn post(&mut self, c: &Cmd) -> Result<()>;
+    fn progress(&mut self, ev: &mut Vec<Event>) -> Result<()>;
+    fn pending(&self) -> usize;
+    fn stats(&self) -> &Stats;
+    /// Deregisters the side's memory; the fabric is dropped after.
+    fn close(self) -> Result<()>;
+}
+
+use crate::stats::Stats;
+
+struct SendEngine<L: Link> {
+    fab: L,
+    s: Sender,
+}
+
+impl<L: Link> Engine for SendEngine<L> {
+    fn post(&mut self, c: &Cmd) -> Result<()> {
+        self.s.isend(c.seq, c.addr, c.len, c.key)
+    }
+    fn progress(&mut self, ev: &mut Vec<Event>) -> Result<()> {
+        self.s.progress(&mut self.fab, ev)
+    }
+    fn pending(&self) -> usize {
+        self.s.pending()
+    }
+    fn stats(&self) -> &Stats {
+        &self.s.stats
+    }
+    fn close(mut self) -> Result<()> {
+        self.s.close(&mut self.fab)
+    }
+}
+
+struct RecvEngine<L: Link> {
+    fab: L,
+    r: Receiver,
+}
+
+impl<L: Link> Engine for RecvEngine<L> {
+    fn post(&mut self, c: &Cmd) -> Result<()> {
+        self.r.irecv(c.seq, c.addr, c.len, c.key)
+    }
+    fn progress(&mut self, ev: &mut Vec<Event>) -> Result<()> {
+        self.r.progress(&mut self.fab, ev)
+    }
+    fn pending(&self) -> usize {
+        self.r.pending()
+    }
+    fn stats(&self) -> &Stats {
+        &self.r.stats
+    }
+    fn close(mut self) -> Result<()> {
+        self.r.close(&mut self.fab)
+    }
+}
+
+/// What NCCL's threads and the progress thread share.
+struct Shared {
+    ring: Ring,
+    broken: AtomicBool,
+    error: Mutex<Option<Error>>,
+    peer: SocketAddr,
+    what: &'static str,
+    /// A copy of the engine's counters, refreshed by the progress thread.
+    stats: Stats,
+}
+
+impl Shared {
+    /// Fails the comm (first error wins) and every pending request. Returns
+    /// true for the first failure.
+    fn fail(&self, e: Error) -> bool {
+        let mut g = self.error.lock();
+        let first = g.is_none();
+        if first {
+            if self.ring.idle() && matches!(e, Error::Remote(_)) {
+                info!("IB connection ({} {}): {e}", self.what, self.peer);
+            } else {
+                warn!("IB connection ({} {}) failed: {e}", self.what, self.peer);
+            }
+            *g = Some(e);
+        }
+        self.broken.store(true, Release);
+        self.ring.fail_all(g.as_ref().expect("set above"));
+        first
+    }
+
+    fn check(&self) -> Result<()> {
+        if self.broken.load(Acquire) {
+            Err(self
+                .error
+                .lock()
+                .as_ref()
+                .map(Error::duplicate)
+                .unwrap_or_else(|| Error::Internal("comm broken".into())))
+        } else {
+            Ok(())
+        }
+    }
+}
+
+fn sync_stats(src: &Stats, dst: &Stats) {
+    for (s, d) in [
+        (&src.messages, &dst.messages),
+        (&src.raw_bytes, &dst.raw_bytes),
+        (&src.wire_bytes, &dst.wire_bytes),
+        (&src.chunks_compressed, &dst.chunks_compressed),
+        (&src.chunks_raw, &dst.chunks_raw),
+        (&src.bypassed, &dst.bypassed),
+        (&src.codec_ns, &dst.codec_ns),
+    ] {
+        d.store(s.load(Relaxed), Relaxed);
+    }
+}
+
+/// How long an idle progress thread sleeps between looks at the control socket.
+const IDLE_WAIT: Duration = Duration::from_millis(5);
+/// How often a busy progress thread looks at the control socket.
+const CONTROL_EVERY: Duration = Duration::from_millis(1);
+
+/// Error kinds on the control channel.
+const CTL_INVALID_USAGE: u8 = 1;
+const CTL_REMOTE: u8 = 2;
+
+/// The bootstrap socket after setup: carries at most one error record each
+/// way (`kind u8, 0, 0, 0, len u32, message`), and its EOF is the peer closing.
+struct Control {
+    sock: Socket,
+    inbox: Vec<u8>,
+    eof: bool,
+}
+
+enum PeerNews {
+    Closed,
+    Failed(Error),
+}
+
+impl Control {
+    /// Best effort: the record is small and the socket otherwise idle.
+    fn send_error(&self, e: &Error) {
+        let kind = match e {
+            Error::InvalidUsage(_) => CTL_INVALID_USAGE,
+            _ => CTL_REMOTE,
+        };
+        let msg = e.to_string();
+        let msg = &msg.as_bytes()[..msg.len().min(4000)];
+        let mut b = vec![kind, 0, 0, 0];
+        b.extend_from_slice(&(msg.len() as u32).to_le_bytes());
+        b.extend_from_slice(msg);
+        let _ = self.sock.send_with_flags(&b, libc::MSG_NOSIGNAL);
+    }
+
+    fn poll(&mut self) -> Option<PeerNews> {
+        if self.eof {
+            return None;
+        }
+        let mut b = [0u8; 4096];
+        loop {
+            match (&self.sock).read(&mut b) {
+                Ok(0) => break,
+                Ok(n) => self.inbox.extend_from_slice(&b[..n]),
+                Err(e) if would_block(&e) => return self.parse(),
+                Err(e) => {
+                    self.eof = true;
+                    return Some(PeerNews::Failed(Error::io("IB control connection", e)));
+                }
+            }
+        }
+        self.eof = true;
+        Some(self.parse().unwrap_or(PeerNews::Closed))
+    }
+
+    fn parse(&mut self) -> Option<PeerNews> {
+        if self.inbox.len() < 8 {
+            return None;
+        }
+        let len = u32::from_le_bytes(self.inbox[4..8].try_into().unwrap()) as usize;
+        if self.inbox.len() < 8 + len {
+            return None;
+        }
+        let msg = String::from_utf8_lossy(&self.inbox[8..8 + len]).into_owned();
+        self.eof = true; // one record per connection; nothing else follows
+        Some(PeerNews::Failed(match self.inbox[0] {
+            CTL_INVALID_USAGE => Error::InvalidUsage(format!("peer: {msg}")),
+            _ => Error::Remote(format!("peer failed: {msg}")),
+        }))
+    }
+}
+
+fn complete(sh: &Shared, ev: &[Event]) -> Result<()> {
+    for e in ev {
+        match *e {
+            Event::SendDone { seq } => {
+                sh.ring.slot(seq).chunk_sent();
+            }
+            Event::RecvDone { seq, size } => {
+                let slot = sh.ring.slot(seq);
+                slot.learn_size(size)?;
+                slot.bytes_placed(size);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The progress thread: commands in, protocol progress, completions out.
+fn run<E: Engine>(mut eng: E, sh: &Shared, rx: ChanRx<Cmd>, sock: Socket) {
+    let mut ctl = Control {
+        sock,
+        inbox: Vec::new(),
+        eof: false,
+    };
+    let mut ev = Vec::new();
+    let mut last_ctl = Instant::now();
+    let fail = |ctl: &Control, e: Error| {
+        let copy = e.duplicate();
+        if sh.fail(e) {
+            ctl.send_error(&copy);
+        }
+    };
+    let take = |eng: &mut E, ctl: &Control, c: Cmd| match sh.check() {
+        Err(e) => {
+            sh.ring.slot(c.seq).fail(&e);
+        }
+        Ok(()) => {
+            if let Err(e) = eng.post(&c) {
+                fail(ctl, e);
+            }
+        }
+    };
+    'outer: loop {
+        let mut got = false;
+        loop {
+            match rx.try_recv() {
+                Ok(c) => {
+                    got = true;
+                    take(&mut eng, &ctl, c);
+                }
+                Err(TryRecvError::Empty) => break,
+                Err(TryRecvError::Disconnected) => break 'outer,
+            }
+        }
+        ev.clear();
+        if !sh.broken.load(Acquire) {
+            let r = eng.progress(&mut ev).and_then(|()| complete(sh, &ev));
+            if !ev.is_empty() {
+                sync_stats(eng.stats(), &sh.stats);
+            }
+            if let Err(e) = r {
+                fail(&ctl, e);
+            }
+        }
+        let busy = eng.pending() > 0 && !sh.broken.load(Acquire);
+        if !busy || last_ctl.elapsed() >= CONTROL_EVERY {
+            last_ctl = Instant::now();
+            match ctl.poll() {
+                None => {}
+                Some(PeerNews::Failed(e)) => {
+                    sh.fail(e);
+                }
+                Some(PeerNews::Closed) => {
+                    // What landed before the peer closed is in our CQ: take it.
+                    ev.clear();
+                    if !sh.broken.load(Acquire) {
+                        let r = eng.progress(&mut ev).and_then(|()| complete(sh, &ev));
+                        sync_stats(eng.stats(), &sh.stats);
+                        if let Err(e) = r {
+                            sh.fail(e);
+                        }
+                    }
+                    let n = eng.pending();
+                    sh.fail(Error::Remote(if n > 0 {
+                        format!(
+                            "{} closed the connection with {n} requests in flight",
+                            sh.peer
+                        )
+                    } else {
+                        format!("{} closed the connection", sh.peer)
+                    }));
+                }
+            }
+        }
+        if busy {
+            if ev.is_empty() && !got {
+                std::thread::yield_now();
+            }
+        } else {
+            match rx.recv_timeout(IDLE_WAIT) {
+                Ok(c) => take(&mut eng, &ctl, c),
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => break,
+            }
+        }
+    }
+    sync_stats(eng.stats(), &sh.stats);
+    if let Err(e) = eng.close() {
+        warn!("closing IB comm ({} {}): {e}", sh.what, sh.peer);
+    }
+}
+
+/// What the send and receive comms have in common.
+struct Comm {
+    sh: Arc<Shared>,
+    /// The lock keeps slot order and command order the same.
+    tx: Mutex<Option<ChanTx<Cmd>>>,
+    thread: Option<JoinHandle<()>>,
+    mrs: MrCache,
+}
+
+impl Comm {
+    fn start<E: Engine>(
+        sock: Socket,
+        peer: SocketAddr,
+        what: &'static str,
+        eng: E,
+        registrar: Arc<dyn Registrar>,
+    ) -> Result<Comm> {
+        let sh = Arc::new(Shared {
+            ring: Ring::default(),
+            broken: AtomicBool::new(false),
+            error: Mutex::new(None),
+            peer,
+            what,
+            stats: Stats::default(),
+        });
+        let (tx, rx) = crossbeam_channel::unbounded();
+        let sh2 = sh.clone();
+        let thread = std::thread::Builder::new()
+            .name(format!("zip-ib-{}", &what[..4]))
+            .spawn(move || {
+                let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    run(eng, &sh2, rx, sock)
+                }));
+                if let Err(p) = r {
+                    let what = p
+                        .downcast_ref::<&str>()
+                        .map(|s| s.to_string())
+                        .or_else(|| p.downcast_ref::<String>().cloned())
+                        .unwrap_or_default();
+                    sh2.fail(Error::Internal(format!(
+                        "IB progress thread panicked: {what}"
+                    )));
+                }
+            })
+            .map_err(|e| Error::io("spawn IB progress thread", e))?;
+        Ok(Comm {
+            sh,
+            tx: Mutex::new(Some(tx)),
+            thread: Some(thread),
+            mrs: MrCache::new(registrar),
+        })
+    }
+
+    fn post(
+        &self,
+        send_size: Option<usize>,
+        addr: u64,
+        len: usize,
+        key: u32,
+    ) -> Result<Option<&Slot>> {
+        self.sh.check()?;
+        let tx = self.tx.lock();
+        let tx = tx
+            .as_ref()
+            .ok_or_else(|| Error::Internal("request on a closed comm".into()))?;
+        let recv = send_size.is_none().then_some((addr as usize, len));
+        let Some((seq, slot)) = self.sh.ring.post(send_size, 1, recv) else {
+            return Ok(None);
+        };
+        tx.send(Cmd {
+            seq,
+            addr,
+            len,
+            key,
+        })
+        .map_err(|_| Error::Internal("IB progress thread is gone".into()))?;
+        Ok(Some(slot))
+    }
+}
+
+impl Drop for Comm {
+    fn drop(&mut self) {
+        // Requests still in flight at close are abandoned (NCCL closes idle
+        // comms); the thread deregisters our memory and drops the fabric.
+        self.tx.lock().take();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        info!(
+            "closed IB comm ({} {}): {}",
+            self.sh.what,
+            self.sh.peer,
+            self.sh.stats.summary()
+        );
+    }
+}
+
+/// The sending end of an IB connection.
+pub struct IbSendComm {
+    c: Comm,
+}
+
+impl IbSendComm {
+    fn start<L: Link>(sock: Socket, peer: SocketAddr, fab: L, s: Sender) -> Result<Self> {
+        let reg = fab.registrar();
+        Ok(IbSendComm {
+            c: Comm::start(sock, peer, "send to", SendEngine { fab, s }, reg)?,
+        })
+    }
+
+    /// Queues `size` bytes at `data`, covered by `mr` (NCCL's mhandle from
+    /// `regMr`). `Ok(None)`: all request slots busy, retry later.
+    pub fn isend(&self, data: *const u8, size: usize, mr: Option<&IbMr>) -> Result<Option<&Slot>> {
+        if size > MAX_MESSAGE {
+            return Err(Error::InvalidArgument(format!(
+                "isend of {size} bytes: the v8 API allows at most 1 GiB"
+            )));
+        }
+        let key = key_for(data as u64, size, mr, "isend")?.map_or(0, |m| m.lkey);
+        self.c.post(Some(size), data as u64, size, key)
+    }
+
+    pub fn mrs(&self) -> &MrCache {
+        &self.c.mrs
+    }
+
+    pub fn stats(&self) -> &Stats {
+        &self.c.sh.stats
+    }
+}
+
+/// The receiving end of an IB connection.
+pub struct IbRecvComm {
+    c: Comm,
+}
+
+impl IbRecvComm {
+    fn start<L: Link>(sock: Socket, peer: SocketAddr, fab: L, r: Receiver) -> Result<Self> {
+        let reg = fab.registrar();
+        Ok(IbRecvComm {
+            c: Comm::start(sock, peer, "recv from", RecvEngine { fab, r }, reg)?,
+        })
+    }
+
+    /// Posts `cap` bytes at `buf`, covered by `mr`, for the next message.
+    pub fn irecv(&self, buf: *mut u8, cap: usize, mr: Option<&IbMr>) -> Result<Option<&Slot>> {
+        let key = key_for(buf as u64, cap, mr, "irecv")?.map_or(0, |m| m.rkey);
+        self.c.post(None, buf as u64, cap, key)
+    }
+
+    pub fn mrs(&self) -> &MrCache {
+        &self.c.mrs
+    }
+
+    pub fn stats(&self) -> &Stats {
+        &self.c.sh.stats
+    }
+}
+
+/// The registration covering a request's buffer (none needed for 0 bytes).
+fn key_for(addr: u64, len: usize, mr: Option<&IbMr>, what: &str) -> Result<Option<Mr>> {
+    match mr {
+        Some(m) => {
+            m.covers(addr, len)?;
+            Ok(Some(m.mr()))
+        }
+        None if len == 0 => Ok(None),
+        None => Err(Error::InvalidArgument(format!(
+            "{what} of {len} bytes without a memory handle (regMr)"
+        ))),
+    }
+}
