@@ -31,6 +31,16 @@ fn codec() -> Option<GpuCodec> {
     }
 }
 
+/// Per-batch wait limit; NZC_TEST_TIMEOUT_S raises it (compute-sanitizer is slow).
+fn timeout() -> Duration {
+    Duration::from_secs(
+        std::env::var("NZC_TEST_TIMEOUT_S")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(20),
+    )
+}
+
 struct Case {
     input: Vec<u8>,
     opts: EncodeOptions,

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# The one command to validate the GPU codec on a GPU machine (issue 4):
+#   scripts/gpu_validate.sh            # results into $OUT (device tool) or bench/results/
+# Steps, each logged, none stopping the others (exit status = number of failed steps):
+#   0. facts: nvidia-smi, driver, nvcc, git commit, command line
+#   1. build (release) with NCCL_ZIP_REQUIRE_KERNELS=1
+#   2. host proof (tests/kernels_host.rs) and load tests (tests/gpu_load.rs)
+#   3. GPU tests (tests/gpu_codec.rs): vectors byte identity, decode, sweep, corrupt frames
+#   4. the same GPU tests with NCCL_ZIP_GPU_FORCE_NVRTC=1 (the old-driver fallback)
+#   5. compute-sanitizer --tool memcheck (and racecheck on the vectors) over the GPU tests
+#   6. throughput benchmark (tests/gpu_bench.rs): 256 MiB, and 128 KiB/512 KiB/1 MiB x 8 in flight
+# Knobs: NCCL_ZIP_GPU_SMS (default 16), NCCL_ZIP_HBM_GBPS (roofline, default 3350).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+res=${OUT:-bench/results}/gpu_validate_$(date -u +%Y%m%dT%H%M%SZ)
+mkdir -p "$res"
+log=$res/summary.txt
+export CARGO_TERM_COLOR=never NCCL_ZIP_REQUIRE_KERNELS=1
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$PWD/target}
+fails=0
+say() { echo "$*" | tee -a "$log"; }
+step() { # step NAME CMD...: runs, logs to $res/NAME.log, records PASS/FAIL
+  local name=$1; shift
+  say "== $name: $*"
+  local t0=$SECONDS
+  "$@" >"$res/$name.log" 2>&1
+  local rc=$?
+  tail -n 25 "$res/$name.log"
+  if [ $rc -eq 0 ]; then say "== $name: PASS ($((SECONDS - t0)) s)"; else say "== $name: FAIL rc=$rc ($((SECONDS - t0)) s)"; fails=$((fails + 1)); fi
+}
+
+say "command: $0 $*"
+say "date: $(date -u)"
+say "git: $(git rev-parse HEAD 2>/dev/null) $(git status --porcelain 2>/dev/null | wc -l) dirty files"
+say "host: $(hostname) $(nproc) cores"
+{ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem --format=csv 2>&1 || echo "nvidia-smi failed"; } | tee -a "$log"
+nvidia-smi >"$res/nvidia-smi.txt" 2>&1 || true
+
+# nvcc: toolkit first, else the PyPI wheels (scripts/setup_cuda.sh)
+if ! command -v nvcc >/dev/null && [ -z "${NVCC:-}" ] && [ -z "${CUDA_HOME:-}" ]; then
+  for d in /usr/local/cuda /usr/local/cuda-13.0; do [ -x "$d/bin/nvcc" ] && export CUDA_HOME=$d && break; done
+fi
+if ! command -v nvcc >/dev/null && [ -z "${NVCC:-}" ] && [ -z "${CUDA_HOME:-}" ]; then
+  NVCC=$(scripts/setup_cuda.sh) && export NVCC
+fi
+say "nvcc: ${NVCC:-${CUDA_HOME:+$CUDA_HOME/bin/nvcc}} $( (${NVCC:-${CUDA_HOME:+$CUDA_HOME/bin/}nvcc} --version 2>&1 || true) | grep release)"
+cargo --version | tee -a "$log"
+
+step build cargo build --release --lib --tests
+step host_proof cargo test --release --test kernels_host --test gpu_load -- --nocapture
+step gpu_tests cargo test --release --test gpu_codec -- --nocapture --test-threads=1
+if grep -q "SKIP:" "$res/gpu_tests.log"; then say "!! GPU tests SKIPPED: $(grep -m1 SKIP: "$res/gpu_tests.log")"; fails=$((fails + 1)); fi
+step gpu_tests_nvrtc env NCCL_ZIP_GPU_FORCE_NVRTC=1 cargo test --release --test gpu_codec -- --nocapture --test-threads=1
+grep -q "kernels Nvrtc" "$res/gpu_tests_nvrtc.log" || say "!! NVRTC run did not report 'kernels Nvrtc' (libnvrtc missing?)"
+
+# compute-sanitizer on the test binary (encode, decode, corrupt frames)
+cs=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
+bin=$(cargo test --release --test gpu_codec --no-run 2>&1 | grep -o '/[^ )]*/deps/gpu_codec-[0-9a-f]*' | head -1)
+if [ -n "$cs" ] && [ -n "$bin" ]; then
+  export NZC_TEST_TIMEOUT_S=900
+  step memcheck "$cs" --tool memcheck --error-exitcode 99 --leak-check no "$bin" --nocapture --test-threads=1
+  step racecheck "$cs" --tool racecheck --error-exitcode 99 "$bin" --nocapture --test-threads=1 gpu_encode_frozen gpu_decode_frozen
+else
+  say "!! compute-sanitizer (${cs:-not found}) or test binary (${bin:-not found}) missing: memcheck NOT run"; fails=$((fails + 1))
+fi
+
+step bench cargo test --release --test gpu_bench -- --ignored --nocapture
+grep -E "device:|^ +[0-9]+ +[0-9]+ " "$res/bench.log" | tee "$res/bench_table.txt" | tee -a "$log"
+say "results: $res ($fails failed steps)"
+exit $fails
