@@ -265,54 +265,95 @@ fn multi_table<T: Elem>(single: &[u32; TABLE], m: &mut [u32; TABLE]) {
     }
 }
 
-/// Decodes a segment (`keys.len() - 4` elements; the last 4 bytes are slack) with
-/// the multi-symbol table; returns the bits consumed and the invalid flag.
+/// Decoding state of one segment: next bit, next key, and the invalid flag.
+#[derive(Clone, Copy)]
+struct Lane {
+    base: usize,
+    bp: u64,
+    kp: usize,
+    bad: u32,
+}
+
+/// Slack after a segment's keys: a table entry is stored as 4 bytes.
+const KEY_SLACK: usize = 16;
+
+/// One refill and up to 4 multi-symbol lookups (at most 12 keys); needs
+/// `lane.kp + 12 <= keys.len() - KEY_SLACK`.
 #[inline(always)]
-fn dec_segment_multi<T: Elem>(
+fn lane_step<T: Elem>(
     single: &[u32; TABLE],
     multi: &[u32; TABLE],
     src: &[u8],
-    base: usize,
-    keys: &mut [u8],
-) -> (u64, u32) {
-    let n = keys.len() - 4;
-    let mut bp = 0u64;
-    let mut kp = 0usize;
-    let mut bad = 0u32;
-    while kp + 12 <= n {
-        let mut buf = load64(src, base + (bp >> 3) as usize) >> (bp & 7);
-        let mut slow = false;
-        for _ in 0..4 {
-            let t = multi[(buf & (TABLE as u64 - 1)) as usize];
-            let cnt = (t >> 28) as usize;
-            if cnt == 0 {
-                slow = true;
-                break;
-            }
-            keys[kp..kp + 4].copy_from_slice(&t.to_le_bytes());
-            kp += cnt;
-            let l = (t >> 24) & 0xF;
-            buf >>= l;
-            bp += l as u64;
-        }
-        if slow {
-            let buf = load64(src, base + (bp >> 3) as usize) >> (bp & 7);
-            let (k, l, b) = dec_one::<T>(single, buf);
+    keys: &mut [u8; SEG_ELEMS + KEY_SLACK],
+    l: &mut Lane,
+) {
+    let mut buf = load64(src, l.base + (l.bp >> 3) as usize) >> (l.bp & 7);
+    let mut kp = l.kp.min(SEG_ELEMS);
+    for _ in 0..4 {
+        let t = multi[(buf & (TABLE as u64 - 1)) as usize];
+        let cnt = (t >> 28) as usize;
+        if cnt == 0 {
+            let buf = load64(src, l.base + (l.bp >> 3) as usize) >> (l.bp & 7);
+            let (k, n, b) = dec_one::<T>(single, buf);
             keys[kp] = k;
             kp += 1;
-            bp += l as u64;
-            bad |= b;
+            l.bp += n as u64;
+            l.bad |= b;
+            break;
         }
+        keys[kp..kp + 4].copy_from_slice(&t.to_le_bytes());
+        kp += cnt;
+        let n = (t >> 24) & 0xF;
+        buf >>= n;
+        l.bp += n as u64;
     }
-    while kp < n {
-        let buf = load64(src, base + (bp >> 3) as usize) >> (bp & 7);
-        let (k, l, b) = dec_one::<T>(single, buf);
-        keys[kp] = k;
-        kp += 1;
-        bp += l as u64;
-        bad |= b;
+    l.kp = kp;
+}
+
+/// Finishes a lane: multi-symbol steps while 12 keys fit, then one key at a time.
+#[inline(always)]
+fn lane_finish<T: Elem>(
+    single: &[u32; TABLE],
+    multi: &[u32; TABLE],
+    src: &[u8],
+    keys: &mut [u8; SEG_ELEMS + KEY_SLACK],
+    n: usize,
+    l: &mut Lane,
+) {
+    while l.kp + 12 <= n {
+        lane_step::<T>(single, multi, src, keys, l);
     }
-    (bp, bad)
+    while l.kp < n {
+        let buf = load64(src, l.base + (l.bp >> 3) as usize) >> (l.bp & 7);
+        let (k, b, f) = dec_one::<T>(single, buf);
+        keys[l.kp.min(SEG_ELEMS)] = k;
+        l.kp += 1;
+        l.bp += b as u64;
+        l.bad |= f;
+    }
+}
+
+/// Decodes 4 full segments interleaved (4 independent dependency chains).
+#[inline(always)]
+fn dec_segments4<T: Elem>(
+    single: &[u32; TABLE],
+    multi: &[u32; TABLE],
+    src: &[u8],
+    keys: &mut [[u8; SEG_ELEMS + KEY_SLACK]; 4],
+    lanes: &mut [Lane; 4],
+) {
+    let [k0, k1, k2, k3] = keys;
+    let [l0, l1, l2, l3] = lanes;
+    while l0.kp.max(l1.kp).max(l2.kp.max(l3.kp)) + 12 <= SEG_ELEMS {
+        lane_step::<T>(single, multi, src, k0, l0);
+        lane_step::<T>(single, multi, src, k1, l1);
+        lane_step::<T>(single, multi, src, k2, l2);
+        lane_step::<T>(single, multi, src, k3, l3);
+    }
+    lane_finish::<T>(single, multi, src, k0, SEG_ELEMS, l0);
+    lane_finish::<T>(single, multi, src, k1, SEG_ELEMS, l1);
+    lane_finish::<T>(single, multi, src, k2, SEG_ELEMS, l2);
+    lane_finish::<T>(single, multi, src, k3, SEG_ELEMS, l3);
 }
 
 /// Little-endian 64-bit load at byte `p` of `src`, zero-filled past its end.
@@ -415,48 +456,57 @@ fn decode_coded_body<T: Elem>(
         tables.key = key;
     }
     let (lut, multi) = (&tables.single, &tables.multi);
-    let mut keys = [0u8; GROUP + 4];
+    let mut keys = [[0u8; SEG_ELEMS + KEY_SLACK]; 4];
     let mut sp = start + streams; // absolute position of the next segment
     let mut seg = 0usize;
     let mut g0 = 0usize;
     while g0 < m {
         let g1 = (g0 + GROUP).min(m);
         let nsg = (g1 - g0).div_ceil(SEG_ELEMS);
-        let mut base = [0usize; 4];
+        let mut lanes = [Lane {
+            base: 0,
+            bp: 0,
+            kp: 0,
+            bad: 0,
+        }; 4];
         let mut lens = [0usize; 4];
         for i in 0..nsg {
-            base[i] = sp;
+            lanes[i].base = sp;
             lens[i] = seg_len(seg + i);
             sp += lens[i];
         }
-        let mut bits = [0u64; 4];
-        let mut bad = 0;
-        for i in 0..nsg {
-            let lo = i * SEG_ELEMS;
-            let hi = (lo + SEG_ELEMS).min(g1 - g0);
-            let (b, f) = dec_segment_multi::<T>(lut, multi, src, base[i], &mut keys[lo..hi + 4]);
-            bits[i] = b;
-            bad |= f;
+        if g1 - g0 == GROUP {
+            dec_segments4::<T>(lut, multi, src, &mut keys, &mut lanes);
+        } else {
+            for i in 0..nsg {
+                let n = (g1 - g0 - i * SEG_ELEMS).min(SEG_ELEMS);
+                lane_finish::<T>(lut, multi, src, &mut keys[i], n, &mut lanes[i]);
+            }
         }
+        let bad = lanes.iter().fold(0, |b, l| b | l.bad);
         if bad != 0 {
             return Err(CodecError::Corrupt("exponent out of range"));
         }
         for i in 0..nsg {
-            if bits[i].div_ceil(8) != lens[i] as u64 {
+            if lanes[i].bp.div_ceil(8) != lens[i] as u64 {
                 return Err(CodecError::Corrupt("segment length mismatch"));
             }
         }
-        let p2: &[u8] = if T::P2 > 0 {
-            &blk[off2 + T::P2 * g0..off2 + T::P2 * g1]
-        } else {
-            &[]
-        };
-        T::join(
-            &keys[..g1 - g0],
-            &blk[off1 + g0..off1 + g1],
-            p2,
-            &mut out[g0 * T::W..g1 * T::W],
-        );
+        for i in 0..nsg {
+            let s0 = g0 + i * SEG_ELEMS;
+            let s1 = (s0 + SEG_ELEMS).min(g1);
+            let p2: &[u8] = if T::P2 > 0 {
+                &blk[off2 + T::P2 * s0..off2 + T::P2 * s1]
+            } else {
+                &[]
+            };
+            T::join(
+                &keys[i][..s1 - s0],
+                &blk[off1 + s0..off1 + s1],
+                p2,
+                &mut out[s0 * T::W..s1 * T::W],
+            );
+        }
         seg += nsg;
         g0 = g1;
     }

@@ -234,6 +234,21 @@ pub fn detect(src: &[u8]) -> Dtype {
     }
 }
 
+/// `CODE_LENGTHS` transposed: per symbol, the length under each code.
+const LENGTHS_BY_SYMBOL: [[u32; NCODES]; NSYM] = {
+    let mut t = [[0u32; NCODES]; NSYM];
+    let mut k = 0;
+    while k < NCODES {
+        let mut s = 0;
+        while s < NSYM {
+            t[s][k] = CODE_LENGTHS[k][s] as u32;
+            s += 1;
+        }
+        k += 1;
+    }
+    t
+};
+
 /// Best `(k, anchor, cost in bits)` for a histogram of exponent fields (FORMAT.md §6).
 pub(crate) fn best_cost<T: Elem>(h: &[u32; 256]) -> (u8, u32, u64) {
     let mut smax = 1u32;
@@ -245,24 +260,39 @@ pub(crate) fn best_cost<T: Elem>(h: &[u32; 256]) -> (u8, u32, u64) {
     }
     let lo = smax.saturating_sub(4).max(1);
     let hi = (smax + 1).min(T::EMAX);
+    // The exponents that occur (a few dozen at most in practice).
+    let mut es = [(0u32, 0u64); 256];
+    let mut ne = 0;
+    for e in 0..=T::EMAX {
+        let c = h[e as usize];
+        if c != 0 {
+            es[ne] = (e, c as u64);
+            ne += 1;
+        }
+    }
     let mut best = (0u8, lo, u64::MAX);
     for a in lo..=hi {
         // symbol counts under this anchor
         let mut cnt = [0u64; NSYM];
-        for e in 0..=T::EMAX {
-            let c = h[e as usize];
-            if c != 0 {
-                cnt[symbol_of(e, a)] += c as u64;
-            }
+        for &(e, c) in &es[..ne] {
+            cnt[symbol_of(e, a)] += c;
         }
         let esc_extra = cnt[ESC] * T::EBITS as u64;
-        for k in 0..NCODES {
-            let mut cost = esc_extra;
-            for s in 0..NSYM {
-                cost += cnt[s] * CODE_LENGTHS[k][s] as u64;
+        // Costs of all 32 codes at once (vectorised over k; sums fit in u32:
+        // at most 80k sampled values of at most 12 bits).
+        let mut cost = [0u32; NCODES];
+        for s in 0..NSYM {
+            let c = cnt[s] as u32;
+            if c != 0 {
+                for (x, &len) in cost.iter_mut().zip(LENGTHS_BY_SYMBOL[s].iter()) {
+                    *x += c * len;
+                }
             }
-            if cost < best.2 {
-                best = (k as u8, a, cost);
+        }
+        for (k, &c) in cost.iter().enumerate() {
+            let c = c as u64 + esc_extra;
+            if c < best.2 {
+                best = (k as u8, a, c);
             }
         }
     }
