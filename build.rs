@@ -81,7 +81,7 @@ fn build_gpu_kernels() {
     ] {
         println!("cargo:rerun-if-changed={f}");
     }
-    for v in ["NVCC", "CUDA_HOME", "NCCL_ZIP_REQUIRE_KERNELS"] {
+    for v in ["NVCC", "CUDA_HOME", "NCCL_ZIP_REQUIRE_KERNELS", "NCCL_ZIP_NVCC_FLAGS"] {
         println!("cargo:rerun-if-env-changed={v}");
     }
     let manifest = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap());
@@ -133,6 +133,10 @@ fn build_gpu_kernels() {
             cmd.args(["-fatbin", "-O3", "-std=c++17", "-t", "0"]);
             for g in GENCODE {
                 cmd.arg("-gencode").arg(g);
+            }
+            // Extra flags for measuring variants, e.g. -DNZC_UNORDERED_ROUNDS (docs/GPU.md).
+            if let Ok(extra) = env::var("NCCL_ZIP_NVCC_FLAGS") {
+                cmd.args(extra.split_whitespace());
             }
             cmd.arg("-o").arg(&fatbin).arg(manifest.join(KERNEL));
             match cmd.output() {
