@@ -9,6 +9,7 @@ set -euo pipefail
 need=()
 ldconfig -p 2>/dev/null | grep -q 'libclang' || need+=(libclang-dev)
 command -v cc >/dev/null || need+=(gcc)
+command -v g++ >/dev/null || need+=(g++)
 command -v ip >/dev/null || need+=(iproute2)
 command -v tc >/dev/null || need+=(iproute2)
 command -v readelf >/dev/null || need+=(binutils)
