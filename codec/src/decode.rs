@@ -276,9 +276,10 @@ struct Lane {
 
 /// Slack after a segment's keys: a table entry is stored as 4 bytes.
 const KEY_SLACK: usize = 16;
+const _: () = assert!(KEY_SLACK >= 13);
 
-/// One refill and up to 4 multi-symbol lookups (at most 12 keys); needs
-/// `lane.kp + 12 <= keys.len() - KEY_SLACK`.
+/// One refill and up to 4 multi-symbol lookups (at most 12 keys). Callers keep
+/// `lane.kp + 12 <= SEG_ELEMS`; memory safety holds regardless (`kp` is clamped).
 #[inline(always)]
 fn lane_step<T: Elem>(
     single: &[u32; TABLE],
@@ -301,7 +302,14 @@ fn lane_step<T: Elem>(
             l.bad |= b;
             break;
         }
-        keys[kp..kp + 4].copy_from_slice(&t.to_le_bytes());
+        // SAFETY: kp <= SEG_ELEMS on entry and grows by at most 3 per lookup, so
+        // kp + 4 <= SEG_ELEMS + 13 <= keys.len() whatever the input.
+        unsafe {
+            keys.as_mut_ptr()
+                .add(kp)
+                .cast::<[u8; 4]>()
+                .write_unaligned(t.to_le_bytes())
+        };
         kp += cnt;
         let n = (t >> 24) & 0xF;
         buf >>= n;
