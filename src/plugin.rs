@@ -8,11 +8,38 @@ use std::sync::{Arc, OnceLock};
 use parking_lot::Mutex;
 use tracing::info;
 
-use crate::config::Config;
+use crate::config::{Config, TransportChoice};
 use crate::error::{Error, Result};
 use crate::net::{discover, Device};
 use crate::proto::wire::{self, Handle, HANDLE_SIZE};
+use crate::transport::ib::comm::{
+    IbConfig, IbConnect, IbHandle, IbListenComm, IbRecvComm, IbSendComm,
+};
+use crate::transport::ib::device::{enumerate, HcaFilter, IbDevice};
+use crate::transport::ib::verbs::{Context, QpParams, VerbsFabric, VerbsOpener};
 use crate::transport::tcp::{ConnectState, ListenComm, RecvComm, SendComm};
+
+/// The comms NCCL holds, of whichever transport `init` chose.
+pub enum AnyListen {
+    Tcp(ListenComm),
+    Ib(IbListenComm<VerbsOpener>),
+}
+pub enum AnySend {
+    Tcp(SendComm),
+    Ib(IbSendComm),
+}
+pub enum AnyRecv {
+    Tcp(RecvComm),
+    Ib(IbRecvComm),
+}
+
+/// The IB side of the plugin when `init` chose verbs.
+pub struct IbState {
+    pub devices: Vec<IbDevice>,
+    names: Vec<(CString, Option<CString>)>,
+    /// One opened device (PD) per port, on first use.
+    openers: Vec<Mutex<Option<Arc<VerbsOpener>>>>,
+}
 
 /// Process-wide plugin state, created by the first `init`.
 pub struct Plugin {
@@ -23,6 +50,8 @@ pub struct Plugin {
     /// Connect states whose address we stored in an NCCL handle. Only these
     /// addresses are ever turned back into references.
     connecting: Mutex<HashSet<usize>>,
+    /// `Some` when the data moves over IB verbs (TCP then only bootstraps).
+    pub ib: Option<IbState>,
 }
 
 static PLUGIN: OnceLock<Plugin> = OnceLock::new();
@@ -64,13 +93,72 @@ pub fn init() -> Result<&'static Plugin> {
             )
         })
         .collect();
+    let ib = choose_ib(&cfg)?;
     let p = Plugin {
         cfg: Arc::new(cfg),
         devices,
         names,
         connecting: Mutex::new(HashSet::new()),
+        ib,
     };
     Ok(PLUGIN.get_or_init(|| p))
+}
+
+/// `NCCL_ZIP_TRANSPORT`: `tcp` never looks for IB; `auto` uses IB when an active
+/// port exists and says why not otherwise; `ib` without a port is an error.
+fn choose_ib(cfg: &Config) -> Result<Option<IbState>> {
+    if cfg.transport == TransportChoice::Tcp {
+        return Ok(None);
+    }
+    let filter = HcaFilter::parse(cfg.ib_hca.as_deref().unwrap_or(""));
+    let found = enumerate(&filter, cfg.ib_gid_index).and_then(|d| {
+        if d.is_empty() {
+            Err(format!(
+                "no active IB/RoCE port (NCCL_IB_HCA={})",
+                cfg.ib_hca.as_deref().unwrap_or("<unset>")
+            ))
+        } else {
+            Ok(d)
+        }
+    });
+    match (found, cfg.transport) {
+        (Ok(devices), _) => {
+            let list: Vec<String> = devices
+                .iter()
+                .enumerate()
+                .map(|(i, d)| format!("[{i}]{}:{} {} Mbps", d.name, d.port, d.speed_mbps))
+                .collect();
+            info!(
+                "nccl-net-zip: IB verbs transport on {} ; {} QPs per connection",
+                list.join(" "),
+                cfg.ib_qps
+            );
+            let names = devices
+                .iter()
+                .map(|d| {
+                    (
+                        CString::new(format!("{}:{}", d.name, d.port)).unwrap_or_default(),
+                        d.pci_path
+                            .as_ref()
+                            .and_then(|p| CString::new(p.clone()).ok()),
+                    )
+                })
+                .collect();
+            let openers = devices.iter().map(|_| Mutex::new(None)).collect();
+            Ok(Some(IbState {
+                devices,
+                names,
+                openers,
+            }))
+        }
+        (Err(why), TransportChoice::Ib) => Err(Error::Internal(format!(
+            "NCCL_ZIP_TRANSPORT=ib but no usable InfiniBand/RoCE device: {why}"
+        ))),
+        (Err(why), _) => {
+            info!("nccl-net-zip: NCCL_ZIP_TRANSPORT=auto: using TCP because IB is unusable: {why}");
+            Ok(None)
+        }
+    }
 }
 
 pub fn get() -> Result<&'static Plugin> {
@@ -86,6 +174,9 @@ pub struct Properties<'a> {
     pub guid: u64,
     pub speed_mbps: i32,
     pub max_recvs: i32,
+    /// `NCCL_PTR_*` bits.
+    pub ptr_support: i32,
+    pub port: i32,
 }
 
 /// `irecv` accepts exactly one buffer per request.
@@ -104,7 +195,35 @@ impl Plugin {
             })
     }
 
+    /// Devices NCCL sees: IB ports, or TCP interfaces.
+    pub fn ndevs(&self) -> usize {
+        self.ib
+            .as_ref()
+            .map_or(self.devices.len(), |ib| ib.devices.len())
+    }
+
     pub fn properties(&self, dev: i32) -> Result<Properties<'_>> {
+        if let Some(ib) = &self.ib {
+            let i = ib_index(ib, dev)?;
+            let d = &ib.devices[i];
+            let (name, pci) = &ib.names[i];
+            let dmabuf = self.ib_opener(dev).is_ok_and(|o| o.ctx.supports_dmabuf());
+            return Ok(Properties {
+                name,
+                pci_path: pci.as_ref(),
+                guid: d.guid,
+                speed_mbps: d.speed_mbps.min(i32::MAX as u32) as i32,
+                max_recvs: MAX_RECVS,
+                // Not CUDA: the GPU data path over IB is another issue.
+                ptr_support: crate::ffi::abi::NCCL_PTR_HOST as i32
+                    | if dmabuf {
+                        crate::ffi::abi::NCCL_PTR_DMABUF as i32
+                    } else {
+                        0
+                    },
+                port: d.port as i32,
+            });
+        }
         let d = self.device(dev)?;
         let (name, pci) = &self.names[dev as usize];
         Ok(Properties {
@@ -113,7 +232,82 @@ impl Plugin {
             guid: dev as u64,
             speed_mbps: d.speed_mbps,
             max_recvs: MAX_RECVS,
+            ptr_support: crate::ffi::abi::NCCL_PTR_HOST as i32,
+            port: 0,
         })
+    }
+
+    /// The opened IB port `dev` (opened on first use, then shared).
+    fn ib_opener(&self, dev: i32) -> Result<Arc<VerbsOpener>> {
+        let ib = self
+            .ib
+            .as_ref()
+            .ok_or_else(|| Error::Internal("IB is not in use".into()))?;
+        let i = ib_index(ib, dev)?;
+        let mut g = ib.openers[i].lock();
+        if let Some(o) = g.as_ref() {
+            return Ok(o.clone());
+        }
+        let d = &ib.devices[i];
+        let o = Arc::new(VerbsOpener {
+            ctx: Context::open(&d.name, d.port)?,
+            qp_params: QpParams {
+                gid_index: d.gid_index,
+                ..QpParams::default()
+            },
+        });
+        *g = Some(o.clone());
+        Ok(o)
+    }
+
+    fn ib_config(&self, dev: i32) -> Result<IbConfig> {
+        let ib = self.ib.as_ref().expect("IB in use");
+        let speed = ib.devices[ib_index(ib, dev)?].speed_mbps as u64;
+        Ok(IbConfig::from_config(&self.cfg, speed))
+    }
+
+    /// `listen` on the chosen transport. IB bootstraps over the first TCP device.
+    pub fn listen_any(&self, dev: i32, handle: &mut [u8; HANDLE_SIZE]) -> Result<AnyListen> {
+        if self.ib.is_none() {
+            return self.listen(dev, handle).map(AnyListen::Tcp);
+        }
+        let opener = self.ib_opener(dev)?;
+        let boot = self.device(0)?.bind_addr();
+        let l = IbListenComm::bind(boot, opener, Arc::new(self.ib_config(dev)?))?;
+        l.handle().encode(handle);
+        Ok(AnyListen::Ib(l))
+    }
+
+    /// `connect` on the chosen transport; non-blocking, resumed from `handle`.
+    pub fn connect_any(&self, dev: i32, handle: &mut [u8; HANDLE_SIZE]) -> Result<Option<AnySend>> {
+        if self.ib.is_none() {
+            return Ok(self.connect(dev, handle)?.map(AnySend::Tcp));
+        }
+        let ptr = match wire::stage_get(handle).filter(|p| self.connecting.lock().contains(p)) {
+            Some(p) => p as *mut IbConnect<VerbsFabric>,
+            None => {
+                let h = IbHandle::decode(handle)?;
+                let opener = self.ib_opener(dev)?;
+                let st = IbConnect::start(&h, &*opener, &self.ib_config(dev)?)?;
+                let p = Box::into_raw(Box::new(st));
+                self.connecting.lock().insert(p as usize);
+                wire::stage_set(handle, Some(p as usize));
+                p
+            }
+        };
+        // SAFETY: as in `connect`: registered in `connecting`, so live, and only
+        // the proxy thread uses it. With IB in use every registered pointer is an
+        // IbConnect (the transport is chosen once per process).
+        let progress = unsafe { (*ptr).progress() };
+        if let Ok(false) = progress {
+            return Ok(None);
+        }
+        self.connecting.lock().remove(&(ptr as usize));
+        wire::stage_set(handle, None);
+        // SAFETY: unregistered just above; reclaimed exactly once.
+        let st = unsafe { Box::from_raw(ptr) };
+        progress?;
+        st.finish().map(|c| Some(AnySend::Ib(c)))
     }
 
     pub fn listen(&self, dev: i32, handle: &mut [u8; HANDLE_SIZE]) -> Result<ListenComm> {
@@ -158,4 +352,24 @@ impl Plugin {
 
 pub fn accept(l: &mut ListenComm) -> Result<Option<RecvComm>> {
     l.accept()
+}
+
+/// `accept` on either transport.
+pub fn accept_any(l: &mut AnyListen) -> Result<Option<AnyRecv>> {
+    match l {
+        AnyListen::Tcp(l) => Ok(l.accept()?.map(AnyRecv::Tcp)),
+        AnyListen::Ib(l) => Ok(l.accept()?.map(AnyRecv::Ib)),
+    }
+}
+
+fn ib_index(ib: &IbState, dev: i32) -> Result<usize> {
+    usize::try_from(dev)
+        .ok()
+        .filter(|&d| d < ib.devices.len())
+        .ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "device {dev} does not exist ({} IB devices)",
+                ib.devices.len()
+            ))
+        })
 }

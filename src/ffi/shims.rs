@@ -5,29 +5,59 @@ use std::ffi::{c_char, c_int, c_void};
 use super::abi::*;
 use super::boundary::{call, out, Kind, Obj};
 use crate::error::{Error, Result};
-use crate::plugin::{self, MAX_RECVS};
+use crate::plugin::{self, AnyListen, AnyRecv, AnySend, MAX_RECVS};
 use crate::proto::slots::Slot;
 use crate::proto::wire::HANDLE_SIZE;
-use crate::transport::tcp::{ListenComm, RecvComm, SendComm};
+use crate::transport::ib::comm::{IbMr, MrCache};
 
-impl Kind for ListenComm {
+impl Kind for AnyListen {
     const TAG: u64 = u64::from_le_bytes(*b"zipLISTN");
     const NAME: &'static str = "listen comm";
 }
-impl Kind for SendComm {
+impl Kind for AnySend {
     const TAG: u64 = u64::from_le_bytes(*b"zipSENDC");
     const NAME: &'static str = "send comm";
 }
-impl Kind for RecvComm {
+impl Kind for AnyRecv {
     const TAG: u64 = u64::from_le_bytes(*b"zipRECVC");
     const NAME: &'static str = "recv comm";
 }
 
 /// What `regMr` returns. Host memory needs no registration with TCP; the handle
-/// records the kind so the data path can tell host from device buffers.
+/// records the kind so the data path can tell host from device buffers. With IB
+/// it holds the (cached) registration whose lkey/rkey isend/irecv use.
 pub struct MemHandle {
     #[allow(dead_code)]
     ptr_type: c_int,
+    ib: Option<IbMr>,
+}
+
+/// The registration cache of an IB comm (send or recv); `None` for TCP comms.
+///
+/// # Safety
+/// `comm` must be NULL or a comm pointer this plugin handed out.
+unsafe fn ib_mrs<'a>(comm: *mut c_void) -> Result<Option<&'a MrCache>> {
+    if let Ok(c) = Obj::<AnySend>::get(comm) {
+        return Ok(match c {
+            AnySend::Ib(c) => Some(c.mrs()),
+            AnySend::Tcp(_) => None,
+        });
+    }
+    match Obj::<AnyRecv>::get(comm)? {
+        AnyRecv::Ib(c) => Ok(Some(c.mrs())),
+        AnyRecv::Tcp(_) => Ok(None),
+    }
+}
+
+/// The IB registration behind an isend/irecv mhandle (NULL: none).
+///
+/// # Safety
+/// `mh` must be NULL or an mhandle from `regMr`.
+unsafe fn ib_mr<'a>(mh: *mut c_void) -> Result<Option<&'a IbMr>> {
+    if mh.is_null() {
+        return Ok(None);
+    }
+    Ok(Obj::<MemHandle>::get(mh)?.ib.as_ref())
 }
 impl Kind for MemHandle {
     const TAG: u64 = u64::from_le_bytes(*b"zipMHNDL");
@@ -47,7 +77,7 @@ unsafe extern "C" fn init(logger: ncclDebugLogger_t) -> ncclResult_t {
 
 unsafe extern "C" fn devices(ndev: *mut c_int) -> ncclResult_t {
     call("devices", || {
-        *out(ndev, "ndev")? = plugin::get()?.devices.len() as c_int;
+        *out(ndev, "ndev")? = plugin::get()?.ndevs() as c_int;
         Ok(())
     })
 }
@@ -65,10 +95,10 @@ unsafe extern "C" fn get_properties(
                 .pci_path
                 .map_or(std::ptr::null_mut(), |s| s.as_ptr() as *mut c_char),
             guid: p.guid,
-            ptrSupport: NCCL_PTR_HOST as c_int,
+            ptrSupport: p.ptr_support,
             regIsGlobal: 0,
             speed: p.speed_mbps,
-            port: 0,
+            port: p.port,
             latency: 0.0,
             maxComms: 65536,
             maxRecvs: p.max_recvs,
@@ -87,7 +117,7 @@ unsafe extern "C" fn listen(
     call("listen", || {
         let lc = out(listen_comm, "listenComm")?;
         *lc = std::ptr::null_mut();
-        let l = plugin::get()?.listen(dev, handle_bytes(handle)?)?;
+        let l = plugin::get()?.listen_any(dev, handle_bytes(handle)?)?;
         *lc = Obj::into_raw(l);
         Ok(())
     })
@@ -105,7 +135,7 @@ unsafe extern "C" fn connect(
         if let Some(d) = send_dev_comm.as_mut() {
             *d = std::ptr::null_mut();
         }
-        if let Some(c) = plugin::get()?.connect(dev, handle_bytes(handle)?)? {
+        if let Some(c) = plugin::get()?.connect_any(dev, handle_bytes(handle)?)? {
             *sc = Obj::into_raw(c);
         }
         Ok(())
@@ -123,8 +153,8 @@ unsafe extern "C" fn accept(
         if let Some(d) = recv_dev_comm.as_mut() {
             *d = std::ptr::null_mut();
         }
-        let l = Obj::<ListenComm>::get(listen_comm)?;
-        if let Some(c) = plugin::accept(l)? {
+        let l = Obj::<AnyListen>::get(listen_comm)?;
+        if let Some(c) = plugin::accept_any(l)? {
             *rc = Obj::into_raw(c);
         }
         Ok(())
@@ -133,8 +163,8 @@ unsafe extern "C" fn accept(
 
 unsafe extern "C" fn reg_mr(
     comm: *mut c_void,
-    _data: *mut c_void,
-    _size: usize,
+    data: *mut c_void,
+    size: usize,
     ty: c_int,
     mhandle: *mut *mut c_void,
 ) -> ncclResult_t {
@@ -149,23 +179,36 @@ unsafe extern "C" fn reg_mr(
                 "regMr of pointer type {ty}: this build supports host memory only"
             )));
         }
-        *mh = Obj::into_raw(MemHandle { ptr_type: ty });
+        let ib = match ib_mrs(comm)? {
+            Some(m) => Some(m.register(data as *mut u8, size)?),
+            None => None,
+        };
+        *mh = Obj::into_raw(MemHandle { ptr_type: ty, ib });
         Ok(())
     })
 }
 
 unsafe extern "C" fn reg_mr_dma_buf(
-    _comm: *mut c_void,
-    _data: *mut c_void,
-    _size: usize,
+    comm: *mut c_void,
+    data: *mut c_void,
+    size: usize,
     ty: c_int,
-    _offset: u64,
-    _fd: c_int,
+    offset: u64,
+    fd: c_int,
     mhandle: *mut *mut c_void,
 ) -> ncclResult_t {
     call("regMrDmaBuf", || {
         if let Some(m) = mhandle.as_mut() {
             *m = std::ptr::null_mut();
+        }
+        if let Some(m) = ib_mrs(comm)?.filter(|m| m.supports_dmabuf()) {
+            let mh = out(mhandle, "mhandle")?;
+            let r = m.register_dmabuf(data as u64, size, offset, fd)?;
+            *mh = Obj::into_raw(MemHandle {
+                ptr_type: ty,
+                ib: Some(r),
+            });
+            return Ok(());
         }
         Err(Error::InvalidArgument(format!(
             "regMrDmaBuf (type {ty}) is not supported: ptrSupport does not offer DMA-BUF"
@@ -182,7 +225,7 @@ unsafe extern "C" fn isend(
     data: *mut c_void,
     size: c_int,
     _tag: c_int,
-    _mhandle: *mut c_void,
+    mhandle: *mut c_void,
     request: *mut *mut c_void,
 ) -> ncclResult_t {
     call("isend", || {
@@ -190,8 +233,11 @@ unsafe extern "C" fn isend(
         *req = std::ptr::null_mut();
         let size = usize::try_from(size)
             .map_err(|_| Error::InvalidArgument(format!("isend of {size} bytes")))?;
-        let c = Obj::<SendComm>::get(send_comm)?;
-        if let Some(slot) = c.isend(data as *const u8, size)? {
+        let slot = match Obj::<AnySend>::get(send_comm)? {
+            AnySend::Tcp(c) => c.isend(data as *const u8, size)?,
+            AnySend::Ib(c) => c.isend(data as *const u8, size, ib_mr(mhandle)?)?,
+        };
+        if let Some(slot) = slot {
             *req = slot as *const Slot as *mut c_void;
         }
         Ok(())
@@ -204,7 +250,7 @@ unsafe extern "C" fn irecv(
     data: *mut *mut c_void,
     sizes: *mut c_int,
     _tags: *mut c_int,
-    _mhandles: *mut *mut c_void,
+    mhandles: *mut *mut c_void,
     request: *mut *mut c_void,
 ) -> ncclResult_t {
     call("irecv", || {
@@ -219,8 +265,14 @@ unsafe extern "C" fn irecv(
         let cap = *out(sizes, "sizes")?;
         let cap = usize::try_from(cap)
             .map_err(|_| Error::InvalidArgument(format!("irecv of {cap} bytes")))?;
-        let c = Obj::<RecvComm>::get(recv_comm)?;
-        if let Some(slot) = c.irecv(buf as *mut u8, cap)? {
+        let slot = match Obj::<AnyRecv>::get(recv_comm)? {
+            AnyRecv::Tcp(c) => c.irecv(buf as *mut u8, cap)?,
+            AnyRecv::Ib(c) => {
+                let mh = mhandles.as_ref().map_or(std::ptr::null_mut(), |m| *m);
+                c.irecv(buf as *mut u8, cap, ib_mr(mh)?)?
+            }
+        };
+        if let Some(slot) = slot {
             *req = slot as *const Slot as *mut c_void;
         }
         Ok(())
@@ -265,15 +317,15 @@ unsafe extern "C" fn test(
 }
 
 unsafe extern "C" fn close_send(c: *mut c_void) -> ncclResult_t {
-    call("closeSend", || Obj::<SendComm>::take(c).map(drop))
+    call("closeSend", || Obj::<AnySend>::take(c).map(drop))
 }
 
 unsafe extern "C" fn close_recv(c: *mut c_void) -> ncclResult_t {
-    call("closeRecv", || Obj::<RecvComm>::take(c).map(drop))
+    call("closeRecv", || Obj::<AnyRecv>::take(c).map(drop))
 }
 
 unsafe extern "C" fn close_listen(c: *mut c_void) -> ncclResult_t {
-    call("closeListen", || Obj::<ListenComm>::take(c).map(drop))
+    call("closeListen", || Obj::<AnyListen>::take(c).map(drop))
 }
 
 unsafe extern "C" fn get_device_mr(
