@@ -23,11 +23,12 @@ pub use nccl_zip_codec::DtypeHint;
 /// `NCCL_ZIP_TRANSPORT`: which transport moves the bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TransportChoice {
-    /// InfiniBand/RoCE verbs when an active port is found, else TCP (default).
+    /// InfiniBand/RoCE verbs when an active port is found, else TCP.
     Auto,
     /// Verbs only; no usable device is an init error.
     Ib,
-    /// Multi-stream TCP only.
+    /// Multi-stream TCP only. The default until the verbs path has run on RDMA
+    /// hardware: a training job must not be the first thing to exercise it.
     Tcp,
 }
 
@@ -80,7 +81,7 @@ pub enum Family {
 impl Default for Config {
     fn default() -> Self {
         Config {
-            transport: TransportChoice::Auto,
+            transport: TransportChoice::Tcp,
             ib_qps: 2,
             ib_stage_slots: 8,
             ib_stage_bytes: 512 << 10,
@@ -255,7 +256,11 @@ mod tests {
             cfg(&[("NCCL_ZIP_DTYPE", "BF16")]).unwrap().dtype,
             DtypeHint::Bf16
         );
-        assert_eq!(cfg(&[]).unwrap().transport, TransportChoice::Auto);
+        assert_eq!(cfg(&[]).unwrap().transport, TransportChoice::Tcp);
+        assert_eq!(
+            cfg(&[("NCCL_ZIP_TRANSPORT", "auto")]).unwrap().transport,
+            TransportChoice::Auto
+        );
         let c = cfg(&[
             ("NCCL_ZIP_TRANSPORT", "IB"),
             ("NCCL_ZIP_IB_QPS", "4"),
