@@ -9,7 +9,19 @@ use crate::error::{Error, Result};
 pub const HANDLE_SIZE: usize = 128;
 const _: () = assert!(HANDLE_SIZE <= crate::ffi::abi::NCCL_NET_HANDLE_MAXSIZE as usize);
 
-const HANDLE_MAGIC: u32 = u32::from_le_bytes(*b"NZH1");
+/// Which transport a handle belongs to: its magic and protocol version. Every
+/// transport's handle has the same layout (address, secret, connect stage).
+pub struct HandleKind {
+    pub magic: u32,
+    pub version: u16,
+    pub name: &'static str,
+}
+
+pub const TCP_HANDLE: HandleKind = HandleKind {
+    magic: u32::from_le_bytes(*b"NZH1"),
+    version: PROTOCOL_VERSION,
+    name: "TCP",
+};
 /// Offset of the connect-stage area NCCL hands back to us on every connect retry.
 pub const STAGE_OFFSET: usize = 64;
 const STAGE_MAGIC: u64 = u64::from_le_bytes(*b"NZSTAGE1");
@@ -22,11 +34,20 @@ pub struct Handle {
 }
 
 impl Handle {
-    /// Writes the handle and zeroes the connect-stage area.
+    /// Writes a TCP handle and zeroes the connect-stage area.
     pub fn encode(&self, out: &mut [u8; HANDLE_SIZE]) {
+        self.encode_as(&TCP_HANDLE, out)
+    }
+
+    pub fn decode(b: &[u8; HANDLE_SIZE]) -> Result<Handle> {
+        Self::decode_as(b, &TCP_HANDLE)
+    }
+
+    /// Writes the handle of transport `kind` and zeroes the connect-stage area.
+    pub fn encode_as(&self, kind: &HandleKind, out: &mut [u8; HANDLE_SIZE]) {
         out.fill(0);
-        out[0..4].copy_from_slice(&HANDLE_MAGIC.to_le_bytes());
-        out[4..6].copy_from_slice(&PROTOCOL_VERSION.to_le_bytes());
+        out[0..4].copy_from_slice(&kind.magic.to_le_bytes());
+        out[4..6].copy_from_slice(&kind.version.to_le_bytes());
         let (fam, ip): (u16, [u8; 16]) = match self.addr.ip() {
             IpAddr::V4(a) => (4, a.to_ipv6_mapped().octets()),
             IpAddr::V6(a) => (6, a.octets()),
@@ -37,17 +58,19 @@ impl Handle {
         out[32..40].copy_from_slice(&self.secret.to_le_bytes());
     }
 
-    pub fn decode(b: &[u8; HANDLE_SIZE]) -> Result<Handle> {
+    pub fn decode_as(b: &[u8; HANDLE_SIZE], kind: &HandleKind) -> Result<Handle> {
         let magic = u32::from_le_bytes(b[0..4].try_into().unwrap());
         let version = u16::from_le_bytes(b[4..6].try_into().unwrap());
-        if magic != HANDLE_MAGIC {
-            return Err(Error::InvalidArgument(
-                "connect handle was not made by this plugin (bad magic)".into(),
-            ));
+        if magic != kind.magic {
+            return Err(Error::InvalidArgument(format!(
+                "connect handle is not an nccl-net-zip {} handle (do all ranks use the same NCCL_ZIP_TRANSPORT?)",
+                kind.name
+            )));
         }
-        if version != PROTOCOL_VERSION {
+        if version != kind.version {
             return Err(Error::InvalidUsage(format!(
-                "peer runs nccl-net-zip protocol v{version}, we run v{PROTOCOL_VERSION}: install the same plugin on every node"
+                "peer runs nccl-net-zip {} protocol v{version}, we run v{}: install the same plugin on every node",
+                kind.name, kind.version
             )));
         }
         let fam = u16::from_le_bytes(b[6..8].try_into().unwrap());

@@ -21,7 +21,7 @@
 
 use std::collections::HashMap;
 use std::io::{self, Read};
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering::*};
 use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver as ChanRx, RecvTimeoutError, Sender as ChanTx, TryRecvError};
 use parking_lot::Mutex;
-use socket2::{Domain, Protocol, SockAddr, Socket, Type};
+use socket2::Socket;
 use tracing::{info, warn};
 
 use super::fabric::{Fabric, Link, Mr, Opener, QpInfo, Registrar, Registration};
@@ -41,6 +41,7 @@ use crate::config::{CompressMode, Config, DtypeHint};
 use crate::error::{Error, Result};
 use crate::proto::slots::{Ring, Slot};
 use crate::proto::wire::{self, HANDLE_SIZE};
+use crate::transport::tcp::sock::{bind_listener, random_secret, start_connect, writable};
 
 /// Largest QP count a peer may announce (`NCCL_ZIP_IB_QPS` is capped the same).
 pub const MAX_QPS: usize = 16;
@@ -108,51 +109,28 @@ pub struct IbHandle {
     pub secret: u64,
 }
 
+const IB_HANDLE: wire::HandleKind = wire::HandleKind {
+    magic: HANDLE_MAGIC,
+    version: IB_VERSION,
+    name: "IB",
+};
+
 impl IbHandle {
-    /// Layout: magic @0, version @4, family @6, port @8, IPv6 (or v4-mapped)
-    /// address @16..32, secret @32..40; bytes 64..80 are the connect stage.
+    /// The shared handle layout (`proto::wire::Handle`) with IB's magic and
+    /// version; bytes 64..80 are the connect stage.
     pub fn encode(&self, out: &mut [u8; HANDLE_SIZE]) {
-        out.fill(0);
-        out[0..4].copy_from_slice(&HANDLE_MAGIC.to_le_bytes());
-        out[4..6].copy_from_slice(&IB_VERSION.to_le_bytes());
-        let (fam, ip): (u16, [u8; 16]) = match self.addr.ip() {
-            IpAddr::V4(a) => (4, a.to_ipv6_mapped().octets()),
-            IpAddr::V6(a) => (6, a.octets()),
-        };
-        out[6..8].copy_from_slice(&fam.to_le_bytes());
-        out[8..10].copy_from_slice(&self.addr.port().to_le_bytes());
-        out[16..32].copy_from_slice(&ip);
-        out[32..40].copy_from_slice(&self.secret.to_le_bytes());
+        wire::Handle {
+            addr: self.addr,
+            secret: self.secret,
+        }
+        .encode_as(&IB_HANDLE, out)
     }
 
     pub fn decode(b: &[u8; HANDLE_SIZE]) -> Result<IbHandle> {
-        let magic = u32::from_le_bytes(b[0..4].try_into().unwrap());
-        if magic != HANDLE_MAGIC {
-            return Err(Error::InvalidArgument(
-                "connect handle is not an nccl-net-zip IB handle (does the peer use NCCL_ZIP_TRANSPORT=tcp?)"
-                    .into(),
-            ));
-        }
-        let version = u16::from_le_bytes(b[4..6].try_into().unwrap());
-        if version != IB_VERSION {
-            return Err(Error::InvalidUsage(format!(
-                "peer runs nccl-net-zip IB protocol v{version}, we run v{IB_VERSION}: install the same plugin on every node"
-            )));
-        }
-        let port = u16::from_le_bytes(b[8..10].try_into().unwrap());
-        let ip6 = Ipv6Addr::from(<[u8; 16]>::try_from(&b[16..32]).unwrap());
-        let ip = match u16::from_le_bytes(b[6..8].try_into().unwrap()) {
-            4 => IpAddr::V4(ip6.to_ipv4_mapped().unwrap_or(Ipv4Addr::UNSPECIFIED)),
-            6 => IpAddr::V6(ip6),
-            f => {
-                return Err(Error::InvalidArgument(format!(
-                    "IB handle has unknown address family {f}"
-                )))
-            }
-        };
+        let h = wire::Handle::decode_as(b, &IB_HANDLE)?;
         Ok(IbHandle {
-            addr: SocketAddr::new(ip, port),
-            secret: u64::from_le_bytes(b[32..40].try_into().unwrap()),
+            addr: h.addr,
+            secret: h.secret,
         })
     }
 }
@@ -325,18 +303,6 @@ impl BootReader {
     }
 }
 
-fn nonblocking_socket(addr: SocketAddr) -> Result<Socket> {
-    let s = Socket::new(
-        Domain::for_address(addr),
-        Type::STREAM.cloexec(),
-        Some(Protocol::TCP),
-    )
-    .map_err(|e| Error::io("socket", e))?;
-    s.set_nonblocking(true)
-        .map_err(|e| Error::io("set_nonblocking", e))?;
-    Ok(s)
-}
-
 fn timed_out(since: Instant, limit: Duration, what: &str) -> Result<()> {
     if since.elapsed() > limit {
         Err(Error::Remote(format!(
@@ -373,23 +339,8 @@ pub struct IbListenComm<O: Opener> {
 impl<O: Opener> IbListenComm<O> {
     /// Binds an ephemeral bootstrap port on `addr`.
     pub fn bind(addr: SocketAddr, opener: Arc<O>, cfg: Arc<IbConfig>) -> Result<Self> {
-        let s = nonblocking_socket(addr)?;
-        s.set_reuse_address(true)
-            .map_err(|e| Error::io("SO_REUSEADDR", e))?;
-        s.bind(&addr.into())
-            .map_err(|e| Error::io(format!("bind {addr}"), e))?;
-        s.listen(1024).map_err(|e| Error::io("listen", e))?;
-        let local = s
-            .local_addr()
-            .ok()
-            .and_then(|a| a.as_socket())
-            .ok_or_else(|| Error::Internal("listener has no address".into()))?;
-        let secret = loop {
-            let v: u64 = rand::random();
-            if v != 0 {
-                break v;
-            }
-        };
+        let (s, local) = bind_listener(addr)?;
+        let secret = random_secret();
         Ok(IbListenComm {
             listener: s,
             handle: IbHandle {
@@ -514,12 +465,7 @@ impl<L: Link> IbConnect<L> {
         let nqps = cfg.nqps.clamp(1, MAX_QPS);
         let mut fab = opener.open(nqps, p.sq_depth, p.rq_depth())?;
         let sender = Sender::new(&mut fab, p.clone(), cfg.coder())?;
-        let sock = nonblocking_socket(h.addr)?;
-        match sock.connect(&SockAddr::from(h.addr)) {
-            Ok(()) => {}
-            Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) || would_block(&e) => {}
-            Err(e) => return Err(Error::io(format!("connect to {}", h.addr), e)),
-        }
+        let sock = start_connect(h.addr)?;
         Ok(IbConnect {
             sock,
             stage: Stage::Connecting,
@@ -591,26 +537,6 @@ impl<L: Link> IbConnect<L> {
         info!("IB send comm to {}: {} QPs", self.peer, self.fab.nqps());
         IbSendComm::start(self.sock, self.peer, self.fab, self.sender)
     }
-}
-
-fn writable(s: &Socket) -> io::Result<bool> {
-    use std::os::fd::AsRawFd;
-    let mut p = libc::pollfd {
-        fd: s.as_raw_fd(),
-        events: libc::POLLOUT,
-        revents: 0,
-    };
-    // SAFETY: one valid pollfd, zero timeout.
-    let r = unsafe { libc::poll(&mut p, 1, 0) };
-    if r < 0 {
-        let e = io::Error::last_os_error();
-        return if e.kind() == io::ErrorKind::Interrupted {
-            Ok(false)
-        } else {
-            Err(e)
-        };
-    }
-    Ok(r > 0 && p.revents & (libc::POLLOUT | libc::POLLERR | libc::POLLHUP) != 0)
 }
 
 // ---------------------------------------------------------------------------

@@ -7,9 +7,10 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
-use socket2::{Domain, Protocol, SockAddr, Socket, Type};
+use socket2::Socket;
 
 use super::send::SendComm;
+use super::sock::{start_connect, writable};
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::proto::wire::{Handle, Hello, HELLO_SIZE};
@@ -38,21 +39,7 @@ impl ConnectState {
         let mut socks = Vec::with_capacity(n);
         let mut hello = Vec::with_capacity(n);
         for i in 0..n {
-            let s = Socket::new(
-                Domain::for_address(handle.addr),
-                Type::STREAM.cloexec(),
-                Some(Protocol::TCP),
-            )
-            .map_err(|e| Error::io("socket", e))?;
-            s.set_nonblocking(true)
-                .map_err(|e| Error::io("set_nonblocking", e))?;
-            match s.connect(&SockAddr::from(handle.addr)) {
-                Ok(()) => {}
-                Err(e)
-                    if e.raw_os_error() == Some(libc::EINPROGRESS)
-                        || e.kind() == io::ErrorKind::WouldBlock => {}
-                Err(e) => return Err(Error::io(format!("connect to {}", handle.addr), e)),
-            }
+            let s = start_connect(handle.addr)?;
             socks.push((s, Stage::Connecting));
             hello.push(
                 Hello {
@@ -119,24 +106,4 @@ impl ConnectState {
         let socks = self.socks.into_iter().map(|(s, _)| s).collect();
         SendComm::new(socks, self.peer, self.link_mbps, self.cfg)
     }
-}
-
-fn writable(s: &Socket) -> io::Result<bool> {
-    use std::os::fd::AsRawFd;
-    let mut p = libc::pollfd {
-        fd: s.as_raw_fd(),
-        events: libc::POLLOUT,
-        revents: 0,
-    };
-    // SAFETY: one valid pollfd, zero timeout.
-    let r = unsafe { libc::poll(&mut p, 1, 0) };
-    if r < 0 {
-        let e = io::Error::last_os_error();
-        return if e.kind() == io::ErrorKind::Interrupted {
-            Ok(false)
-        } else {
-            Err(e)
-        };
-    }
-    Ok(r > 0 && p.revents & (libc::POLLOUT | libc::POLLERR | libc::POLLHUP) != 0)
 }

@@ -10,9 +10,9 @@ use parking_lot::Mutex;
 use socket2::Socket;
 use tracing::{info, warn};
 
-use crate::stats::{Stats, HELD};
 use crate::error::{Error, Result};
 use crate::proto::slots::Ring;
+use crate::stats::{Stats, HELD};
 
 pub struct Core {
     pub ring: Ring,

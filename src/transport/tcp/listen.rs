@@ -11,10 +11,11 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
-use socket2::{Domain, Protocol, Socket, Type};
+use socket2::Socket;
 use tracing::{info, warn};
 
 use super::recv::RecvComm;
+use super::sock::{bind_listener, random_secret};
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::proto::wire::{Handle, Hello, HELLO_SIZE};
@@ -48,30 +49,8 @@ pub struct ListenComm {
 impl ListenComm {
     /// Binds an ephemeral port on `addr` (the device's address).
     pub fn bind(addr: SocketAddr, cfg: Arc<Config>) -> Result<ListenComm> {
-        let s = Socket::new(
-            Domain::for_address(addr),
-            Type::STREAM.cloexec(),
-            Some(Protocol::TCP),
-        )
-        .map_err(|e| Error::io("socket", e))?;
-        s.set_reuse_address(true)
-            .map_err(|e| Error::io("SO_REUSEADDR", e))?;
-        s.bind(&addr.into())
-            .map_err(|e| Error::io(format!("bind {addr}"), e))?;
-        s.listen(1024).map_err(|e| Error::io("listen", e))?;
-        s.set_nonblocking(true)
-            .map_err(|e| Error::io("set_nonblocking", e))?;
-        let local = s
-            .local_addr()
-            .ok()
-            .and_then(|a| a.as_socket())
-            .ok_or_else(|| Error::Internal("listener has no address".into()))?;
-        let secret = loop {
-            let v: u64 = rand::random();
-            if v != 0 {
-                break v;
-            }
-        };
+        let (s, local) = bind_listener(addr)?;
+        let secret = random_secret();
         Ok(ListenComm {
             listener: s,
             handle: Handle {

@@ -6,8 +6,7 @@ mod core;
 mod listen;
 mod recv;
 mod send;
-mod sock;
-
+pub mod sock;
 
 pub use connect::ConnectState;
 pub use listen::ListenComm;

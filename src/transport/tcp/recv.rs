@@ -16,11 +16,11 @@ use tracing::info;
 
 use super::core::{spawn_io, Core};
 use super::sock::{configure_data_socket, recv_exact, recv_exact_or_eof};
-use crate::stats::Staging;
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::proto::slots::Slot;
 use crate::proto::wire::{ChunkHeader, CHUNK_HEADER_SIZE};
+use crate::stats::Staging;
 
 pub struct RecvComm {
     core: Arc<Core>,

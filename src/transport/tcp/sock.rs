@@ -3,7 +3,11 @@
 use std::io::{self, IoSlice, Read};
 use std::time::Duration;
 
-use socket2::{Socket, TcpKeepalive};
+use std::net::SocketAddr;
+
+use socket2::{Domain, Protocol, Socket, TcpKeepalive, Type};
+
+use crate::error::{Error, Result};
 
 /// Options for a socket that carries data: blocking, no Nagle, and dead-peer
 /// detection within `peer_timeout` even when the link is silent.
@@ -68,4 +72,79 @@ pub fn recv_exact(s: &Socket, buf: &mut [u8]) -> io::Result<()> {
             "peer closed the connection mid-message",
         ))
     }
+}
+
+/// A non-blocking, close-on-exec TCP socket for `addr`'s family.
+pub fn nonblocking_socket(addr: SocketAddr) -> Result<Socket> {
+    let s = Socket::new(
+        Domain::for_address(addr),
+        Type::STREAM.cloexec(),
+        Some(Protocol::TCP),
+    )
+    .map_err(|e| Error::io("socket", e))?;
+    s.set_nonblocking(true)
+        .map_err(|e| Error::io("set_nonblocking", e))?;
+    Ok(s)
+}
+
+/// Starts a non-blocking connect to `addr`; [`writable`] says when it is done.
+pub fn start_connect(addr: SocketAddr) -> Result<Socket> {
+    let s = nonblocking_socket(addr)?;
+    match s.connect(&addr.into()) {
+        Ok(()) => Ok(s),
+        Err(e)
+            if e.raw_os_error() == Some(libc::EINPROGRESS)
+                || e.kind() == io::ErrorKind::WouldBlock =>
+        {
+            Ok(s)
+        }
+        Err(e) => Err(Error::io(format!("connect to {addr}"), e)),
+    }
+}
+
+/// A non-blocking listener on `addr` (port 0: an ephemeral port) and its address.
+pub fn bind_listener(addr: SocketAddr) -> Result<(Socket, SocketAddr)> {
+    let s = nonblocking_socket(addr)?;
+    s.set_reuse_address(true)
+        .map_err(|e| Error::io("SO_REUSEADDR", e))?;
+    s.bind(&addr.into())
+        .map_err(|e| Error::io(format!("bind {addr}"), e))?;
+    s.listen(1024).map_err(|e| Error::io("listen", e))?;
+    let local = s
+        .local_addr()
+        .ok()
+        .and_then(|a| a.as_socket())
+        .ok_or_else(|| Error::Internal("listener has no address".into()))?;
+    Ok((s, local))
+}
+
+/// A listener's secret: random, never 0.
+pub fn random_secret() -> u64 {
+    loop {
+        let v: u64 = rand::random();
+        if v != 0 {
+            return v;
+        }
+    }
+}
+
+/// True once a non-blocking connect has finished (or failed: `take_error` says).
+pub fn writable(s: &Socket) -> io::Result<bool> {
+    use std::os::fd::AsRawFd;
+    let mut p = libc::pollfd {
+        fd: s.as_raw_fd(),
+        events: libc::POLLOUT,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd, zero timeout.
+    let r = unsafe { libc::poll(&mut p, 1, 0) };
+    if r < 0 {
+        let e = io::Error::last_os_error();
+        return if e.kind() == io::ErrorKind::Interrupted {
+            Ok(false)
+        } else {
+            Err(e)
+        };
+    }
+    Ok(r > 0 && p.revents & (libc::POLLOUT | libc::POLLERR | libc::POLLHUP) != 0)
 }
