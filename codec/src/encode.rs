@@ -571,23 +571,50 @@ fn encode_coded_body<T: Elem, const V: bool>(blk: &[u8], out: &mut [u8]) -> Opti
         }
         let nsg = (g1 - g0).div_ceil(SEG_ELEMS);
         #[cfg(target_arch = "x86_64")]
-        let done = if let Some(vt) = &vt {
+        if let Some(vt) = &vt {
+            // Full segments are coded straight into `out` while a whole segment
+            // (and the writer's overrun) fits; otherwise through a scratch buffer.
             for (i, ks) in gk.chunks(SEG_ELEMS).enumerate() {
-                lens[i] = if ks.len() == SEG_ELEMS {
-                    // SAFETY: `vt` exists only when the CPU has AVX2 and BMI2.
-                    unsafe { avx2::code_segment(vt, &lut, ks.try_into().unwrap(), &mut bufs[i]) }
+                let len = if ks.len() == SEG_ELEMS && pos + SEG_MAX_BYTES + 16 <= out.len() {
+                    // SAFETY: `vt` exists only when the CPU has AVX2 and BMI2, and
+                    // `out[pos..]` holds `SEG_MAX_BYTES + 16` bytes.
+                    let len = unsafe {
+                        avx2::code_segment(
+                            vt,
+                            &lut,
+                            ks.try_into().unwrap(),
+                            out.as_mut_ptr().add(pos),
+                        )
+                    };
+                    if pos + len + t > out.len() {
+                        return None;
+                    }
+                    len
                 } else {
-                    code_segment(&lut, ks, &mut bufs[i])
+                    let buf = &mut bufs[0];
+                    let len = if ks.len() == SEG_ELEMS {
+                        // SAFETY: as above, with `buf` as the destination.
+                        unsafe {
+                            avx2::code_segment(vt, &lut, ks.try_into().unwrap(), buf.as_mut_ptr())
+                        }
+                    } else {
+                        code_segment(&lut, ks, buf)
+                    };
+                    if pos + len + t > out.len() {
+                        return None;
+                    }
+                    out[pos..pos + len].copy_from_slice(&buf[..len]);
+                    len
                 };
+                pos += len;
+                let so = BLOCK_HEADER_LEN + 2 * (seg + i);
+                out[so..so + 2].copy_from_slice(&(len as u16).to_le_bytes());
             }
-            true
-        } else {
-            false
-        };
-        #[cfg(not(target_arch = "x86_64"))]
-        let done = false;
-        if done {
-        } else if g1 - g0 == GROUP {
+            seg += nsg;
+            g0 = g1;
+            continue;
+        }
+        if g1 - g0 == GROUP {
             let (b01, b23) = bufs.split_at_mut(2);
             let (b0, b1) = b01.split_at_mut(1);
             let (b2, b3) = b23.split_at_mut(1);
@@ -632,7 +659,6 @@ fn encode_coded_body<T: Elem, const V: bool>(blk: &[u8], out: &mut [u8]) -> Opti
 /// by test (`tests/roundtrip.rs` compares with [`crate::compress_scalar`]).
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
-    use super::{SegWriter, SEG_MAX_BYTES};
     use crate::codes::{CODE_LENGTHS, CODE_WORDS, ESC, NSYM, ZERO};
     use crate::format::SEG_ELEMS;
     use std::arch::x86_64::*;
@@ -724,33 +750,46 @@ mod avx2 {
         }
     }
 
-    /// Codes one full segment (1024 keys that are exponent fields) into `buf`;
-    /// returns its byte length. 32 keys per step: symbols, code words and lengths
-    /// by `vpshufb`, merged pairwise into 4-element chunks of at most 48 bits by
-    /// variable shifts, then appended by a 64-bit accumulator. A step that holds
-    /// an escape is coded by the scalar table `lut` instead.
+    /// Codes one full segment (1024 keys that are exponent fields) at `dst`;
+    /// returns its byte length (at most `SEG_MAX_BYTES`). 32 keys per step: symbols,
+    /// code words and lengths by `vpshufb`, merged by variable shifts into 4-element
+    /// chunks (at most 48 bits), then 8- and 16-element chunks; a 64-bit accumulator
+    /// appends per 16 elements the largest merged chunks that hold at most 56 bits
+    /// (nearly always one 16-element chunk). A step that holds an escape is coded by
+    /// the scalar table `lut` instead. Bytes past the returned length may be written
+    /// (garbage, up to `SEG_MAX_BYTES + 16` in all).
     ///
     /// # Safety
-    /// The CPU must support AVX2 and BMI2.
+    /// The CPU must support AVX2 and BMI2; `dst` must be valid for writes of
+    /// `SEG_MAX_BYTES + 16` bytes.
     #[target_feature(enable = "avx2,bmi1,bmi2")]
     pub(super) unsafe fn code_segment(
         t: &VecTables,
         lut: &[u32; 256],
         keys: &[u8; SEG_ELEMS],
-        buf: &mut [u8; SEG_MAX_BYTES + 16],
+        dst: *mut u8,
     ) -> usize {
         let mut acc = 0u64;
         let mut nb = 0u32;
         let mut pos = 0usize;
-        let bp = buf.as_mut_ptr();
+        let bp = dst;
+        // Appends `len` (<= 56) bits; afterwards at most 7 bits are pending.
+        macro_rules! put {
+            ($c:expr, $len:expr) => {{
+                acc |= ($c) << nb;
+                nb += $len;
+                bp.add(pos).cast::<u64>().write_unaligned(acc);
+                pos += (nb >> 3) as usize;
+                acc >>= nb & 56;
+                nb &= 7;
+            }};
+        }
         let c23 = _mm256_set1_epi8(23);
         let czero = _mm256_set1_epi8(ZERO as i8);
         let zero = _mm256_setzero_si256();
         let ones16 = _mm256_set1_epi16(1);
         let m16 = _mm256_set1_epi32(0xFFFF);
         let m32 = _mm256_set1_epi64x(0xFFFF_FFFF);
-        let mut qv = [0u64; 8];
-        let mut ql = [0u32; 16];
         for g in 0..SEG_ELEMS / 32 {
             let kv = _mm256_loadu_si256(keys.as_ptr().add(32 * g) as *const __m256i);
             let d = _mm256_sub_epi8(t.anchor, kv);
@@ -763,13 +802,7 @@ mod avx2 {
                 // Rare: an escape. Scalar, same bits.
                 for &k in &keys[32 * g..32 * g + 32] {
                     let c = lut[k as usize];
-                    acc |= ((c & 0xFF_FFFF) as u64) << nb;
-                    nb += c >> 24;
-                    bp.add(pos).cast::<u64>().write_unaligned(acc);
-                    let y = nb >> 3;
-                    pos += y as usize;
-                    acc = if y == 8 { 0 } else { acc >> (8 * y) };
-                    nb &= 7;
+                    put!((c & 0xFF_FFFF) as u64, c >> 24);
                 }
                 continue;
             }
@@ -793,30 +826,50 @@ mod avx2 {
                     _mm256_sllv_epi32(_mm256_srli_epi32(c16, 16), _mm256_and_si256(l16, m16)),
                 );
                 let pl = _mm256_madd_epi16(l16, ones16);
-                // quads: p0 | p1 << lp0 (<= 48 bits), lp0 + lp1 (low 32 bits)
+                // quads: p0 | p1 << lp0 (<= 48 bits), lp0 + lp1; 64-bit lanes hold
+                // elements 0-3, 4-7 | 8-11, 12-15 of this half.
                 let q = _mm256_or_si256(
                     _mm256_and_si256(pv, m32),
                     _mm256_sllv_epi64(_mm256_srli_epi64(pv, 32), _mm256_and_si256(pl, m32)),
                 );
-                let qlen = _mm256_add_epi32(pl, _mm256_srli_epi64(pl, 32));
-                _mm256_storeu_si256(qv.as_mut_ptr().add(4 * h) as *mut __m256i, q);
-                _mm256_storeu_si256(ql.as_mut_ptr().add(8 * h) as *mut __m256i, qlen);
-            }
-            for i in 0..8 {
-                acc |= qv[i] << nb;
-                nb += ql[2 * i];
-                bp.add(pos).cast::<u64>().write_unaligned(acc);
-                pos += (nb >> 3) as usize;
-                acc >>= nb & 56;
-                nb &= 7;
+                let lq = _mm256_and_si256(_mm256_add_epi32(pl, _mm256_srli_epi64(pl, 32)), m32);
+                // octets in lanes 0 and 2 (exact when their length is <= 64)
+                let o = _mm256_or_si256(q, _mm256_sllv_epi64(_mm256_srli_si256(q, 8), lq));
+                let lo8 = _mm256_add_epi64(lq, _mm256_srli_si256(lq, 8));
+                // the 16-element chunk (exact when its length is <= 64)
+                let o_lo = _mm256_castsi256_si128(o);
+                let o_hi = _mm256_extracti128_si256(o, 1);
+                let l_lo = _mm256_castsi256_si128(lo8);
+                let l_hi = _mm256_extracti128_si256(lo8, 1);
+                let s = _mm_or_si128(o_lo, _mm_sllv_epi64(o_hi, l_lo));
+                let ls = _mm_cvtsi128_si64(_mm_add_epi64(l_lo, l_hi)) as u32;
+                if ls <= 56 {
+                    put!(_mm_cvtsi128_si64(s) as u64, ls);
+                } else {
+                    let mut qv = [0u64; 4];
+                    let mut ql = [0u64; 4];
+                    let mut ov = [0u64; 4];
+                    let mut ol = [0u64; 4];
+                    _mm256_storeu_si256(qv.as_mut_ptr() as *mut __m256i, q);
+                    _mm256_storeu_si256(ql.as_mut_ptr() as *mut __m256i, lq);
+                    _mm256_storeu_si256(ov.as_mut_ptr() as *mut __m256i, o);
+                    _mm256_storeu_si256(ol.as_mut_ptr() as *mut __m256i, lo8);
+                    for j in [0, 2] {
+                        if ol[j] <= 56 {
+                            put!(ov[j], ol[j] as u32);
+                        } else {
+                            put!(qv[j], ql[j] as u32);
+                            put!(qv[j + 1], ql[j + 1] as u32);
+                        }
+                    }
+                }
             }
         }
-        let mut w = SegWriter {
-            acc,
-            nbits: nb,
-            pos,
-        };
-        w.finish(buf)
+        if nb > 0 {
+            *bp.add(pos) = acc as u8;
+            pos += 1;
+        }
+        pos
     }
 
     const _: () = assert!(ESC == 25 && ZERO == 24);

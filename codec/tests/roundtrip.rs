@@ -309,6 +309,46 @@ fn vector_encoder_matches_scalar() {
     }
 }
 
+/// Exponents spread over the whole reach of the codes (no escapes), alone and mixed
+/// with narrow runs: the vector packer's 16- and 8-value chunks overflow 56 bits and
+/// it falls back to smaller chunks, in every combination.
+#[test]
+fn vector_encoder_matches_scalar_on_long_codes() {
+    for (i, &n) in [4096usize, 65536, 300_000].iter().enumerate() {
+        for ty in [Ty::Bf16, Ty::Fp32] {
+            for spread in [24u64, 12, 6] {
+                let mut r = Rng::new(90 + i as u64 + spread);
+                let vals = (0..n / ty.width() + 1).map(move |j| {
+                    let wide = match (j / 16) % 4 {
+                        0 => true,
+                        1 => false,
+                        _ => r.next_u64() % 3 == 0,
+                    };
+                    if j % 13 == 0 {
+                        1.5
+                    } else if wide && r.next_u64() % 29 == 0 {
+                        0.0
+                    } else if wide {
+                        let u = (r.next_u64() % spread) as i32;
+                        (1.0 + r.gauss().abs().min(0.9)) * 2f64.powi(-u)
+                    } else {
+                        r.gauss() * 0.3
+                    }
+                });
+                let src = encode(ty, vals)[..n].to_vec();
+                for block_log2 in [12, 16] {
+                    let opts = EncodeOptions {
+                        dtype: DtypeHint::Auto,
+                        checksum: false,
+                        block_log2,
+                    };
+                    same_as_scalar(&src, &opts);
+                }
+            }
+        }
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(64))]
     #[test]
