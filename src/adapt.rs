@@ -1,25 +1,28 @@
-//! Adaptive compression, per connection: decides for each chunk whether running the
-//! codec pays, from a size threshold, the recent compression ratio, and a cost model
-//! of codec speed against link speed. Pure logic (times are passed in), unit-tested.
+//! Adaptive compression, per connection: decides for each chunk whether to run the
+//! codec. Pure logic (the clock is passed in), unit-tested.
 //!
-//! The stream threads overlap: while one compresses a chunk, others are sending.
-//! With an aggregate codec throughput `C` and a link rate `L`, compressed traffic
-//! moves `min(C, L * r)` bytes per second against `L` raw. `C` is one thread's rate,
-//! measured in wall time per chunk, times the streams: wall time, because a thread
-//! that waits for a core (the machine is busy with training, or other comms) makes
-//! the codec slower in fact, and the policy must see it. Compression can pay only when
-//! `r >= MIN_RATIO` and `C > L * COST_MARGIN`. Data that stops compressing (ratio
-//! below [`MIN_RATIO`]) is sent raw for [`REPROBE_EVERY`] chunks, then probed again;
-//! so is data whose codec cannot keep up with the link.
-//!
-//! That model cannot see everything that competes for the CPU: the receiver's
-//! decoder, the kernel's TCP stack, the training job. So a second gate measures what
-//! each mode really costs: the wall time from taking a chunk to having written it
-//! (codec plus send, which includes TCP backpressure from a slow receiver), per raw
-//! byte, as an average for compressed chunks and one for raw chunks. Compression runs
-//! unless raw measures cheaper by [`RAW_MARGIN`]; the other mode is tried every
-//! [`EXPLORE_EVERY`] chunks so that a change in the link, the data or the load is
-//! noticed.
+//! Three gates, cheapest first:
+//! 1. **Size.** Chunks below [`MIN_COMPRESS_BYTES`] go raw.
+//! 2. **Static cost model.** The stream threads overlap: while one compresses a
+//!    chunk, others send. With an aggregate codec throughput `C` (one thread's
+//!    rate, in wall time per chunk, times the streams) and a link rate `L`,
+//!    compressed traffic moves `min(C, L * r)` bytes per second against `L` raw.
+//!    Compression can pay only when the ratio `r >= MIN_RATIO` and
+//!    `C > L * COST_MARGIN`. Otherwise chunks go raw for [`REPROBE_EVERY`] chunks,
+//!    then the codec is probed again. This gate keeps fast links and
+//!    incompressible data off the codec.
+//! 3. **Measured throughput.** The model cannot see everything that competes for
+//!    the CPU: the receiver's decoder, the kernel's TCP stack, the training job.
+//!    So the policy runs epochs of [`EPOCH_CHUNKS`] chunks in one mode and measures
+//!    the rate at which the sender takes raw bytes. In steady state that is the
+//!    pipeline's throughput, backpressure from a slow receiver or link included.
+//!    The faster mode runs. One epoch in [`EXPLORE_EPOCHS`] runs the other mode (one
+//!    in four times that when it measured more than 1.5x slower), so that a change
+//!    in the link, the data or the load is noticed. An epoch that
+//!    spans an idle gap (no chunk for [`IDLE`]) measures the application, not us,
+//!    and is discarded.
+
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
@@ -33,30 +36,51 @@ pub const MIN_RATIO: f64 = 1.03;
 pub const REPROBE_EVERY: u32 = 64;
 /// Codec throughput must beat the link by this factor before compression is used.
 pub const COST_MARGIN: f64 = 1.25;
+/// Chunks per measurement epoch (16 MiB at 256 KiB chunks: larger than what socket
+/// buffers absorb, so an epoch measures the pipeline, not a buffer).
+pub const EPOCH_CHUNKS: u32 = 64;
+/// One epoch in this many runs the mode that measured slower.
+pub const EXPLORE_EPOCHS: u32 = 12;
+/// A gap this long between two chunks means the application paused.
+pub const IDLE: Duration = Duration::from_millis(50);
 const ALPHA: f64 = 0.25;
-/// One chunk in this many runs the mode the measurements do not prefer.
-pub const EXPLORE_EVERY: u64 = 16;
-/// Raw must measure this much cheaper than compression before it takes over. A
-/// raw chunk that lands in free socket buffer space costs almost nothing even on a
-/// saturated link, so raw's measurements flatter it; the margin and a slow average
-/// keep that from flipping a link-bound connection back and forth.
-pub const RAW_MARGIN: f64 = 1.25;
-const COST_ALPHA: f64 = 0.05;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Decision {
     Compress,
     /// Too small to be worth it.
     RawSmall,
-    /// Off, or recent data did not pay (bypass).
+    /// Off, compression would not pay (static model), or raw measured faster.
     RawBypass,
 }
 
-/// How a chunk was sent, for [`Policy::record_cost`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Sent {
-    Compressed,
-    Raw,
+enum Mode {
+    Compressed = 0,
+    Raw = 1,
+}
+
+impl Mode {
+    fn other(self) -> Mode {
+        match self {
+            Mode::Compressed => Mode::Raw,
+            Mode::Raw => Mode::Compressed,
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Epoch {
+    mode: Mode,
+    left: u32,
+    start: Instant,
+    last: Instant,
+    bytes: u64,
+    idle: bool,
+    /// Measured throughput per mode, bytes per second.
+    thr: [Option<f64>; 2],
+    /// Epochs of the faster mode before the next exploration.
+    until_explore: u32,
 }
 
 #[derive(Debug)]
@@ -65,11 +89,7 @@ struct State {
     /// Codec throughput of one thread, bytes per (wall) second.
     codec_bps: f64,
     bypass_left: u32,
-    /// Measured ns per raw byte from taking a chunk to having written it, per mode.
-    cost_compressed: Option<f64>,
-    cost_raw: Option<f64>,
-    /// Auto decisions that passed the static gate.
-    n: u64,
+    epoch: Option<Epoch>,
 }
 
 #[derive(Debug)]
@@ -94,14 +114,17 @@ impl Policy {
                 ratio: 1.4,
                 codec_bps: 2e9,
                 bypass_left: 0,
-                cost_compressed: None,
-                cost_raw: None,
-                n: 0,
+                epoch: None,
             }),
         }
     }
 
     pub fn decide(&self, len: usize) -> Decision {
+        self.decide_at(len, Instant::now())
+    }
+
+    /// [`Policy::decide`] with the clock passed in.
+    pub fn decide_at(&self, len: usize, now: Instant) -> Decision {
         match self.mode {
             CompressMode::Off => return Decision::RawBypass,
             _ if len < MIN_COMPRESS_BYTES => return Decision::RawSmall,
@@ -117,34 +140,64 @@ impl Policy {
             s.bypass_left = REPROBE_EVERY;
             return Decision::RawBypass;
         }
-        s.n += 1;
-        let explore = s.n % EXPLORE_EVERY == 0;
-        let compress = match (s.cost_compressed, s.cost_raw) {
-            // Learn both costs first: every fourth chunk raw until raw has a figure.
-            (_, None) => s.n % 4 != 0,
-            (None, Some(_)) => true,
-            (Some(c), Some(r)) => (c < r * RAW_MARGIN) != explore,
-        };
-        if compress {
-            Decision::Compress
-        } else {
-            Decision::RawBypass
+        let e = s.epoch.get_or_insert_with(|| Epoch {
+            mode: Mode::Compressed,
+            left: EPOCH_CHUNKS,
+            start: now,
+            last: now,
+            bytes: 0,
+            idle: false,
+            thr: [None, None],
+            until_explore: EXPLORE_EPOCHS,
+        });
+        if now.saturating_duration_since(e.last) > IDLE {
+            e.idle = true;
+        }
+        e.last = now;
+        if e.left == 0 {
+            Self::next_epoch(e, now);
+        }
+        e.left -= 1;
+        e.bytes += len as u64;
+        match e.mode {
+            Mode::Compressed => Decision::Compress,
+            Mode::Raw => Decision::RawBypass,
         }
     }
 
-    /// Feeds back what one chunk cost end to end: `ns` of wall time from taking it to
-    /// having written it, `raw` bytes of data.
-    pub fn record_cost(&self, how: Sent, raw: usize, ns: u64) {
-        if self.mode != CompressMode::Auto || raw < MIN_COMPRESS_BYTES {
-            return;
+    /// Closes the current epoch's measurement and picks the next epoch's mode.
+    fn next_epoch(e: &mut Epoch, now: Instant) {
+        let secs = now.saturating_duration_since(e.start).as_secs_f64();
+        if !e.idle && secs > 0.0 {
+            let t = e.bytes as f64 / secs;
+            let m = &mut e.thr[e.mode as usize];
+            *m = Some(m.map_or(t, |old| old + ALPHA * (t - old)));
         }
-        let c = ns as f64 / raw as f64;
-        let mut s = self.state.lock();
-        let slot = match how {
-            Sent::Compressed => &mut s.cost_compressed,
-            Sent::Raw => &mut s.cost_raw,
+        e.mode = match e.thr {
+            [None, _] => Mode::Compressed,
+            [_, None] => Mode::Raw,
+            [Some(c), Some(r)] => {
+                let best = if c >= r { Mode::Compressed } else { Mode::Raw };
+                if e.until_explore == 0 {
+                    // Exploring a mode that measured far slower is expensive: do it
+                    // less often (it is still done, so a change is noticed).
+                    let gap = c.max(r) / c.min(r).max(1.0);
+                    e.until_explore = if gap > 1.5 {
+                        4 * EXPLORE_EPOCHS
+                    } else {
+                        EXPLORE_EPOCHS
+                    };
+                    best.other()
+                } else {
+                    e.until_explore -= 1;
+                    best
+                }
+            }
         };
-        *slot = Some(slot.map_or(c, |old| old + COST_ALPHA * (c - old)));
+        e.left = EPOCH_CHUNKS;
+        e.start = now;
+        e.bytes = 0;
+        e.idle = false;
     }
 
     /// `codec_bps`: aggregate codec throughput; `link_bps`: the link's.
@@ -176,41 +229,61 @@ mod tests {
 
     const GBIT: u64 = 1000;
 
-    #[test]
-    fn measured_costs_pick_the_faster_mode_and_keep_exploring() {
-        let p = Policy::new(CompressMode::Auto, 10 * GBIT, 4);
+    /// Drives the policy with a simulated pipeline whose throughput depends on the
+    /// mode: `comp` and `raw` bytes per second. Returns the share of compressed
+    /// chunks among the last `tail` decisions.
+    fn simulate(p: &Policy, t: &mut Instant, comp: f64, raw: f64, n: usize, tail: usize) -> f64 {
         let chunk = 256 << 10;
-        // Compression looks fine to the static model, but measured end to end it
-        // is 3x slower than raw (e.g. the CPU is the bottleneck, not the link).
         let mut compressed = 0;
-        for _ in 0..400 {
-            match p.decide(chunk) {
-                Decision::Compress => {
-                    compressed += 1;
-                    p.record(chunk, chunk * 2 / 3, 200_000);
-                    p.record_cost(Sent::Compressed, chunk, 3 * 800_000);
-                }
-                _ => p.record_cost(Sent::Raw, chunk, 800_000),
-            }
+        for i in 0..n {
+            let d = p.decide_at(chunk, *t);
+            let rate = if d == Decision::Compress {
+                p.record(chunk, chunk * 2 / 3, 100_000);
+                compressed += (i >= n - tail) as usize;
+                comp
+            } else {
+                raw
+            };
+            *t += Duration::from_secs_f64(chunk as f64 / rate);
         }
-        // Mostly raw, but still exploring compression now and then.
+        compressed as f64 / tail as f64
+    }
+
+    #[test]
+    fn measured_throughput_picks_the_faster_mode_and_keeps_exploring() {
+        let p = Policy::new(CompressMode::Auto, 10 * GBIT, 4);
+        let mut t = Instant::now();
+        // Link-bound: compressed moves 1.5x the raw bytes per second.
+        let share = simulate(&p, &mut t, 1.5e9, 1.0e9, 64 * 40, 64 * 24);
         assert!(
-            compressed > 400 / EXPLORE_EVERY as usize / 2 && compressed < 400 / 8,
-            "{compressed}"
+            share > 0.85 && share < 1.0,
+            "link-bound: compressed share {share}"
         );
-        // Now the link is the bottleneck: raw costs 3x compressed. It flips back.
-        let mut late = 0;
-        for i in 0..400 {
-            match p.decide(chunk) {
-                Decision::Compress => {
-                    late += (i >= 200) as usize;
-                    p.record(chunk, chunk * 2 / 3, 200_000);
-                    p.record_cost(Sent::Compressed, chunk, 800_000);
-                }
-                _ => p.record_cost(Sent::Raw, chunk, 3 * 800_000),
-            }
+        // CPU-bound (the codec is the bottleneck): raw is 2.5x faster. It flips.
+        let share = simulate(&p, &mut t, 0.5e9, 1.25e9, 64 * 60, 64 * 24);
+        assert!(
+            share > 0.0 && share < 0.15,
+            "cpu-bound: compressed share {share}"
+        );
+    }
+
+    #[test]
+    fn idle_gaps_do_not_count_as_slow_epochs() {
+        let p = Policy::new(CompressMode::Auto, 10 * GBIT, 4);
+        let mut t = Instant::now();
+        simulate(&p, &mut t, 1.5e9, 1.0e9, 64 * 30, 64);
+        // Compressed epochs with a long pause in each: without the idle rule they
+        // would measure far slower than raw and flip the choice.
+        for _ in 0..64 * 10 {
+            let d = p.decide_at(256 << 10, t);
+            t += if d == Decision::Compress {
+                Duration::from_millis(200)
+            } else {
+                Duration::from_micros(256)
+            };
         }
-        assert!(late > 200 - 200 / EXPLORE_EVERY as usize - 2, "{late}");
+        let share = simulate(&p, &mut t, 1.5e9, 1.0e9, 64 * 12, 64 * 10);
+        assert!(share > 0.85, "compressed share {share}");
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! The data path's use of the codec: sizing staging buffers, compressing a chunk
 //! when the adaptive policy says so, and decoding a received chunk into NCCL's buffer.
 
-use crate::adapt::{Decision, Policy, Sent};
+use crate::adapt::{Decision, Policy};
 use crate::codec::{self, EncodeOptions};
 use crate::error::{Error, Result};
 use crate::stats::{Staging, Stats};
@@ -24,23 +24,15 @@ impl Coder {
     /// length, or `None` to send `src` raw (the wire never carries more than the
     /// data). For memory that must not move (registered RDMA buffers).
     pub fn encode_into(&self, src: &[u8], out: &mut [u8], stats: &Stats) -> Option<usize> {
-        self.try_encode(src, out, stats).1
-    }
-
-    /// Like [`Coder::encode_into`], and also says whether the codec ran (then the
-    /// chunk's cost counts as compression's, even if it went raw after all).
-    fn try_encode(&self, src: &[u8], out: &mut [u8], stats: &Stats) -> (Sent, Option<usize>) {
         match self.policy.decide(src.len()) {
             Decision::Compress => {}
-            Decision::RawSmall => return (Sent::Raw, None),
+            Decision::RawSmall => return None,
             Decision::RawBypass => {
                 stats.add(&stats.bypassed, 1);
-                return (Sent::Raw, None);
+                return None;
             }
         }
-        let Some(out) = out.get_mut(..codec::max_compressed_size(src.len())) else {
-            return (Sent::Raw, None);
-        };
+        let out = out.get_mut(..codec::max_compressed_size(src.len()))?;
         let t0 = now_ns();
         let r = codec::compress(src, out, &self.opts);
         let ns = now_ns().saturating_sub(t0);
@@ -48,30 +40,29 @@ impl Coder {
         match r {
             Ok(n) => {
                 self.policy.record(src.len(), n, ns);
-                (Sent::Compressed, (n < src.len()).then_some(n))
+                (n < src.len()).then_some(n)
             }
             Err(e) => {
                 tracing::warn!(
                     "compressing a {}-byte chunk failed, sending it raw: {e}",
                     src.len()
                 );
-                (Sent::Compressed, None)
+                None
             }
         }
     }
 
     /// [`Coder::encode_into`] a per-thread staging buffer that grows to the largest
-    /// chunk (TCP). Returns the frame, and which mode's cost this chunk counts to;
-    /// the caller reports that cost with [`Policy::record_cost`] once it is sent.
+    /// chunk (TCP). Returns the frame.
     pub fn encode_chunk<'s>(
         &self,
         src: &[u8],
         staging: &'s mut Staging<'_>,
         stats: &Stats,
-    ) -> (Sent, Option<&'s [u8]>) {
+    ) -> Option<&'s [u8]> {
         let out = staging.get(codec::max_compressed_size(src.len()));
-        let (how, n) = self.try_encode(src, out, stats);
-        (how, n.map(|n| &out[..n]))
+        let n = self.encode_into(src, out, stats)?;
+        Some(&out[..n])
     }
 }
 

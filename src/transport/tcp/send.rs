@@ -8,7 +8,6 @@ use std::io::IoSlice;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::Instant;
 
 use crossbeam_channel::{Receiver, Sender};
 use socket2::Socket;
@@ -157,12 +156,11 @@ fn send_loop(core: &Core, stream: usize, rx: Receiver<Task>, coder: &Coder) {
                 )
             }
         };
-        let t0 = Instant::now();
-        let (how, frame) = coder.encode_chunk(payload, &mut staging, &core.stats);
-        let (flags, wire): (u16, &[u8]) = match frame {
-            Some(frame) => (FLAG_COMPRESSED, frame),
-            None => (0, payload),
-        };
+        let (flags, wire): (u16, &[u8]) =
+            match coder.encode_chunk(payload, &mut staging, &core.stats) {
+                Some(frame) => (FLAG_COMPRESSED, frame),
+                None => (0, payload),
+            };
         let hdr = ChunkHeader {
             flags,
             seq: t.seq,
@@ -184,9 +182,6 @@ fn send_loop(core: &Core, stream: usize, rx: Receiver<Task>, coder: &Coder) {
                     },
                     1,
                 );
-                coder
-                    .policy
-                    .record_cost(how, payload.len(), t0.elapsed().as_nanos() as u64);
                 slot.chunk_sent();
                 core.maybe_report();
             }
