@@ -41,6 +41,8 @@ pub const COST_MARGIN: f64 = 1.25;
 pub const EPOCH_CHUNKS: u32 = 64;
 /// One epoch in this many runs the mode that measured slower.
 pub const EXPLORE_EPOCHS: u32 = 12;
+/// Raw must measure this much faster than compression to take over.
+pub const RAW_MARGIN: f64 = 1.1;
 /// A gap this long between two chunks means the application paused.
 pub const IDLE: Duration = Duration::from_millis(50);
 const ALPHA: f64 = 0.25;
@@ -177,7 +179,14 @@ impl Policy {
             [None, _] => Mode::Compressed,
             [_, None] => Mode::Raw,
             [Some(c), Some(r)] => {
-                let best = if c >= r { Mode::Compressed } else { Mode::Raw };
+                // Hysteresis: the static model already said compression can pay, so
+                // raw must measure clearly faster to take over; a noisy epoch
+                // (another process stealing the CPU) should not flip the mode.
+                let best = if c * RAW_MARGIN >= r {
+                    Mode::Compressed
+                } else {
+                    Mode::Raw
+                };
                 if e.until_explore == 0 {
                     // Exploring a mode that measured far slower is expensive: do it
                     // less often (it is still done, so a change is noticed).
