@@ -269,7 +269,7 @@ mod tests {
             "link-bound: compressed share {share}"
         );
         // CPU-bound (the codec is the bottleneck): raw is 2.5x faster. It flips.
-        let share = simulate(&p, &mut t, 0.5e9, 1.25e9, 64 * 60, 64 * 24);
+        let share = simulate(&p, &mut t, 0.5e9, 1.25e9, 64 * 120, 64 * 60);
         assert!(
             share > 0.0 && share < 0.15,
             "cpu-bound: compressed share {share}"
