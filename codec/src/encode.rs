@@ -820,12 +820,12 @@ mod avx2 {
         for g in 0..SEG_ELEMS / 32 {
             let kv = _mm256_loadu_si256(keys.as_ptr().add(32 * g) as *const __m256i);
             let d = _mm256_sub_epi8(t.anchor, kv);
-            let is_zero = _mm256_cmpeq_epi8(kv, zero);
-            // Coded without escape: e == 0, or e <= A and A - e <= 23.
-            let le = _mm256_cmpeq_epi8(_mm256_max_epu8(kv, t.anchor), t.anchor);
-            let near = _mm256_cmpeq_epi8(_mm256_min_epu8(d, c23), d);
-            let ok = _mm256_or_si256(is_zero, _mm256_and_si256(le, near));
-            if _mm256_movemask_epi8(ok) != -1 {
+            // Coded without escape: e == 0, or e <= A and A - e <= 23. `far` is 0
+            // exactly when e <= A (saturating e - A) and A - e <= 23 (then `d`
+            // does not wrap); an escape is a byte with e != 0 and far != 0.
+            let far = _mm256_or_si256(_mm256_subs_epu8(kv, t.anchor), _mm256_subs_epu8(d, c23));
+            let esc = _mm256_min_epu8(kv, far);
+            if _mm256_testz_si256(esc, esc) == 0 {
                 // Rare: an escape. Scalar, same bits.
                 for &k in &keys[32 * g..32 * g + 32] {
                     let c = lut[k as usize];
@@ -833,6 +833,7 @@ mod avx2 {
                 }
                 continue;
             }
+            let is_zero = _mm256_cmpeq_epi8(kv, zero);
             let sym = _mm256_blendv_epi8(d, czero, is_zero);
             // Element order 0-7,16-23 | 8-15,24-31, so that the byte unpacks below
             // give elements 0..16 and 16..32 in order.
