@@ -550,8 +550,14 @@ fn encode_coded_body<T: Elem, const V: bool>(blk: &[u8], out: &mut [u8]) -> Opti
         return None;
     }
     let h = sample_histogram::<T>(blk, m);
-    let (k, a, _) = best_cost::<T>(&h);
+    let (k, a, _cost) = best_cost::<T>(&h);
     let lut = enc_table::<T>(k as usize, a);
+    // Blocks whose sample averages more than 3.25 code bits per element often
+    // overflow 16-element chunks: the vector packer then appends 8-element chunks
+    // without trying (a predictable branch instead of a mispredicted one). Speed
+    // only: the bits are the same either way.
+    #[cfg(target_arch = "x86_64")]
+    let wide = _cost * 4 > 13 * m.div_ceil(SAMPLE_STRIDE) as u64;
     #[cfg(target_arch = "x86_64")]
     // SAFETY: V is set only by callers compiled for AVX2 (checked at run time).
     let vt = (V && T::XBITS == 0).then(|| unsafe { avx2::VecTables::new(k as usize, a) });
@@ -608,11 +614,12 @@ fn encode_coded_body<T: Elem, const V: bool>(blk: &[u8], out: &mut [u8]) -> Opti
                     // SAFETY: `vt` exists only when the CPU has AVX2 and BMI2, and
                     // `out[pos..]` holds `SEG_MAX_BYTES + 16` bytes.
                     let len = unsafe {
-                        avx2::code_segment(
+                        avx2::code_segment_dispatch(
                             vt,
                             &lut,
                             ks.try_into().unwrap(),
                             out.as_mut_ptr().add(pos),
+                            wide,
                         )
                     };
                     if pos + len + t > out.len() {
@@ -624,7 +631,13 @@ fn encode_coded_body<T: Elem, const V: bool>(blk: &[u8], out: &mut [u8]) -> Opti
                     let len = if ks.len() == SEG_ELEMS {
                         // SAFETY: as above, with `buf` as the destination.
                         unsafe {
-                            avx2::code_segment(vt, &lut, ks.try_into().unwrap(), buf.as_mut_ptr())
+                            avx2::code_segment_dispatch(
+                                vt,
+                                &lut,
+                                ks.try_into().unwrap(),
+                                buf.as_mut_ptr(),
+                                wide,
+                            )
                         }
                     } else {
                         code_segment(&lut, ks, buf)
@@ -780,20 +793,41 @@ mod avx2 {
         }
     }
 
+    /// [`code_segment`] with `WIDE` chosen at run time.
+    ///
+    /// # Safety
+    /// As [`code_segment`].
+    #[inline]
+    #[target_feature(enable = "avx2,bmi1,bmi2")]
+    pub(super) unsafe fn code_segment_dispatch(
+        t: &VecTables,
+        lut: &[u32; 256],
+        keys: &[u8; SEG_ELEMS],
+        dst: *mut u8,
+        wide: bool,
+    ) -> usize {
+        if wide {
+            code_segment::<true>(t, lut, keys, dst)
+        } else {
+            code_segment::<false>(t, lut, keys, dst)
+        }
+    }
+
     /// Codes one full segment (1024 keys that are exponent fields) at `dst`;
     /// returns its byte length (at most `SEG_MAX_BYTES`). 32 keys per step: symbols,
     /// code words and lengths by `vpshufb`, merged by variable shifts into 4-element
     /// chunks (at most 48 bits), then 8- and 16-element chunks; a 64-bit accumulator
     /// appends per 16 elements the largest merged chunks that hold at most 56 bits
     /// (nearly always one 16-element chunk). A step that holds an escape is coded by
-    /// the scalar table `lut` instead. Bytes past the returned length may be written
-    /// (garbage, up to `SEG_MAX_BYTES + 16` in all).
+    /// the scalar table `lut` instead. `WIDE`: skip the 16-element chunks (for
+    /// blocks with long codes; same bits). Bytes past the returned length may be
+    /// written (garbage, up to `SEG_MAX_BYTES + 16` in all).
     ///
     /// # Safety
     /// The CPU must support AVX2 and BMI2; `dst` must be valid for writes of
     /// `SEG_MAX_BYTES + 16` bytes.
     #[target_feature(enable = "avx2,bmi1,bmi2")]
-    pub(super) unsafe fn code_segment(
+    pub(super) unsafe fn code_segment<const WIDE: bool>(
         t: &VecTables,
         lut: &[u32; 256],
         keys: &[u8; SEG_ELEMS],
@@ -874,7 +908,7 @@ mod avx2 {
                 let l_hi = _mm256_extracti128_si256(lo8, 1);
                 let s = _mm_or_si128(o_lo, _mm_sllv_epi64(o_hi, l_lo));
                 let ls = _mm_cvtsi128_si64(_mm_add_epi64(l_lo, l_hi)) as u32;
-                if ls <= 56 {
+                if !WIDE && ls <= 56 {
                     put!(_mm_cvtsi128_si64(s) as u64, ls);
                 } else {
                     let mut qv = [0u64; 4];
