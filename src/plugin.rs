@@ -283,31 +283,19 @@ impl Plugin {
         if self.ib.is_none() {
             return Ok(self.connect(dev, handle)?.map(AnySend::Tcp));
         }
-        let ptr = match wire::stage_get(handle).filter(|p| self.connecting.lock().contains(p)) {
-            Some(p) => p as *mut IbConnect<VerbsFabric>,
-            None => {
-                let h = IbHandle::decode(handle)?;
+        let done = self.resume_connect(
+            handle,
+            |h| {
                 let opener = self.ib_opener(dev)?;
-                let st = IbConnect::start(&h, &*opener, &self.ib_config(dev)?)?;
-                let p = Box::into_raw(Box::new(st));
-                self.connecting.lock().insert(p as usize);
-                wire::stage_set(handle, Some(p as usize));
-                p
-            }
-        };
-        // SAFETY: as in `connect`: registered in `connecting`, so live, and only
-        // the proxy thread uses it. With IB in use every registered pointer is an
-        // IbConnect (the transport is chosen once per process).
-        let progress = unsafe { (*ptr).progress() };
-        if let Ok(false) = progress {
-            return Ok(None);
-        }
-        self.connecting.lock().remove(&(ptr as usize));
-        wire::stage_set(handle, None);
-        // SAFETY: unregistered just above; reclaimed exactly once.
-        let st = unsafe { Box::from_raw(ptr) };
-        progress?;
-        st.finish().map(|c| Some(AnySend::Ib(c)))
+                IbConnect::<VerbsFabric>::start(
+                    &IbHandle::decode(h)?,
+                    &*opener,
+                    &self.ib_config(dev)?,
+                )
+            },
+            |st| st.progress(),
+        )?;
+        done.map(|st| st.finish().map(AnySend::Ib)).transpose()
     }
 
     pub fn listen(&self, dev: i32, handle: &mut [u8; HANDLE_SIZE]) -> Result<ListenComm> {
@@ -321,32 +309,47 @@ impl Plugin {
     pub fn connect(&self, dev: i32, handle: &mut [u8; HANDLE_SIZE]) -> Result<Option<SendComm>> {
         let d = self.device(dev)?;
         let link_mbps = self.cfg.link_mbps.unwrap_or(d.speed_mbps as u64);
+        let cfg = self.cfg.clone();
+        let done = self.resume_connect(
+            handle,
+            |h| ConnectState::start(&Handle::decode(h)?, link_mbps, cfg),
+            |st| st.progress(),
+        )?;
+        done.map(|st| st.finish()).transpose()
+    }
+
+    /// One step of a non-blocking connect whose state lives behind NCCL's handle
+    /// (its stage area holds the state's address between calls). `start` makes the
+    /// state on the first call; `progress` returns true once connected. Returns the
+    /// finished state, or `None` to be called again.
+    fn resume_connect<S>(
+        &self,
+        handle: &mut [u8; HANDLE_SIZE],
+        start: impl FnOnce(&[u8; HANDLE_SIZE]) -> Result<S>,
+        progress: impl FnOnce(&mut S) -> Result<bool>,
+    ) -> Result<Option<Box<S>>> {
         let ptr = match wire::stage_get(handle).filter(|p| self.connecting.lock().contains(p)) {
-            Some(p) => p as *mut ConnectState,
+            Some(p) => p as *mut S,
             None => {
-                let h = Handle::decode(handle)?;
-                let p = Box::into_raw(Box::new(ConnectState::start(
-                    &h,
-                    link_mbps,
-                    self.cfg.clone(),
-                )?));
+                let p = Box::into_raw(Box::new(start(handle)?));
                 self.connecting.lock().insert(p as usize);
                 wire::stage_set(handle, Some(p as usize));
                 p
             }
         };
-        // SAFETY: `ptr` came from Box::into_raw above and is still registered in
-        // `connecting`, so it is live and only this (proxy) thread uses it.
-        let progress = unsafe { (*ptr).progress() };
-        if let Ok(false) = progress {
+        // SAFETY: `ptr` came from Box::into_raw here and is still registered in
+        // `connecting`, so it is live and only the proxy thread uses it. It is an
+        // `S`: the transport, and so the state type, is chosen once per process.
+        let r = progress(unsafe { &mut *ptr });
+        if let Ok(false) = r {
             return Ok(None);
         }
         self.connecting.lock().remove(&(ptr as usize));
         wire::stage_set(handle, None);
-        // SAFETY: unregistered just above; we reclaim the box exactly once.
+        // SAFETY: unregistered just above; the box is reclaimed exactly once.
         let st = unsafe { Box::from_raw(ptr) };
-        progress?;
-        st.finish().map(Some)
+        r?;
+        Ok(Some(st))
     }
 }
 
