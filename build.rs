@@ -81,7 +81,12 @@ fn build_gpu_kernels() {
     ] {
         println!("cargo:rerun-if-changed={f}");
     }
-    for v in ["NVCC", "CUDA_HOME", "NCCL_ZIP_REQUIRE_KERNELS", "NCCL_ZIP_NVCC_FLAGS"] {
+    for v in [
+        "NVCC",
+        "CUDA_HOME",
+        "NCCL_ZIP_REQUIRE_KERNELS",
+        "NCCL_ZIP_NVCC_FLAGS",
+    ] {
         println!("cargo:rerun-if-env-changed={v}");
     }
     let manifest = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap());
@@ -121,7 +126,9 @@ fn build_gpu_kernels() {
     let found = find_nvcc(&manifest);
     let mut version = String::from("none");
     let built = match &found {
-        None => Err("no nvcc found (set NVCC or CUDA_HOME, or run scripts/setup_cuda.sh)".to_string()),
+        None => {
+            Err("no nvcc found (set NVCC or CUDA_HOME, or run scripts/setup_cuda.sh)".to_string())
+        }
         Some(nvcc) => {
             if let Ok(o) = Command::new(nvcc).arg("--version").output() {
                 let text = String::from_utf8_lossy(&o.stdout).to_string();
@@ -169,7 +176,10 @@ fn find_nvcc(manifest: &std::path::Path) -> Option<PathBuf> {
         if ok(&p) {
             return Some(p);
         }
-        println!("cargo:warning=NVCC={} is not a file; looking elsewhere", p.display());
+        println!(
+            "cargo:warning=NVCC={} is not a file; looking elsewhere",
+            p.display()
+        );
     }
     if let Some(h) = env::var_os("CUDA_HOME") {
         let p = PathBuf::from(h).join("bin/nvcc");
