@@ -86,7 +86,7 @@ fn gpu_encode(g: &GpuCodec, cases: &[Case]) -> Vec<Result<Vec<u8>, Status>> {
         // SAFETY: buffers live until wait() returns below.
         unsafe { g.encode_batch(&stream, &mut batch, &jobs) }.unwrap();
         let res = batch
-            .wait(Duration::from_secs(20))
+            .wait(timeout())
             .expect("encode batch did not finish");
         stream.synchronize().unwrap();
         for (r, (_, d)) in res.into_iter().zip(&bufs) {
@@ -128,7 +128,7 @@ fn gpu_decode(g: &GpuCodec, frames: &[(Vec<u8>, usize)]) -> Vec<Result<Vec<u8>, 
         // SAFETY: buffers live until wait() returns below.
         unsafe { g.decode_batch(&stream, &mut batch, &jobs) }.unwrap();
         let res = batch
-            .wait(Duration::from_secs(20))
+            .wait(timeout())
             .expect("decode batch did not finish");
         stream.synchronize().unwrap();
         for (r, (_, d)) in res.into_iter().zip(&bufs) {

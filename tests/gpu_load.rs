@@ -1,37 +1,13 @@
 //! "Load anywhere": the plugin has no libcuda/libcudart dependency, and opening the
 //! GPU codec on a machine without CUDA reports a reason instead of panicking.
 
-use std::path::PathBuf;
-use std::process::Command;
-
-fn cdylib() -> Option<PathBuf> {
-    // tests run from target/<profile>/deps; the cdylib sits one level up (or in deps).
-    let exe = std::env::current_exe().ok()?;
-    let deps = exe.parent()?;
-    [
-        deps.parent()?.join("libnccl_net_zip.so"),
-        deps.join("libnccl_net_zip.so"),
-    ]
-    .into_iter()
-    .find(|p| p.exists())
-}
+mod support;
+use support::{needed_libs, plugin_so};
 
 #[test]
 fn plugin_has_no_cuda_dependency() {
-    let so = cdylib().expect("libnccl_net_zip.so not built next to the test binary");
-    let out = Command::new("readelf")
-        .arg("-d")
-        .arg(&so)
-        .output()
-        .expect("readelf (binutils) is required");
-    assert!(out.status.success());
-    let text = String::from_utf8_lossy(&out.stdout);
-    let needed: Vec<&str> = text.lines().filter(|l| l.contains("(NEEDED)")).collect();
-    assert!(
-        !needed.is_empty(),
-        "readelf shows no NEEDED entries at all:\n{text}"
-    );
-    for l in &needed {
+    let so = plugin_so();
+    for l in &needed_libs(&so) {
         for bad in ["libcuda", "libcudart", "libnvrtc"] {
             assert!(!l.contains(bad), "{} depends on {bad}: {l}", so.display());
         }

@@ -2,44 +2,17 @@
 //! our struct layouts match the installed verbs.h, and (on hardware only, opt-in)
 //! the protocol runs over real RC queue pairs. See docs/IB.md.
 
-use std::path::PathBuf;
 use std::process::Command;
 
 use nccl_net_zip::transport::ib::verbs::sys::LAYOUT;
 
-/// The cdylib cargo built with the library for this test run (see tests/pair.rs).
-fn plugin() -> PathBuf {
-    let exe = std::env::current_exe().expect("test exe path");
-    let deps = exe.parent().expect("deps dir");
-    let candidates = [
-        deps.join("libnccl_net_zip.so"),
-        deps.parent()
-            .expect("profile dir")
-            .join("libnccl_net_zip.so"),
-    ];
-    candidates
-        .iter()
-        .find(|p| p.exists())
-        .cloned()
-        .unwrap_or_else(|| panic!("plugin not built: none of {candidates:?} exists"))
-}
+mod support;
+use support::{needed_libs, plugin_so as plugin};
 
 #[test]
 fn plugin_has_no_libibverbs_dependency() {
     let so = plugin();
-    let out = Command::new("readelf")
-        .arg("-d")
-        .arg(&so)
-        .output()
-        .expect("readelf (binutils) is needed for this test");
-    assert!(out.status.success(), "readelf -d {so:?} failed");
-    let dynamic = String::from_utf8_lossy(&out.stdout);
-    let needed: Vec<&str> = dynamic.lines().filter(|l| l.contains("(NEEDED)")).collect();
-    assert!(
-        !needed.is_empty(),
-        "no NEEDED entries parsed from:\n{dynamic}"
-    );
-    for l in &needed {
+    for l in &needed_libs(&so) {
         for banned in ["libibverbs", "librdmacm", "libmlx5", "libcuda"] {
             assert!(!l.contains(banned), "{so:?} has a hard dependency: {l}");
         }

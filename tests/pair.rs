@@ -12,26 +12,10 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-const PERF: &str = env!("CARGO_BIN_EXE_nccl-zip-perf");
+mod support;
+use support::plugin_so as plugin;
 
-fn plugin() -> PathBuf {
-    // The test runs from target/<profile>/deps/pair-<hash>. Cargo builds the cdylib
-    // with the library into deps/ and copies it up to target/<profile>/; prefer the
-    // deps/ file (always the one built for this run), then the copy.
-    let exe = std::env::current_exe().expect("test exe path");
-    let deps = exe.parent().expect("deps dir");
-    let candidates = [
-        deps.join("libnccl_net_zip.so"),
-        deps.parent()
-            .expect("profile dir")
-            .join("libnccl_net_zip.so"),
-    ];
-    candidates
-        .iter()
-        .find(|p| p.exists())
-        .cloned()
-        .unwrap_or_else(|| panic!("plugin not built: none of {candidates:?} exists"))
-}
+const PERF: &str = env!("CARGO_BIN_EXE_nccl-zip-perf");
 
 /// A fresh directory for one test's handle files.
 fn scratch(name: &str) -> PathBuf {
