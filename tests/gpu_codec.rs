@@ -85,9 +85,7 @@ fn gpu_encode(g: &GpuCodec, cases: &[Case]) -> Vec<Result<Vec<u8>, Status>> {
             .collect();
         // SAFETY: buffers live until wait() returns below.
         unsafe { g.encode_batch(&stream, &mut batch, &jobs) }.unwrap();
-        let res = batch
-            .wait(timeout())
-            .expect("encode batch did not finish");
+        let res = batch.wait(timeout()).expect("encode batch did not finish");
         stream.synchronize().unwrap();
         for (r, (_, d)) in res.into_iter().zip(&bufs) {
             out.push(r.map(|len| {
@@ -127,9 +125,7 @@ fn gpu_decode(g: &GpuCodec, frames: &[(Vec<u8>, usize)]) -> Vec<Result<Vec<u8>, 
             .collect();
         // SAFETY: buffers live until wait() returns below.
         unsafe { g.decode_batch(&stream, &mut batch, &jobs) }.unwrap();
-        let res = batch
-            .wait(timeout())
-            .expect("decode batch did not finish");
+        let res = batch.wait(timeout()).expect("decode batch did not finish");
         stream.synchronize().unwrap();
         for (r, (_, d)) in res.into_iter().zip(&bufs) {
             out.push(r.map(|len| {
