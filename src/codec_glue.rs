@@ -24,14 +24,27 @@ impl Coder {
     /// length, or `None` to send `src` raw (the wire never carries more than the
     /// data). For memory that must not move (registered RDMA buffers).
     pub fn encode_into(&self, src: &[u8], out: &mut [u8], stats: &Stats) -> Option<usize> {
-        match self.policy.decide(src.len()) {
-            Decision::Compress => {}
-            Decision::RawSmall => return None,
+        if !self.wants(src.len(), stats) {
+            return None;
+        }
+        self.compress(src, out, stats)
+    }
+
+    /// The policy's decision for a chunk of `len` bytes (bypasses are counted).
+    pub fn wants(&self, len: usize, stats: &Stats) -> bool {
+        match self.policy.decide(len) {
+            Decision::Compress => true,
+            Decision::RawSmall => false,
             Decision::RawBypass => {
                 stats.add(&stats.bypassed, 1);
-                return None;
+                false
             }
         }
+    }
+
+    /// Runs the codec on `src` (the policy already said yes) and feeds the result
+    /// back to the policy; `None` when the frame would not be smaller.
+    pub fn compress(&self, src: &[u8], out: &mut [u8], stats: &Stats) -> Option<usize> {
         let out = out.get_mut(..codec::max_compressed_size(src.len()))?;
         let t0 = now_ns();
         let r = codec::compress(src, out, &self.opts);
@@ -82,7 +95,7 @@ pub fn decode_chunk(frame: &[u8], dst: &mut [u8], stats: &Stats) -> Result<()> {
 }
 
 /// Monotonic wall-clock ns. The policy wants wall time: see [`crate::adapt`].
-fn now_ns() -> u64 {
+pub(crate) fn now_ns() -> u64 {
     use std::sync::OnceLock;
     use std::time::Instant;
     static T0: OnceLock<Instant> = OnceLock::new();

@@ -70,6 +70,11 @@ pub struct Config {
     /// device's speed from /sys. Set it when the real bottleneck is elsewhere
     /// (a shaped or shared link).
     pub link_mbps: Option<u64>,
+    /// `NCCL_ZIP_GPU=auto|off`: offer `NCCL_PTR_CUDA` (GPU buffers, compressed by
+    /// the GPU kernels) when a CUDA device is present.
+    pub gpu: bool,
+    /// `NCCL_ZIP_GPU_EMULATE=1|nokernels`: testing without a GPU.
+    pub gpu_emulate: crate::gpu::Emulation,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -99,6 +104,8 @@ impl Default for Config {
             checksum: false,
             stats: false,
             link_mbps: None,
+            gpu: true,
+            gpu_emulate: crate::gpu::Emulation::Off,
         }
     }
 }
@@ -203,6 +210,22 @@ impl Config {
                 _ => return Err(bad("NCCL_SOCKET_FAMILY", &v, "AF_INET|AF_INET6")),
             };
         }
+        if let Some(v) = get("NCCL_ZIP_GPU") {
+            c.gpu = match v.to_ascii_lowercase().as_str() {
+                "auto" | "on" | "1" | "" => true,
+                "off" | "0" => false,
+                _ => return Err(bad("NCCL_ZIP_GPU", &v, "auto|off")),
+            };
+        }
+        if let Some(v) = get("NCCL_ZIP_GPU_EMULATE") {
+            use crate::gpu::Emulation;
+            c.gpu_emulate = match v.to_ascii_lowercase().as_str() {
+                "0" | "off" | "" => Emulation::Off,
+                "1" | "on" => Emulation::Kernels,
+                "nokernels" => Emulation::NoKernels,
+                _ => return Err(bad("NCCL_ZIP_GPU_EMULATE", &v, "0|1|nokernels")),
+            };
+        }
         let flag = |k: &str| {
             get(k)
                 .map(|v| matches!(v.as_str(), "1" | "on" | "true" | "yes"))
@@ -291,6 +314,8 @@ mod tests {
             ("NCCL_ZIP_IB_QPS", "17"),
             ("NCCL_ZIP_IB_STAGE_SLOTS", "33"),
             ("NCCL_ZIP_IB_STAGE_BYTES", "1K"),
+            ("NCCL_ZIP_GPU", "maybe"),
+            ("NCCL_ZIP_GPU_EMULATE", "2"),
         ] {
             let e = cfg(&[(k, v)]).unwrap_err().to_string();
             assert!(e.contains(k), "{e}");

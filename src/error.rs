@@ -21,6 +21,9 @@ pub enum Error {
         #[source]
         source: io::Error,
     },
+    /// A CUDA driver call failed (or the driver could not be used at all).
+    #[error("CUDA error: {0}")]
+    Cuda(String),
     /// A bug or an impossible state inside the plugin.
     #[error("internal error: {0}")]
     Internal(String),
@@ -54,6 +57,7 @@ impl Error {
                 context: context.clone(),
                 source: io::Error::new(source.kind(), source.to_string()),
             },
+            Error::Cuda(s) => Error::Cuda(s.clone()),
             Error::Internal(s) => Error::Internal(s.clone()),
         }
     }

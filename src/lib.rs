@@ -16,6 +16,7 @@ pub use nccl_zip_codec as codec;
 pub mod adapt;
 pub mod codec_glue;
 pub mod config;
+pub mod devpath;
 pub mod error;
 pub mod gpu;
 pub mod log;

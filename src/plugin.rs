@@ -232,9 +232,20 @@ impl Plugin {
             guid: dev as u64,
             speed_mbps: d.speed_mbps,
             max_recvs: MAX_RECVS,
-            ptr_support: crate::ffi::abi::NCCL_PTR_HOST as i32,
+            ptr_support: crate::ffi::abi::NCCL_PTR_HOST as i32
+                | if self.tcp_offers_cuda() {
+                    crate::ffi::abi::NCCL_PTR_CUDA as i32
+                } else {
+                    0
+                },
             port: 0,
         })
+    }
+
+    /// TCP comms accept CUDA buffers (staged through the device path) unless
+    /// `NCCL_ZIP_GPU=off` or there is no CUDA device.
+    pub fn tcp_offers_cuda(&self) -> bool {
+        self.cfg.gpu && crate::gpu::cuda_offered(self.cfg.gpu_emulate)
     }
 
     /// The opened IB port `dev` (opened on first use, then shared).

@@ -14,6 +14,8 @@ pub struct Stats {
     pub chunks_raw: AtomicU64,
     /// Chunks the adaptive policy sent raw because compression was not paying.
     pub bypassed: AtomicU64,
+    /// Chunks staged through a device lane (CUDA buffers).
+    pub chunks_device: AtomicU64,
     /// Time spent in the codec, nanoseconds.
     pub codec_ns: AtomicU64,
     /// Bytes of staging memory this comm's threads hold now.
@@ -34,7 +36,7 @@ impl Stats {
             1.0
         };
         format!(
-            "messages {} raw {} B wire {} B ratio {:.3} chunks compressed {} raw {} (bypass {}) codec {:.1} ms staging {} KiB",
+            "messages {} raw {} B wire {} B ratio {:.3} chunks compressed {} raw {} (bypass {}, device {}) codec {:.1} ms staging {} KiB",
             self.messages.load(Relaxed),
             raw,
             wire,
@@ -42,6 +44,7 @@ impl Stats {
             self.chunks_compressed.load(Relaxed),
             self.chunks_raw.load(Relaxed),
             self.bypassed.load(Relaxed),
+            self.chunks_device.load(Relaxed),
             self.codec_ns.load(Relaxed) as f64 / 1e6,
             self.staging_bytes.load(Relaxed) >> 10
         )
@@ -70,6 +73,28 @@ impl Held {
             self.io_threads.load(Relaxed),
             self.staging_bytes.load(Relaxed) >> 10
         )
+    }
+}
+
+/// `n` bytes of staging memory held elsewhere (pinned or device-mapped), counted in
+/// a comm's stats and in [`HELD`] for as long as this value lives.
+pub struct Charge<'a> {
+    n: u64,
+    comm: &'a AtomicU64,
+}
+
+impl<'a> Charge<'a> {
+    pub fn new(comm: &'a AtomicU64, n: u64) -> Self {
+        comm.fetch_add(n, Relaxed);
+        HELD.staging_bytes.fetch_add(n, Relaxed);
+        Charge { n, comm }
+    }
+}
+
+impl Drop for Charge<'_> {
+    fn drop(&mut self) {
+        self.comm.fetch_sub(self.n, Relaxed);
+        HELD.staging_bytes.fetch_sub(self.n, Relaxed);
     }
 }
 

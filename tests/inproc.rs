@@ -35,9 +35,9 @@ fn oversize_message_is_invalid_usage() {
     let (s, r) = pair();
     let msg = pattern(7, 5000);
     let mut buf = vec![0u8; 4096];
-    let rq = r.irecv(buf.as_mut_ptr(), buf.len()).unwrap().unwrap()
+    let rq = r.irecv(buf.as_mut_ptr(), buf.len(), None).unwrap().unwrap()
         as *const nccl_net_zip::proto::slots::Slot;
-    s.isend(msg.as_ptr(), msg.len()).unwrap().unwrap();
+    s.isend(msg.as_ptr(), msg.len(), None).unwrap().unwrap();
     let rq = unsafe { &*rq };
     let t0 = std::time::Instant::now();
     loop {

@@ -9,6 +9,7 @@ pub fn to_nccl(e: &Error) -> ncclResult_t {
         Error::InvalidUsage(_) => ncclResult_t::ncclInvalidUsage,
         Error::Remote(_) => ncclResult_t::ncclRemoteError,
         Error::System { .. } => ncclResult_t::ncclSystemError,
+        Error::Cuda(_) => ncclResult_t::ncclUnhandledCudaError,
         Error::Internal(_) => ncclResult_t::ncclInternalError,
     }
 }
@@ -28,8 +29,9 @@ mod tests {
                 source: std::io::Error::other("x"),
             },
             Error::Internal("e".into()),
+            Error::Cuda("f".into()),
         ];
         let codes: Vec<u32> = all.iter().map(|e| to_nccl(e) as u32).collect();
-        assert_eq!(codes, vec![4, 5, 6, 2, 3]);
+        assert_eq!(codes, vec![4, 5, 6, 2, 3, 1]);
     }
 }

@@ -8,7 +8,9 @@ use crate::error::{Error, Result};
 use crate::plugin::{self, AnyListen, AnyRecv, AnySend, MAX_RECVS};
 use crate::proto::slots::Slot;
 use crate::proto::wire::HANDLE_SIZE;
+use crate::gpu::Backend;
 use crate::transport::ib::comm::{IbMr, MrCache};
+use std::sync::Arc;
 
 impl Kind for AnyListen {
     const TAG: u64 = u64::from_le_bytes(*b"zipLISTN");
@@ -30,6 +32,8 @@ pub struct MemHandle {
     #[allow(dead_code)]
     ptr_type: c_int,
     ib: Option<IbMr>,
+    /// CUDA memory (TCP): the device its chunks are staged through.
+    dev: Option<Arc<dyn Backend>>,
 }
 
 /// The registration cache of an IB comm (send or recv); `None` for TCP comms.
@@ -58,6 +62,17 @@ unsafe fn ib_mr<'a>(mh: *mut c_void) -> Result<Option<&'a IbMr>> {
         return Ok(None);
     }
     Ok(Obj::<MemHandle>::get(mh)?.ib.as_ref())
+}
+
+/// The device behind an isend/irecv mhandle: `None` for host memory (or NULL).
+///
+/// # Safety
+/// `mh` must be NULL or an mhandle from `regMr`.
+unsafe fn dev_of(mh: *mut c_void) -> Result<Option<Arc<dyn Backend>>> {
+    if mh.is_null() {
+        return Ok(None);
+    }
+    Ok(Obj::<MemHandle>::get(mh)?.dev.clone())
 }
 impl Kind for MemHandle {
     const TAG: u64 = u64::from_le_bytes(*b"zipMHNDL");
@@ -174,16 +189,38 @@ unsafe extern "C" fn reg_mr(
         if comm.is_null() {
             return Err(Error::InvalidArgument("regMr on a NULL comm".into()));
         }
-        if ty != NCCL_PTR_HOST as c_int {
-            return Err(Error::InvalidArgument(format!(
-                "regMr of pointer type {ty}: this build supports host memory only"
-            )));
-        }
-        let ib = match ib_mrs(comm)? {
+        let ib = ib_mrs(comm)?;
+        let dev = match (ty as u32, ib) {
+            (NCCL_PTR_HOST, _) => None,
+            (NCCL_PTR_CUDA, None) => {
+                let p = plugin::get()?;
+                if !p.tcp_offers_cuda() {
+                    return Err(Error::InvalidArgument(
+                        "regMr of CUDA memory, but ptrSupport does not offer NCCL_PTR_CUDA (NCCL_ZIP_GPU=off or no CUDA device)".into(),
+                    ));
+                }
+                Some(crate::gpu::backend_for(data as u64, p.cfg.gpu_emulate)?)
+            }
+            (NCCL_PTR_CUDA, Some(_)) => {
+                return Err(Error::InvalidArgument(
+                    "regMr of CUDA memory on an IB comm: GPUDirect RDMA is not offered (ptrSupport lacks NCCL_PTR_CUDA)".into(),
+                ))
+            }
+            _ => {
+                return Err(Error::InvalidArgument(format!(
+                    "regMr of pointer type {ty}: expected NCCL_PTR_HOST or NCCL_PTR_CUDA"
+                )))
+            }
+        };
+        let ib = match ib {
             Some(m) => Some(m.register(data as *mut u8, size)?),
             None => None,
         };
-        *mh = Obj::into_raw(MemHandle { ptr_type: ty, ib });
+        *mh = Obj::into_raw(MemHandle {
+            ptr_type: ty,
+            ib,
+            dev,
+        });
         Ok(())
     })
 }
@@ -207,6 +244,7 @@ unsafe extern "C" fn reg_mr_dma_buf(
             *mh = Obj::into_raw(MemHandle {
                 ptr_type: ty,
                 ib: Some(r),
+                dev: None,
             });
             return Ok(());
         }
@@ -234,7 +272,7 @@ unsafe extern "C" fn isend(
         let size = usize::try_from(size)
             .map_err(|_| Error::InvalidArgument(format!("isend of {size} bytes")))?;
         let slot = match Obj::<AnySend>::get(send_comm)? {
-            AnySend::Tcp(c) => c.isend(data as *const u8, size)?,
+            AnySend::Tcp(c) => c.isend(data as *const u8, size, dev_of(mhandle)?)?,
             AnySend::Ib(c) => c.isend(data as *const u8, size, ib_mr(mhandle)?)?,
         };
         if let Some(slot) = slot {
@@ -266,7 +304,10 @@ unsafe extern "C" fn irecv(
         let cap = usize::try_from(cap)
             .map_err(|_| Error::InvalidArgument(format!("irecv of {cap} bytes")))?;
         let slot = match Obj::<AnyRecv>::get(recv_comm)? {
-            AnyRecv::Tcp(c) => c.irecv(buf as *mut u8, cap)?,
+            AnyRecv::Tcp(c) => {
+                let mh = mhandles.as_ref().map_or(std::ptr::null_mut(), |m| *m);
+                c.irecv(buf as *mut u8, cap, dev_of(mh)?)?
+            }
             AnyRecv::Ib(c) => {
                 let mh = mhandles.as_ref().map_or(std::ptr::null_mut(), |m| *m);
                 c.irecv(buf as *mut u8, cap, ib_mr(mh)?)?

@@ -29,10 +29,13 @@
 //! Design and the variants still to measure: docs/GPU.md.
 
 pub mod abi;
+pub mod backend;
 pub mod codec;
+mod cuda_lane;
 pub mod driver;
 
 pub use abi::Status;
+pub use backend::{backend_for, cuda_offered, Backend, Emulation, Lane};
 pub use codec::{
     DecodeJob, EncodeJob, GpuBatch, GpuCodec, GpuError, JobOutcome, KernelSource, NVCC_VERSION,
 };

@@ -195,6 +195,13 @@ impl Ring {
         Some((seq, slot))
     }
 
+    /// The seq the next `post` will take, if its slot is free (only the progress
+    /// thread posts, so the answer holds until it posts).
+    pub fn next_free(&self) -> Option<u64> {
+        let seq = self.next_seq.load(Relaxed);
+        (self.slots[seq as usize % NSLOTS].state.load(Acquire) == FREE).then_some(seq)
+    }
+
     /// The slot that holds (or will hold) `seq`.
     pub fn slot(&self, seq: u64) -> &Slot {
         &self.slots[seq as usize % NSLOTS]

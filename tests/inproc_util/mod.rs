@@ -2,6 +2,9 @@
 //! because the plugin reads its configuration once per process).
 #![allow(dead_code)]
 
+use std::sync::Arc;
+
+use nccl_net_zip::gpu::Backend;
 use nccl_net_zip::plugin;
 use nccl_net_zip::proto::slots::Slot;
 use nccl_net_zip::proto::wire::HANDLE_SIZE;
@@ -58,13 +61,29 @@ pub fn bf16_gaussian(seed: u64, n: usize, sigma: f32) -> Vec<u8> {
 /// Sends every message and receives it into a fresh buffer, 8 in flight, tests in
 /// posting order, and checks bytes and reported sizes.
 pub fn transfer_and_check(s: &SendComm, r: &RecvComm, msgs: &[Vec<u8>], cap: usize) {
+    transfer_and_check_on(s, r, msgs, cap, None, None)
+}
+
+/// [`transfer_and_check`] with the send and receive buffers registered as device
+/// memory of `sdev` / `rdev` (`None`: host memory).
+pub fn transfer_and_check_on(
+    s: &SendComm,
+    r: &RecvComm,
+    msgs: &[Vec<u8>],
+    cap: usize,
+    sdev: Option<Arc<dyn Backend>>,
+    rdev: Option<Arc<dyn Backend>>,
+) {
     let mut bufs: Vec<Vec<u8>> = msgs.iter().map(|_| vec![0xEEu8; cap]).collect();
     for (w, window) in msgs.chunks(8).enumerate() {
         let mut reqs: Vec<(*const Slot, *const Slot)> = Vec::new();
         for (k, m) in window.iter().enumerate() {
             let rb = bufs[w * 8 + k].as_mut_ptr();
-            let rq = r.irecv(rb, cap).unwrap().expect("slot") as *const Slot;
-            let sq = s.isend(m.as_ptr(), m.len()).unwrap().expect("slot") as *const Slot;
+            let rq = r.irecv(rb, cap, rdev.clone()).unwrap().expect("slot") as *const Slot;
+            let sq = s
+                .isend(m.as_ptr(), m.len(), sdev.clone())
+                .unwrap()
+                .expect("slot") as *const Slot;
             reqs.push((sq, rq));
         }
         for (k, (sq, rq)) in reqs.iter().enumerate() {

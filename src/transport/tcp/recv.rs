@@ -17,6 +17,10 @@ use tracing::info;
 use super::core::{spawn_io, Core};
 use super::sock::{configure_data_socket, recv_exact, recv_exact_or_eof};
 use crate::config::Config;
+use crate::devpath::DevSide;
+use crate::gpu::Backend;
+use crate::proto::slots::NSLOTS;
+use parking_lot::Mutex;
 use crate::error::{Error, Result};
 use crate::proto::slots::Slot;
 use crate::proto::wire::{ChunkHeader, CHUNK_HEADER_SIZE};
@@ -25,7 +29,13 @@ use crate::stats::Staging;
 pub struct RecvComm {
     core: Arc<Core>,
     threads: Vec<JoinHandle<()>>,
+    /// The device of each posted receive (`seq % NSLOTS`); `None`: host memory.
+    devs: Arc<Devs>,
 }
+
+/// Per request slot: the device whose memory the posted buffer is. Written by
+/// `irecv` before the slot is published, read by the I/O thread after.
+type Devs = [Mutex<Option<Arc<dyn Backend>>>; NSLOTS];
 
 impl RecvComm {
     /// `max_chunk` is the sender's (from its hello); it bounds a compressed chunk.
@@ -47,44 +57,59 @@ impl RecvComm {
             cfg.stats.then_some(super::send::STATS_EVERY),
         ));
         let max_wire = crate::codec_glue::max_wire(max_chunk);
+        let devs: Arc<Devs> = Arc::new(std::array::from_fn(|_| Mutex::new(None)));
         let mut threads = Vec::with_capacity(n);
         for i in 0..n {
-            let c = core.clone();
+            let (c, d) = (core.clone(), devs.clone());
             threads.push(spawn_io(format!("zip-recv{i}"), core.clone(), move || {
-                recv_loop(&c, i, max_wire)
+                recv_loop(&c, &d, i, max_wire)
             })?);
         }
         info!("recv comm from {peer}: {n} streams");
-        Ok(RecvComm { core, threads })
+        Ok(RecvComm {
+            core,
+            threads,
+            devs,
+        })
     }
 
-    /// Posts `cap` bytes at `buf` for the next message. `Ok(None)`: retry later.
-    pub fn irecv(&self, buf: *mut u8, cap: usize) -> Result<Option<&Slot>> {
+    /// Posts `cap` bytes at `buf` (device memory of `dev` when given) for the next
+    /// message. `Ok(None)`: retry later.
+    pub fn irecv(
+        &self,
+        buf: *mut u8,
+        cap: usize,
+        dev: Option<Arc<dyn Backend>>,
+    ) -> Result<Option<&Slot>> {
         self.core.check()?;
         if buf.is_null() && cap > 0 {
             return Err(Error::InvalidArgument("irecv with a NULL buffer".into()));
         }
-        Ok(self
-            .core
-            .ring
-            .post(None, 0, Some((buf as usize, cap)))
-            .map(|(_, s)| s))
+        let ring = &self.core.ring;
+        let Some(seq) = ring.next_free() else {
+            return Ok(None);
+        };
+        // The slot is free, so no I/O thread reads this entry until `post` below
+        // publishes the request (the ring's lock orders the two).
+        *self.devs[seq as usize % NSLOTS].lock() = dev;
+        Ok(ring.post(None, 0, Some((buf as usize, cap))).map(|(_, s)| s))
     }
 }
 
-fn recv_loop(core: &Core, stream: usize, max_wire: usize) {
-    if let Err(e) = recv_chunks(core, stream, max_wire) {
+fn recv_loop(core: &Core, devs: &Devs, stream: usize, max_wire: usize) {
+    if let Err(e) = recv_chunks(core, devs, stream, max_wire) {
         if !core.closing() {
             core.fail(e);
         }
     }
 }
 
-fn recv_chunks(core: &Core, stream: usize, max_wire: usize) -> Result<()> {
+fn recv_chunks(core: &Core, devs: &Devs, stream: usize, max_wire: usize) -> Result<()> {
     let sock = &core.socks[stream];
     let peer = core.peer;
     let io_err = |e| Error::io(format!("receive from {peer} (stream {stream})"), e);
     let mut staging = Staging::new(&core.stats.staging_bytes);
+    let mut dev_side = DevSide::new(max_wire, &core.stats.staging_bytes);
     loop {
         let mut hb = [0u8; CHUNK_HEADER_SIZE];
         if !recv_exact_or_eof(sock, &mut hb).map_err(io_err)? {
@@ -108,28 +133,48 @@ fn recv_chunks(core: &Core, stream: usize, max_wire: usize) -> Result<()> {
             )));
         }
         slot.learn_size(h.total as usize)?;
-        let dst: &mut [u8] = if h.raw_len == 0 {
-            &mut []
+        let dev = devs[h.seq as usize % NSLOTS].lock().clone();
+        if let Some(b) = dev {
+            dev_side.receive(
+                &b,
+                |into| recv_exact(sock, into).map_err(io_err),
+                h.compressed(),
+                h.wire_len as usize,
+                (buf + h.offset as usize) as u64,
+                h.raw_len as usize,
+                &core.stats,
+            )?;
         } else {
-            // SAFETY: the receive buffer holds `cap` >= total >= offset + raw_len bytes
-            // (checked above and in decode) and is ours until `test` reports done;
-            // chunks of one message never overlap (offsets come from one plan).
-            unsafe {
-                std::slice::from_raw_parts_mut(
-                    (buf + h.offset as usize) as *mut u8,
-                    h.raw_len as usize,
-                )
+            let dst: &mut [u8] = if h.raw_len == 0 {
+                &mut []
+            } else {
+                // SAFETY: the receive buffer holds `cap` >= total >= offset + raw_len
+                // bytes (checked above and in decode) and is ours until `test`
+                // reports done; chunks of one message never overlap (offsets come
+                // from one plan).
+                unsafe {
+                    std::slice::from_raw_parts_mut(
+                        (buf + h.offset as usize) as *mut u8,
+                        h.raw_len as usize,
+                    )
+                }
+            };
+            if h.compressed() {
+                let frame = staging.get(h.wire_len as usize);
+                recv_exact(sock, frame).map_err(io_err)?;
+                crate::codec_glue::decode_chunk(frame, dst, &core.stats)?;
+            } else {
+                recv_exact(sock, dst).map_err(io_err)?;
             }
-        };
-        if h.compressed() {
-            let frame = staging.get(h.wire_len as usize);
-            recv_exact(sock, frame).map_err(io_err)?;
-            crate::codec_glue::decode_chunk(frame, dst, &core.stats)?;
-            core.stats.add(&core.stats.chunks_compressed, 1);
-        } else {
-            recv_exact(sock, dst).map_err(io_err)?;
-            core.stats.add(&core.stats.chunks_raw, 1);
         }
+        core.stats.add(
+            if h.compressed() {
+                &core.stats.chunks_compressed
+            } else {
+                &core.stats.chunks_raw
+            },
+            1,
+        );
         core.stats.add(&core.stats.wire_bytes, h.wire_len as u64);
         core.stats.add(&core.stats.raw_bytes, h.raw_len as u64);
         if slot.bytes_placed(h.raw_len as usize) {

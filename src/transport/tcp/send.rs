@@ -19,6 +19,8 @@ use crate::adapt::Policy;
 use crate::codec::EncodeOptions;
 use crate::codec_glue::Coder;
 use crate::config::Config;
+use crate::devpath::DevSide;
+use crate::gpu::Backend;
 use crate::error::{Error, Result};
 use crate::proto::plan;
 use crate::proto::slots::Slot;
@@ -26,13 +28,15 @@ use crate::proto::wire::FLAG_COMPRESSED;
 use crate::proto::wire::{ChunkHeader, MAX_MESSAGE};
 use crate::stats::Staging;
 
-/// One chunk to write. `data` is NCCL's buffer, valid until `test` reports done.
+/// One chunk to write. `data` is NCCL's buffer, valid until `test` reports done;
+/// with `dev`, it is device memory staged through that device.
 struct Task {
     seq: u64,
     data: usize,
     total: u32,
     offset: u32,
     len: u32,
+    dev: Option<Arc<dyn Backend>>,
 }
 
 pub struct SendComm {
@@ -62,19 +66,28 @@ impl SendComm {
             cfg.stats.then_some(STATS_EVERY),
         ));
         let (tx, rx) = crossbeam_channel::unbounded::<Task>();
-        let coder = Arc::new(Coder {
-            policy: Policy::new(cfg.compress, link_mbps, n),
-            opts: EncodeOptions {
-                dtype: cfg.dtype,
-                checksum: cfg.checksum,
-                ..EncodeOptions::default()
+        let opts = EncodeOptions {
+            dtype: cfg.dtype,
+            checksum: cfg.checksum,
+            ..EncodeOptions::default()
+        };
+        // Host and device chunks run at different codec speeds: one policy each.
+        let coders = Arc::new(Coders {
+            host: Coder {
+                policy: Policy::new(cfg.compress, link_mbps, n),
+                opts,
+            },
+            dev: Coder {
+                policy: Policy::new(cfg.compress, link_mbps, n),
+                opts,
             },
         });
+        let max_wire = crate::codec_glue::max_wire(cfg.max_chunk);
         let mut threads = Vec::with_capacity(n);
         for i in 0..n {
-            let (c, rx, coder) = (core.clone(), rx.clone(), coder.clone());
+            let (c, rx, coders) = (core.clone(), rx.clone(), coders.clone());
             threads.push(spawn_io(format!("zip-send{i}"), core.clone(), move || {
-                send_loop(&c, i, rx, &coder)
+                send_loop(&c, i, rx, &coders, max_wire)
             })?);
         }
         info!(
@@ -89,8 +102,14 @@ impl SendComm {
         })
     }
 
-    /// Queues `size` bytes at `data`. `Ok(None)`: all request slots busy, retry later.
-    pub fn isend(&self, data: *const u8, size: usize) -> Result<Option<&Slot>> {
+    /// Queues `size` bytes at `data` (device memory of `dev` when given).
+    /// `Ok(None)`: all request slots busy, retry later.
+    pub fn isend(
+        &self,
+        data: *const u8,
+        size: usize,
+        dev: Option<Arc<dyn Backend>>,
+    ) -> Result<Option<&Slot>> {
         self.core.check()?;
         if size > MAX_MESSAGE as usize {
             return Err(Error::InvalidArgument(format!(
@@ -121,6 +140,7 @@ impl SendComm {
                 total: size as u32,
                 offset: offset as u32,
                 len: len as u32,
+                dev: dev.clone(),
             };
             tx.send(t)
                 .map_err(|_| Error::Internal("send queue closed".into()))?;
@@ -135,32 +155,64 @@ impl SendComm {
 /// Period of the `NCCL_ZIP_STATS=1` lines.
 pub const STATS_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
 
-fn send_loop(core: &Core, stream: usize, rx: Receiver<Task>, coder: &Coder) {
+/// The sender's codecs: one adaptive policy for host chunks, one for device chunks.
+struct Coders {
+    host: Coder,
+    dev: Coder,
+}
+
+fn send_loop(core: &Core, stream: usize, rx: Receiver<Task>, coders: &Coders, max_wire: usize) {
     let sock = &core.socks[stream];
     // Bounded: at most one compressed chunk (max_compressed_size(max_chunk)).
     let mut staging = Staging::new(&core.stats.staging_bytes);
+    // Device chunks: a lane (pinned staging of max_wire bytes), made on first use.
+    let mut dev_side = DevSide::new(max_wire, &core.stats.staging_bytes);
     while let Ok(t) = rx.recv() {
         if core.stopped() && core.check().is_err() {
             continue; // the comm failed: its requests already carry the error
         }
         let slot = core.ring.slot(t.seq);
-        let payload: &[u8] = if t.len == 0 {
-            &[]
-        } else {
-            // SAFETY: NCCL keeps the send buffer alive and unchanged until `test`
-            // reports this request done, which happens only after this write.
-            unsafe {
-                std::slice::from_raw_parts(
-                    (t.data + t.offset as usize) as *const u8,
-                    t.len as usize,
+        let encoded = match &t.dev {
+            None => {
+                let payload: &[u8] = if t.len == 0 {
+                    &[]
+                } else {
+                    // SAFETY: NCCL keeps the send buffer alive and unchanged until
+                    // `test` reports this request done, which happens only after
+                    // this write.
+                    unsafe {
+                        std::slice::from_raw_parts(
+                            (t.data + t.offset as usize) as *const u8,
+                            t.len as usize,
+                        )
+                    }
+                };
+                Ok(
+                    match coders
+                        .host
+                        .encode_chunk(payload, &mut staging, &core.stats)
+                    {
+                        Some(frame) => (true, frame),
+                        None => (false, payload),
+                    },
                 )
             }
+            Some(b) => dev_side.encode(
+                b,
+                &coders.dev,
+                (t.data + t.offset as usize) as u64,
+                t.len as usize,
+                &core.stats,
+            ),
         };
-        let (flags, wire): (u16, &[u8]) =
-            match coder.encode_chunk(payload, &mut staging, &core.stats) {
-                Some(frame) => (FLAG_COMPRESSED, frame),
-                None => (0, payload),
-            };
+        let (compressed, wire) = match encoded {
+            Ok(x) => x,
+            Err(e) => {
+                core.fail(e);
+                continue;
+            }
+        };
+        let flags = if compressed { FLAG_COMPRESSED } else { 0 };
         let hdr = ChunkHeader {
             flags,
             seq: t.seq,
