@@ -75,6 +75,12 @@ pub trait Backend: Send + Sync {
     fn describe(&self) -> String;
     /// A lane whose staging holds `max_wire` bytes, counted in `counter`.
     fn lane<'a>(&self, max_wire: usize, counter: &'a AtomicU64) -> Result<Box<dyn Lane + 'a>>;
+    /// Makes RDMA writes a NIC has completed into this device's memory visible to
+    /// later GPU work (`iflush` with GPUDirect RDMA on pre-Hopper GPUs):
+    /// `cuFlushGPUDirectRDMAWrites`. Synchronous.
+    fn flush_rdma_writes(&self) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// The backend of `ptr`, a buffer NCCL registers as `NCCL_PTR_CUDA`: the emulator,

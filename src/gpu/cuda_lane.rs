@@ -160,6 +160,24 @@ impl Backend for CudaBackend {
         }
     }
 
+    fn flush_rdma_writes(&self) -> Result<()> {
+        use sys::CUflushGPUDirectRDMAWritesScope::CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TO_OWNER;
+        use sys::CUflushGPUDirectRDMAWritesTarget::CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TARGET_CURRENT_CTX;
+        guarded("cuFlushGPUDirectRDMAWrites", || {
+            let e = cuda_err("cuFlushGPUDirectRDMAWrites");
+            self.ctx.bind_to_thread().map_err(&e)?;
+            // SAFETY: no arguments beyond the two enums; the context is current.
+            unsafe {
+                sys::cuFlushGPUDirectRDMAWrites(
+                    CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TARGET_CURRENT_CTX,
+                    CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TO_OWNER,
+                )
+            }
+            .result()
+            .map_err(&e)
+        })
+    }
+
     fn lane<'a>(&self, max_wire: usize, counter: &'a AtomicU64) -> Result<Box<dyn Lane + 'a>> {
         guarded("lane", || {
             let e = cuda_err("lane setup");
