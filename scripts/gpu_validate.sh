@@ -6,6 +6,7 @@
 #   1. build (release) with NCCL_ZIP_REQUIRE_KERNELS=1
 #   2. host proof (tests/kernels_host.rs) and load tests (tests/gpu_load.rs)
 #   3. GPU tests (tests/gpu_codec.rs): vectors byte identity, decode, sweep, corrupt frames
+#   3b. the TCP data path with CUDA buffers through the GPU lanes (tests/gpu_path.rs)
 #   4. the same GPU tests with NCCL_ZIP_GPU_FORCE_NVRTC=1 (the old-driver fallback)
 #   5. compute-sanitizer --tool memcheck (and racecheck on the vectors) over the GPU tests
 #   6. throughput benchmark (tests/gpu_bench.rs): 256 MiB, and 128 KiB/512 KiB/1 MiB x 8 in flight
@@ -50,6 +51,8 @@ step build cargo build --release --lib --tests
 step host_proof cargo test --release --test kernels_host --test gpu_load -- --nocapture
 step gpu_tests cargo test --release --test gpu_codec -- --nocapture --test-threads=1
 if grep -q "SKIP:" "$res/gpu_tests.log"; then say "!! GPU tests SKIPPED: $(grep -m1 SKIP: "$res/gpu_tests.log")"; fails=$((fails + 1)); fi
+step gpu_path cargo test --release --test gpu_path -- --nocapture
+if grep -q "SKIP:" "$res/gpu_path.log"; then say "!! data-path GPU test SKIPPED: $(grep -m1 SKIP: "$res/gpu_path.log")"; fails=$((fails + 1)); fi
 step gpu_tests_nvrtc env NCCL_ZIP_GPU_FORCE_NVRTC=1 cargo test --release --test gpu_codec -- --nocapture --test-threads=1
 grep -q "kernels Nvrtc" "$res/gpu_tests_nvrtc.log" || say "!! NVRTC run did not report 'kernels Nvrtc' (libnvrtc missing?)"
 

@@ -17,7 +17,7 @@ echo "== cargo test (plugin; the codec's suite runs below, in release)"
 cargo test --workspace --exclude nccl-zip-codec --no-fail-fast
 
 echo "== GPU tests (print SKIP and the reason when there is no usable GPU)"
-cargo test --test gpu_codec --test gpu_bench -- --nocapture 2>&1 | grep -E "^SKIP|^test result|^test .*(FAILED|ok)$|panicked"
+cargo test --test gpu_codec --test gpu_bench --test gpu_path -- --nocapture 2>&1 | grep -E "^SKIP|^test result|^test .*(FAILED|ok)$|panicked"
 
 if [ -x scripts/ci_codec.sh ]; then
   echo "== codec CI (fuzz smoke)"
