@@ -15,8 +15,8 @@
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
-use crate::codec::format::{FLAG_STORED, HEADER_LEN as FORMAT_HEADER_SIZE};
 use crate::codec;
+use crate::codec::format::{FLAG_STORED, HEADER_LEN as FORMAT_HEADER_SIZE};
 use crate::codec_glue::{decode_chunk, now_ns, Coder};
 use crate::error::{Error, Result};
 use crate::gpu::{Backend, Lane};
@@ -110,7 +110,9 @@ impl<'a> DevSide<'a> {
                         ));
                     }
                 }
-                Err(e) => tracing::warn!("GPU encode of a {len}-byte chunk failed, sending it raw: {e}"),
+                Err(e) => {
+                    tracing::warn!("GPU encode of a {len}-byte chunk failed, sending it raw: {e}")
+                }
             }
         }
         let (compressed, out) = match out {
@@ -177,5 +179,165 @@ impl<'a> DevSide<'a> {
             lane.upload_from(dst, out)?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::adapt::Policy;
+    use crate::config::CompressMode;
+    use crate::gpu::{backend_for, Emulation};
+
+    /// A lane over host memory whose kernels always fail.
+    struct Broken(Vec<u8>);
+    impl Lane for Broken {
+        fn staging(&mut self, len: usize) -> Result<&mut [u8]> {
+            Ok(&mut self.0[..len])
+        }
+        fn bytes(&self, off: usize, len: usize) -> &[u8] {
+            &self.0[off..off + len]
+        }
+        fn kernels(&self) -> bool {
+            true
+        }
+        fn download(&mut self, src: u64, len: usize) -> Result<()> {
+            // SAFETY: tests pass the address of a live host buffer of `len` bytes.
+            let s = unsafe { std::slice::from_raw_parts(src as usize as *const u8, len) };
+            self.0[..len].copy_from_slice(s);
+            Ok(())
+        }
+        fn upload(&mut self, _: u64, _: usize) -> Result<()> {
+            unreachable!()
+        }
+        fn upload_from(&mut self, _: u64, _: &[u8]) -> Result<()> {
+            unreachable!()
+        }
+        fn encode(&mut self, _: u64, _: usize, _: &EncodeOptions) -> Result<usize> {
+            Err(Error::Cuda("injected".into()))
+        }
+        fn decode(&mut self, _: usize, _: u64, _: usize) -> Result<usize> {
+            Err(Error::Cuda("injected".into()))
+        }
+    }
+    struct BrokenBackend;
+    impl Backend for BrokenBackend {
+        fn describe(&self) -> String {
+            "broken".into()
+        }
+        fn lane<'a>(&self, max_wire: usize, _: &'a AtomicU64) -> Result<Box<dyn Lane + 'a>> {
+            Ok(Box::new(Broken(vec![0; max_wire])))
+        }
+    }
+
+    fn coder(mode: CompressMode) -> Coder {
+        Coder {
+            policy: Policy::new(mode, 10_000, 1),
+            opts: EncodeOptions::default(),
+        }
+    }
+
+    use crate::codec::EncodeOptions;
+
+    #[test]
+    fn failed_gpu_encode_sends_the_chunk_raw() {
+        let stats = Stats::default();
+        let b: Arc<dyn Backend> = Arc::new(BrokenBackend);
+        let mut d = DevSide::new(codec::max_compressed_size(1 << 16), &stats.staging_bytes);
+        let src: Vec<u8> = (0..1 << 16).map(|i| (i * 7 % 251) as u8).collect();
+        let (compressed, wire) = d
+            .encode(
+                &b,
+                &coder(CompressMode::On),
+                src.as_ptr() as u64,
+                src.len(),
+                &stats,
+            )
+            .unwrap();
+        assert!(!compressed);
+        assert_eq!(wire, &src[..]);
+    }
+
+    #[test]
+    fn stored_frames_go_raw_and_shrinking_ones_compressed() {
+        let stats = Stats::default();
+        let b = backend_for(0, Emulation::Kernels).unwrap();
+        let mut d = DevSide::new(codec::max_compressed_size(1 << 16), &stats.staging_bytes);
+        let c = coder(CompressMode::On);
+        let random: Vec<u8> = (0..1u64 << 16)
+            .map(|i| (i.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 56) as u8)
+            .collect();
+        let (compressed, wire) = d
+            .encode(&b, &c, random.as_ptr() as u64, random.len(), &stats)
+            .unwrap();
+        assert!(!compressed);
+        assert_eq!(wire, &random[..], "a STORED frame's payload is the chunk");
+        let zeros = vec![0u8; 1 << 16];
+        let (compressed, wire) = d
+            .encode(&b, &c, zeros.as_ptr() as u64, zeros.len(), &stats)
+            .unwrap();
+        assert!(compressed && wire.len() < 100, "{}", wire.len());
+        // Off: raw, and the codec never runs.
+        let (compressed, wire) = d
+            .encode(
+                &b,
+                &coder(CompressMode::Off),
+                zeros.as_ptr() as u64,
+                zeros.len(),
+                &stats,
+            )
+            .unwrap();
+        assert!(!compressed && wire == &zeros[..]);
+    }
+
+    #[test]
+    fn oversized_chunks_are_rejected_before_reading() {
+        let stats = Stats::default();
+        let b = backend_for(0, Emulation::Kernels).unwrap();
+        let mut d = DevSide::new(codec::max_compressed_size(4096), &stats.staging_bytes);
+        let mut dst = vec![0u8; 8192];
+        for (compressed, wire, raw) in [
+            (false, 4097, 4097),
+            (true, 100, 4097),
+            (true, 4096 + 25, 4096),
+        ] {
+            let e = d
+                .receive(
+                    &b,
+                    |_| panic!("read must not be called"),
+                    compressed,
+                    wire,
+                    dst.as_mut_ptr() as u64,
+                    raw,
+                    &stats,
+                )
+                .unwrap_err();
+            assert!(matches!(e, Error::Remote(_)), "{e}");
+        }
+    }
+
+    #[test]
+    fn corrupt_frames_are_remote_errors_on_both_decoders() {
+        let stats = Stats::default();
+        for emu in [Emulation::Kernels, Emulation::NoKernels] {
+            let b = backend_for(0, emu).unwrap();
+            let mut d = DevSide::new(codec::max_compressed_size(4096), &stats.staging_bytes);
+            let mut dst = vec![0u8; 4096];
+            let e = d
+                .receive(
+                    &b,
+                    |buf| {
+                        buf.fill(0x5A);
+                        Ok(())
+                    },
+                    true,
+                    200,
+                    dst.as_mut_ptr() as u64,
+                    4096,
+                    &stats,
+                )
+                .unwrap_err();
+            assert!(matches!(e, Error::Remote(_)), "{emu:?}: {e}");
+        }
     }
 }

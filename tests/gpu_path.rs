@@ -50,7 +50,17 @@ fn cuda_buffers_through_the_gpu_codec_bit_exact() {
     std::env::set_var("NCCL_ZIP_CHECKSUM", "1");
     let Some(ctx) = context() else { return };
     let (s, r) = pair();
-    let sizes = [0usize, 1, 3, 4096, 65537, 256 << 10, (512 << 10) + 3, 1 << 20, 4 << 20];
+    let sizes = [
+        0usize,
+        1,
+        3,
+        4096,
+        65537,
+        256 << 10,
+        (512 << 10) + 3,
+        1 << 20,
+        4 << 20,
+    ];
     let mut msgs = Vec::new();
     for (i, &n) in sizes.iter().enumerate() {
         msgs.push(bf16_gaussian(i as u64, n, 0.02));

@@ -49,11 +49,23 @@ fn device_buffers_every_mix_bit_exact() {
     let msgs = messages();
     let cap = 3 << 20;
     for (name, sd, rd) in [
-        ("device -> device (kernels)", Some(k.clone()), Some(k.clone())),
+        (
+            "device -> device (kernels)",
+            Some(k.clone()),
+            Some(k.clone()),
+        ),
         ("device -> host", Some(k.clone()), None),
         ("host -> device", None, Some(k.clone())),
-        ("device -> device (no kernels)", Some(nk.clone()), Some(nk.clone())),
-        ("device (kernels) -> device (no kernels)", Some(k.clone()), Some(nk.clone())),
+        (
+            "device -> device (no kernels)",
+            Some(nk.clone()),
+            Some(nk.clone()),
+        ),
+        (
+            "device (kernels) -> device (no kernels)",
+            Some(k.clone()),
+            Some(nk.clone()),
+        ),
     ] {
         let (sdev0, rdev0) = (
             s.stats().chunks_device.load(Relaxed),

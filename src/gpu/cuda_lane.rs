@@ -84,9 +84,8 @@ fn pointer_ordinal(ptr: u64) -> Result<i32> {
 
 /// The backend of the device that owns `ptr`, opened on first use.
 pub fn backend_for(ptr: u64) -> Result<Arc<dyn Backend>> {
-    driver::driver_library_present().map_err(|u| {
-        Error::InvalidArgument(format!("regMr(NCCL_PTR_CUDA) but {u}"))
-    })?;
+    driver::driver_library_present()
+        .map_err(|u| Error::InvalidArgument(format!("regMr(NCCL_PTR_CUDA) but {u}")))?;
     let ordinal = guarded("cuPointerGetAttribute", || {
         cudarc::driver::result::init().map_err(cuda_err("cuInit"))?;
         pointer_ordinal(ptr)
@@ -236,7 +235,11 @@ impl CudaLane<'_> {
     fn run_one(
         &mut self,
         what: &str,
-        launch: impl FnOnce(&GpuCodec, &CudaStream, &mut GpuBatch) -> std::result::Result<(), super::GpuError>,
+        launch: impl FnOnce(
+            &GpuCodec,
+            &CudaStream,
+            &mut GpuBatch,
+        ) -> std::result::Result<(), super::GpuError>,
     ) -> Result<std::result::Result<u64, Status>> {
         let (Some(codec), Some(batch)) = (self.codec.as_deref(), self.batch.as_mut()) else {
             return Err(Error::Internal(format!("{what} on a lane without kernels")));
@@ -305,7 +308,9 @@ impl Lane for CudaLane<'_> {
         };
         // SAFETY: `src` is registered device memory of `len` bytes owned by this
         // request; `dst` is this lane's staging, idle until the batch completes.
-        match self.run_one("GPU encode", |c, s, b| unsafe { c.encode_batch(s, b, &[job]) })? {
+        match self.run_one("GPU encode", |c, s, b| unsafe {
+            c.encode_batch(s, b, &[job])
+        })? {
             Ok(n) => Ok(n as usize),
             Err(st) => Err(Error::Internal(format!("GPU encode failed: {st:?}"))),
         }
@@ -319,7 +324,9 @@ impl Lane for CudaLane<'_> {
             dst_cap: cap as u64,
         };
         // SAFETY: as in encode, with the roles of staging and device memory swapped.
-        match self.run_one("GPU decode", |c, s, b| unsafe { c.decode_batch(s, b, &[job]) })? {
+        match self.run_one("GPU decode", |c, s, b| unsafe {
+            c.decode_batch(s, b, &[job])
+        })? {
             Ok(n) => Ok(n as usize),
             // Blocks larger than the launch was sized for: decode on the CPU.
             Err(Status::BadArgs) => {

@@ -18,13 +18,13 @@ use super::core::{spawn_io, Core};
 use super::sock::{configure_data_socket, recv_exact, recv_exact_or_eof};
 use crate::config::Config;
 use crate::devpath::DevSide;
-use crate::gpu::Backend;
-use crate::proto::slots::NSLOTS;
-use parking_lot::Mutex;
 use crate::error::{Error, Result};
+use crate::gpu::Backend;
 use crate::proto::slots::Slot;
+use crate::proto::slots::NSLOTS;
 use crate::proto::wire::{ChunkHeader, CHUNK_HEADER_SIZE};
 use crate::stats::Staging;
+use parking_lot::Mutex;
 
 pub struct RecvComm {
     core: Arc<Core>,
@@ -92,7 +92,9 @@ impl RecvComm {
         // The slot is free, so no I/O thread reads this entry until `post` below
         // publishes the request (the ring's lock orders the two).
         *self.devs[seq as usize % NSLOTS].lock() = dev;
-        Ok(ring.post(None, 0, Some((buf as usize, cap))).map(|(_, s)| s))
+        Ok(ring
+            .post(None, 0, Some((buf as usize, cap)))
+            .map(|(_, s)| s))
     }
 }
 

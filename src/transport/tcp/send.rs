@@ -20,8 +20,8 @@ use crate::codec::EncodeOptions;
 use crate::codec_glue::Coder;
 use crate::config::Config;
 use crate::devpath::DevSide;
-use crate::gpu::Backend;
 use crate::error::{Error, Result};
+use crate::gpu::Backend;
 use crate::proto::plan;
 use crate::proto::slots::Slot;
 use crate::proto::wire::FLAG_COMPRESSED;
@@ -188,10 +188,7 @@ fn send_loop(core: &Core, stream: usize, rx: Receiver<Task>, coders: &Coders, ma
                     }
                 };
                 Ok(
-                    match coders
-                        .host
-                        .encode_chunk(payload, &mut staging, &core.stats)
-                    {
+                    match coders.host.encode_chunk(payload, &mut staging, &core.stats) {
                         Some(frame) => (true, frame),
                         None => (false, payload),
                     },
