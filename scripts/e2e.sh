@@ -67,7 +67,7 @@ run() {
   local name=$1 transport=$2 proto=$3 mode=$4
   shift 4
   local common=(NCCL_PROTO="$proto" NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET NCCL_P2P_DISABLE=1
-    NCCL_SHM_DISABLE=1 NCCL_NET_GDR_LEVEL=SYS CUBLAS_WORKSPACE_CONFIG=:4096:8 WORLD_SIZE=2
+    NCCL_SHM_DISABLE=1 NCCL_NET_GDR_LEVEL=SYS NCCL_NET_GDR_READ=1 CUBLAS_WORKSPACE_CONFIG=:4096:8 WORLD_SIZE=2
     MASTER_ADDR=$MASTER MASTER_PORT=$((29500 + RANDOM % 1000)))
   case $transport in
     socket) common+=(NCCL_NET=Socket) ;;
@@ -90,7 +90,10 @@ run() {
   # Which path NCCL took, from its own INFO lines.
   local via
   via=$(grep -ho 'via NET/[A-Za-z]*/[0-9]*\(/GDRDMA\)\?' "$OUT/$name.rank0.log" | sort | uniq -c | tr '\n' ' ')
-  log "$name ok; NCCL: ${via:-no 'via NET' line found}"
+  # Which buffers the plugin got: GPU (its device path, with or without kernels) or host.
+  local dev
+  dev=$(grep -ho 'device path: .*' "$OUT/$name.rank0.log" | head -1)
+  log "$name ok; NCCL: ${via:-no 'via NET' line found}; plugin: ${dev:-host buffers only}"
 }
 
 FAIL=0
