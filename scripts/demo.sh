@@ -16,7 +16,11 @@
 # through the plugin, against NCCL's Socket transport: scripts/e2e.sh, bench part.
 #
 # Env: RATE (2gbit | 10gbit | none), SIZES (512K,4M), BYTES (bytes per run, 96M),
-#      REPS (1), OUT (results file; default bench/results/demo-<rate>-<date>.md).
+#      REPS (1), OUT (results file; default bench/results/demo-<rate>-<date>.md,
+#      demo-<rate>-cuda-<date>.md with MEM=cuda),
+#      MEM (host | cuda: `--mem` of both ranks; cuda needs a GPU, or
+#      NCCL_ZIP_GPU_EMULATE=1 for emulated device memory; MEM=cuda always runs the
+#      two-namespace demo, never the PyTorch one).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -25,21 +29,34 @@ RATE=${RATE:-2gbit}
 SIZES=${SIZES:-512K,4M}
 BYTES=${BYTES:-$((96 << 20))}
 REPS=${REPS:-1}
+MEM=${MEM:-host}
+case $MEM in host | cuda) ;; *) echo "demo: MEM=$MEM: expected host or cuda" >&2; exit 2 ;; esac
 
 scripts/setup.sh
-if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 \
+if [[ $MEM == host ]] && command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 \
   && python3 -c 'import torch,sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
   echo "demo: GPU present: a real NCCL all_reduce through the plugin (PyTorch, 2 ranks)"
   PARTS=bench MAX_BYTES=$((64 << 20)) exec scripts/e2e.sh
 fi
 cargo build --release --quiet --lib --bins
 TD=${CARGO_TARGET_DIR:-$ROOT/target}
-BIN=$TD/release/nccl-zip-perf
+PERF=$TD/release/nccl-zip-perf
 SO=$TD/release/libnccl_net_zip.so
 WORK=$(mktemp -d)
 cleanup() { "$ROOT/scripts/netns.sh" down >/dev/null 2>&1 || true; rm -rf "$WORK"; }
 trap cleanup EXIT
 source "$ROOT/scripts/lib/pair.sh"
+# run_pair starts "$BIN recv|send ...": this wrapper gives both ranks --mem $MEM.
+BIN=$WORK/nccl-zip-perf
+printf '#!/bin/sh\nrole=$1; shift\nexec "%s" "$role" --mem "%s" "$@"\n' "$PERF" "$MEM" >"$BIN"
+chmod +x "$BIN"
+# Fails early, with the tool's reason, if this machine or plugin cannot do MEM.
+if ! "$BIN" loop --sizes 4K --count 1 --plugin "$SO" >"$WORK/mem.out" 2>&1; then
+  echo "demo: MEM=$MEM does not run here:" >&2
+  grep -v '^WARNS' "$WORK/mem.out" >&2
+  exit 1
+fi
+MEMDESC=$(sed -n 's/^mem: //p' "$WORK/mem.out" | head -1)
 
 SETS=()
 if [ -f bench/data/weights.bf16 ] || scripts/make_tensors.sh >"$WORK/tensors.log" 2>&1; then
@@ -63,7 +80,7 @@ else
 fi
 
 echo
-echo "nccl-net-zip demo: 2 ranks, 2 network namespaces, $LINK, messages $SIZES"
+echo "nccl-net-zip demo: 2 ranks, 2 network namespaces, $LINK, messages $SIZES, memory $MEMDESC"
 echo
 ROWS=()
 for set in "${SETS[@]}"; do
@@ -92,14 +109,16 @@ for set in "${SETS[@]}"; do
 done
 
 DATE=$(date -u +%Y-%m-%d)
-OUT=${OUT:-$ROOT/bench/results/demo-${RATE}-$DATE.md}
+SUFFIX=; [[ $MEM == cuda ]] && SUFFIX=-cuda
+OUT=${OUT:-$ROOT/bench/results/demo-${RATE}$SUFFIX-$DATE.md}
 mkdir -p "$(dirname "$OUT")"
 {
-  echo "# Demo: compressed vs uncompressed through the plugin, $LINK ($DATE)"
+  echo "# Demo: compressed vs uncompressed through the plugin, $LINK, $MEM memory ($DATE)"
   echo
-  echo "- Machine: $(lscpu | sed -n 's/^Model name: *//p' | head -1), $(nproc) cores, kernel $(uname -r); no GPU (host-memory path, CPU codec)"
+  echo "- Machine: $(lscpu | sed -n 's/^Model name: *//p' | head -1), $(nproc) cores, kernel $(uname -r); $([[ $MEM == host ]] && echo "no GPU (host-memory path, CPU codec)" || nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1 | grep . || echo "no GPU")"
+  echo "- Memory: \`--mem $MEM\` on both ranks: $MEMDESC; buffers registered $([[ $MEM == host ]] && echo NCCL_PTR_HOST || echo NCCL_PTR_CUDA)"
   echo "- Commit: $(git -C "$ROOT" rev-parse --short HEAD)$(git -C "$ROOT" diff --quiet HEAD -- src codec || echo ' (modified)')"
-  echo "- Command: \`RATE=$RATE SIZES=$SIZES BYTES=$BYTES REPS=$REPS $CMD\`"
+  echo "- Command: \`RATE=$RATE SIZES=$SIZES BYTES=$BYTES REPS=$REPS MEM=$MEM $CMD\`"
   echo "- Every column: the same plugin, link and data, in the same run; only NCCL_ZIP_COMPRESS differs: auto (the default: adaptive), on (always run the codec), off (the uncompressed baseline)."
   echo "- Throughput: receiver side, GB/s = 1e9 B/s (median of $REPS); wire: bytes counted by the receiving veth per payload byte (Ethernet/IP/TCP headers included)."
   echo "- Sender and receiver share this machine's 2 cores, so the encoder, the decoder and both TCP stacks compete for them: where \"on\" falls below \"off\", the CPU codec (not the link) is the limit."

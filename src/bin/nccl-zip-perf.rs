@@ -3,7 +3,9 @@
 //! delivered byte, the sizes `test()` reports, error codes on failure paths, and
 //! that closing leaves no thread or fd behind; with `--bench` it measures
 //! throughput per message size, and `--baseline tcp` measures a plain
-//! single-socket TCP transfer of the same schedule. Run with `--help`.
+//! single-socket TCP transfer of the same schedule. `--mem cuda` puts the buffers in
+//! GPU memory (or, under `NCCL_ZIP_GPU_EMULATE`, the plugin's emulated device
+//! memory) and registers them `NCCL_PTR_CUDA` (mem.rs). Run with `--help`.
 
 #[path = "nccl-zip-perf/bench.rs"]
 mod bench;
@@ -11,6 +13,8 @@ mod bench;
 mod cli;
 #[path = "nccl-zip-perf/data.rs"]
 mod data;
+#[path = "nccl-zip-perf/mem.rs"]
+mod mem;
 #[path = "nccl-zip-perf/net.rs"]
 mod net;
 #[path = "nccl-zip-perf/pipe.rs"]
@@ -23,8 +27,10 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bench::BenchClock;
-use cli::{Opts, Role, StrangerMode};
+use cli::{MemKind, Opts, Role, StrangerMode};
 use data::{offset, schedule, Msg, Payloads, Rng};
+use mem::Mem;
+use nccl_net_zip::ffi::abi::NCCL_PTR_CUDA;
 use nccl_net_zip::proto::wire::{Handle, Hello};
 use net::{Comm, Net};
 use pipe::{Buffers, Fail, Pipe, PlainSender};
@@ -163,6 +169,16 @@ impl Open<'_> {
 fn run_plugin(o: &Opts) -> u8 {
     let t0 = Instant::now();
     let dl = Deadline(t0 + o.timeout);
+    // Device memory first: NCCL has its CUDA context before it loads a net plugin,
+    // and the context's threads and fds must not count as the plugin's leaks.
+    let mem = match Mem::open(o.mem) {
+        Ok(m) => m,
+        Err(e) => {
+            eprintln!("nccl-zip-perf: {e}");
+            return EXIT_FAIL;
+        }
+    };
+    println!("{}", mem.describe());
     let path = o.plugin.clone().unwrap_or_else(default_plugin);
     let net = match Net::open(&path) {
         Ok(n) => n,
@@ -182,7 +198,7 @@ fn run_plugin(o: &Opts) -> u8 {
         send_comm: std::ptr::null_mut(),
         recv_comm: std::ptr::null_mut(),
     };
-    let result = drive(o, &net, &msgs, &dl, &mut st);
+    let result = drive(o, &net, &mem, &msgs, &dl, &mut st);
     let last_progress = [st.send.as_ref(), st.recv.as_ref()]
         .into_iter()
         .flatten()
@@ -278,6 +294,7 @@ fn run_plugin(o: &Opts) -> u8 {
 fn drive<'a>(
     o: &Opts,
     net: &'a Net,
+    mem: &Mem,
     msgs: &'a [Msg],
     dl: &Deadline,
     st: &mut Open<'a>,
@@ -301,6 +318,12 @@ fn drive<'a>(
             return Err(Fail::Check(format!(
                 "device {d}: properties unusable by NCCL (maxRecvs {}, ptrSupport {:#x})",
                 p.maxRecvs, p.ptrSupport
+            )));
+        }
+        if d == o.dev && mem.kind() == MemKind::Cuda && p.ptrSupport & NCCL_PTR_CUDA as i32 == 0 {
+            return Err(Fail::Check(format!(
+                "--mem cuda: device {d} ptrSupport {:#x} lacks NCCL_PTR_CUDA ({:#x}): NCCL would never give this plugin GPU buffers",
+                p.ptrSupport, NCCL_PTR_CUDA
             )));
         }
     }
@@ -355,7 +378,15 @@ fn drive<'a>(
     let _ = std::io::stdout().flush();
 
     if want_send {
-        st.send = Some(Pipe::new(net, st.send_comm, true, msgs, send_cap(msgs), o)?);
+        st.send = Some(Pipe::new(
+            net,
+            st.send_comm,
+            true,
+            msgs,
+            send_cap(msgs),
+            o,
+            mem,
+        )?);
     }
     if want_recv {
         st.recv = Some(Pipe::new(
@@ -365,6 +396,7 @@ fn drive<'a>(
             msgs,
             recv_cap(o, msgs),
             o,
+            mem,
         )?);
     }
     loop {
@@ -483,12 +515,12 @@ fn baseline_recv(o: &Opts, msgs: &[Msg], dl: &Deadline) -> Result<String, Fail> 
                 m.size
             )));
         }
-        let p = bufs.prepare_recv(i, m, o.seed, !o.bench);
+        let p = bufs.prepare_recv(i, m, o.seed, !o.bench)?;
         // SAFETY: the buffer holds offset + cap + guard bytes.
         let dst = unsafe { std::slice::from_raw_parts_mut(p, n) };
         s.read_exact(dst).map_err(io_fail("read payload"))?;
         let want = o.verify.then(|| payloads.get(m));
-        bufs.check_recv(i, m, o.seed, want).map_err(Fail::Check)?;
+        bufs.check_recv(i, m, o.seed, want)?;
         clock.completed(m, msgs.get(i + 1));
         dl.check("receiving")?;
     }
@@ -513,7 +545,7 @@ fn baseline_send(o: &Opts, msgs: &[Msg], dl: &Deadline) -> Result<String, Fail> 
     let mut clock = BenchClock::new(o, "send", "tcp");
     clock.start();
     for (i, m) in msgs.iter().enumerate() {
-        let p = ps.bufs.load(i, m, o.seed, &ps.payloads);
+        let p = ps.bufs.load(i, m, o.seed, &ps.payloads)?;
         // SAFETY: load() placed m.size bytes at p.
         let data = unsafe { std::slice::from_raw_parts(p, m.size) };
         s.write_all(&(m.size as u32).to_le_bytes())

@@ -14,6 +14,7 @@ pub struct BenchClock {
     enabled: bool,
     role: &'static str,
     transport: &'static str,
+    mem: &'static str,
     count: usize,
     started: Option<Instant>,
     block: Option<Instant>,
@@ -49,6 +50,7 @@ impl BenchClock {
             enabled: o.bench,
             role,
             transport,
+            mem: o.mem.name(),
             count: o.count,
             started: None,
             block: None,
@@ -79,9 +81,10 @@ impl BenchClock {
             let bytes = (m.size * self.count) as f64;
             let gbps = bytes / secs / 1e9;
             let line = format!(
-                "BENCH transport={} role={} size={} count={} secs={:.6} GBps={:.3} Gbps={:.3}",
+                "BENCH transport={} role={} mem={} size={} count={} secs={:.6} GBps={:.3} Gbps={:.3}",
                 self.transport,
                 self.role,
+                self.mem,
                 m.size,
                 self.count,
                 secs,

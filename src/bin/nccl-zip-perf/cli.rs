@@ -23,6 +23,10 @@ Receiver:
   --recv-size N          capacity posted with each irecv                   [largest size]
   --no-verify            do not compare bytes (sizes are still checked)
 Plugin driving:
+  --mem host|cuda        memory the buffers live in and are registered as (regMr type) [host]
+                         cuda: device memory on CUDA device 0, registered NCCL_PTR_CUDA; with
+                         NCCL_ZIP_GPU_EMULATE=1|nokernels, host memory registered NCCL_PTR_CUDA
+                         (the plugin's emulated device memory; no GPU needed)
   --plugin PATH          the .so to dlopen        [libnccl_net_zip.so beside this binary]
   --dev N                device index                                              [0]
   --inflight N           requests in flight, 1..32                                 [8]
@@ -60,6 +64,22 @@ pub enum DataKind {
     File,
 }
 
+/// `--mem`: where the send and receive buffers live.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MemKind {
+    Host,
+    Cuda,
+}
+
+impl MemKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            MemKind::Host => "host",
+            MemKind::Cuda => "cuda",
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum StrangerMode {
     Garbage,
@@ -82,6 +102,7 @@ pub struct Opts {
     pub sigma: f64,
     pub recv_size: Option<usize>,
     pub verify: bool,
+    pub mem: MemKind,
     pub dev: i32,
     pub inflight: usize,
     pub poll_sleep_us: u64,
@@ -149,6 +170,7 @@ impl Opts {
             sigma: 0.02,
             recv_size: None,
             verify: true,
+            mem: MemKind::Host,
             dev: 0,
             inflight: 8,
             poll_sleep_us: 0,
@@ -227,6 +249,13 @@ impl Opts {
                 }
                 "--recv-size" => o.recv_size = Some(parse_size(&val()?)?),
                 "--no-verify" => o.verify = false,
+                "--mem" => {
+                    o.mem = match val()?.as_str() {
+                        "host" => MemKind::Host,
+                        "cuda" => MemKind::Cuda,
+                        m => return Err(format!("--mem {m}: expected host|cuda")),
+                    }
+                }
                 "--dev" => o.dev = num(val()?)? as i32,
                 "--inflight" => o.inflight = num(val()?)? as usize,
                 "--poll-sleep-us" => o.poll_sleep_us = num(val()?)?,
@@ -272,6 +301,9 @@ impl Opts {
         }
         if o.baseline_tcp && o.role == Role::Loop {
             return Err("--baseline tcp needs separate recv and send processes".into());
+        }
+        if o.baseline_tcp && o.mem != MemKind::Host {
+            return Err("--baseline tcp moves host memory only: it excludes --mem cuda".into());
         }
         if let Some(s) = o.sizes.as_ref().into_iter().flatten().max() {
             if *s > 1 << 30 {

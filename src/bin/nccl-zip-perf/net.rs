@@ -143,16 +143,13 @@ impl Net {
         Ok(c)
     }
 
-    pub fn reg_mr(&self, comm: Comm, buf: &mut [u8]) -> NResult<*mut c_void> {
+    /// `ty`: `NCCL_PTR_HOST` or `NCCL_PTR_CUDA` (then `data` is a device address).
+    pub fn reg_mr(&self, comm: Comm, data: *mut u8, len: usize, ty: c_int) -> NResult<*mut c_void> {
         let mut mh = null_mut();
+        // SAFETY: `data..data+len` is a live allocation of the kind `ty` names,
+        // deregistered before it is freed.
         ck("regMr", unsafe {
-            self.v.regMr.unwrap()(
-                comm,
-                buf.as_mut_ptr().cast(),
-                buf.len(),
-                NCCL_PTR_HOST as c_int,
-                &mut mh,
-            )
+            self.v.regMr.unwrap()(comm, data.cast(), len, ty, &mut mh)
         })?;
         Ok(mh)
     }
