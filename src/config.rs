@@ -75,6 +75,8 @@ pub struct Config {
     pub gpu: bool,
     /// `NCCL_ZIP_GPU_EMULATE=1|nokernels`: testing without a GPU.
     pub gpu_emulate: crate::gpu::Emulation,
+    /// GPU lanes per device and direction, shared by all comms (`NCCL_ZIP_GPU_LANES`).
+    pub gpu_lanes: usize,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -106,6 +108,7 @@ impl Default for Config {
             link_mbps: None,
             gpu: true,
             gpu_emulate: crate::gpu::Emulation::Off,
+            gpu_lanes: 16,
         }
     }
 }
@@ -209,6 +212,9 @@ impl Config {
                 "" => None,
                 _ => return Err(bad("NCCL_SOCKET_FAMILY", &v, "AF_INET|AF_INET6")),
             };
+        }
+        if let Some(n) = num("NCCL_ZIP_GPU_LANES", 1, 256)? {
+            c.gpu_lanes = n;
         }
         if let Some(v) = get("NCCL_ZIP_GPU") {
             c.gpu = match v.to_ascii_lowercase().as_str() {
@@ -316,6 +322,7 @@ mod tests {
             ("NCCL_ZIP_IB_STAGE_BYTES", "1K"),
             ("NCCL_ZIP_GPU", "maybe"),
             ("NCCL_ZIP_GPU_EMULATE", "2"),
+            ("NCCL_ZIP_GPU_LANES", "0"),
         ] {
             let e = cfg(&[(k, v)]).unwrap_err().to_string();
             assert!(e.contains(k), "{e}");

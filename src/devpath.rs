@@ -19,38 +19,64 @@ use crate::codec;
 use crate::codec::format::{FLAG_STORED, HEADER_LEN as FORMAT_HEADER_SIZE};
 use crate::codec_glue::{decode_chunk, now_ns, Coder};
 use crate::error::{Error, Result};
-use crate::gpu::{Backend, Lane};
+use crate::gpu::pool::{pool, Dir, LaneGuard, LanePool};
+use crate::gpu::Backend;
 use crate::stats::{Staging, Stats};
 
-/// Where the wire bytes of an encoded chunk are.
-enum Out {
-    /// `staging[off..off + len]` of the lane.
-    Lane { off: usize, len: usize },
-    /// The CPU codec's frame in the fallback buffer.
-    Fallback(usize),
+/// The bytes of an encoded chunk, wherever they are. A pooled lane stays taken
+/// until the socket write is done and this value is dropped.
+pub enum Wire<'s> {
+    /// `staging[off..off + len]` of a lane.
+    Lane {
+        lane: LaneGuard,
+        off: usize,
+        len: usize,
+    },
+    /// Host memory: NCCL's buffer, or a frame the CPU codec made.
+    Host(&'s [u8]),
 }
 
-/// One I/O thread's device state: a lane on the comm's device (made on first use)
-/// and a host buffer for the CPU codec when the lane has no kernels.
+impl std::ops::Deref for Wire<'_> {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            Wire::Lane { lane, off, len } => lane.bytes(*off, *len),
+            Wire::Host(b) => b,
+        }
+    }
+}
+
+/// One I/O thread's device state: the lane pool of the comm's device (lanes are
+/// taken per chunk, see [`crate::gpu::pool`]) and a host buffer for the CPU codec
+/// when the device has no kernels.
 pub struct DevSide<'a> {
-    lane: Option<(*const (), Box<dyn Lane + 'a>)>,
+    pool: Option<(usize, Arc<LanePool>)>,
+    dir: Dir,
+    lanes: usize,
     fallback: Staging<'a>,
     max_wire: usize,
-    counter: &'a AtomicU64,
+    stop: Box<dyn Fn() -> bool + Send + 'a>,
 }
 
-// SAFETY: the raw pointer is only an identity for comparison, never dereferenced.
-unsafe impl Send for DevSide<'_> {}
-
 impl<'a> DevSide<'a> {
-    /// `max_wire`: the largest compressed chunk of the comm (staging size);
-    /// `counter`: the comm's staging counter.
-    pub fn new(max_wire: usize, counter: &'a AtomicU64) -> Self {
+    /// `max_wire`: the largest compressed chunk of the comm (lane staging size);
+    /// `lanes`: the pool's size (`NCCL_ZIP_GPU_LANES`); `counter`: the comm's
+    /// staging counter (for the fallback buffer); `stop`: the comm is failing or
+    /// closing (ends a wait for a lane).
+    pub fn new(
+        dir: Dir,
+        max_wire: usize,
+        lanes: usize,
+        counter: &'a AtomicU64,
+        stop: impl Fn() -> bool + Send + 'a,
+    ) -> Self {
         DevSide {
-            lane: None,
+            pool: None,
+            dir,
+            lanes,
             fallback: Staging::new(counter),
             max_wire,
-            counter,
+            stop: Box::new(stop),
         }
     }
 
@@ -59,15 +85,13 @@ impl<'a> DevSide<'a> {
         self.max_wire.saturating_sub(FORMAT_HEADER_SIZE)
     }
 
-    fn lane(&mut self, b: &Arc<dyn Backend>) -> Result<()> {
-        let id = Arc::as_ptr(b) as *const ();
-        if self.lane.as_ref().map(|l| l.0) != Some(id) {
-            self.lane = None; // release the old staging before taking new
-            let l = b.lane(self.max_wire, self.counter)?;
-            tracing::debug!("device lane on {}", b.describe());
-            self.lane = Some((id, l));
+    fn lane(&mut self, b: &Arc<dyn Backend>) -> Result<LaneGuard> {
+        let id = Arc::as_ptr(b) as *const () as usize;
+        if self.pool.as_ref().map(|p| p.0) != Some(id) {
+            self.pool = Some((id, pool(b, self.dir, self.max_wire, self.lanes)));
         }
-        Ok(())
+        let p = &self.pool.as_ref().expect("set above").1;
+        p.acquire(&*self.stop)
     }
 
     /// Sender: the wire bytes of `len` bytes at device address `src`, and whether
@@ -79,15 +103,13 @@ impl<'a> DevSide<'a> {
         src: u64,
         len: usize,
         stats: &Stats,
-    ) -> Result<(bool, &[u8])> {
+    ) -> Result<(bool, Wire<'_>)> {
         if len == 0 {
-            return Ok((false, &[]));
+            return Ok((false, Wire::Host(&[])));
         }
-        self.lane(b)?;
+        let mut lane = self.lane(b)?;
         stats.add(&stats.chunks_device, 1);
-        let lane = &mut self.lane.as_mut().expect("set by lane()").1;
         let wants = coder.wants(len, stats);
-        let mut out = None;
         if wants && lane.kernels() {
             let t0 = now_ns();
             match lane.encode(src, len, &coder.opts) {
@@ -96,18 +118,21 @@ impl<'a> DevSide<'a> {
                     stats.add(&stats.codec_ns, ns);
                     coder.policy.record(len, n, ns);
                     if n < len {
-                        out = Some((true, Out::Lane { off: 0, len: n }));
-                    } else if n == codec::max_compressed_size(len)
+                        return Ok((
+                            true,
+                            Wire::Lane {
+                                lane,
+                                off: 0,
+                                len: n,
+                            },
+                        ));
+                    }
+                    if n == codec::max_compressed_size(len)
                         && lane.bytes(5, 1)[0] & FLAG_STORED != 0
                     {
                         // STORED: the chunk's bytes follow the frame header.
-                        out = Some((
-                            false,
-                            Out::Lane {
-                                off: FORMAT_HEADER_SIZE,
-                                len,
-                            },
-                        ));
+                        let off = FORMAT_HEADER_SIZE;
+                        return Ok((false, Wire::Lane { lane, off, len }));
                     }
                 }
                 Err(e) => {
@@ -115,28 +140,21 @@ impl<'a> DevSide<'a> {
                 }
             }
         }
-        let (compressed, out) = match out {
-            Some(o) => o,
-            None => {
-                lane.download(src, len)?;
-                let mut o = (false, Out::Lane { off: 0, len });
-                if wants && !lane.kernels() {
-                    let buf = self.fallback.get(codec::max_compressed_size(len));
-                    if let Some(n) = coder.compress(lane.bytes(0, len), buf, stats) {
-                        o = (true, Out::Fallback(n));
-                    }
-                }
-                o
+        lane.download(src, len)?;
+        if wants && !lane.kernels() {
+            let buf = self.fallback.get(codec::max_compressed_size(len));
+            if let Some(n) = coder.compress(lane.bytes(0, len), buf, stats) {
+                drop(lane);
+                return Ok((true, Wire::Host(&self.fallback.get(n)[..])));
             }
-        };
-        Ok(match out {
-            Out::Lane { off, len } => (compressed, lane.bytes(off, len)),
-            Out::Fallback(n) => (compressed, &self.fallback.get(n)[..]),
-        })
+        }
+        Ok((false, Wire::Lane { lane, off: 0, len }))
     }
 
     /// Receiver: `read` fills the staging with the chunk's `wire_len` payload bytes
     /// from the socket; the chunk's `raw_len` bytes then land at device address `dst`.
+    /// Call it only after the chunk's header has arrived (see [`crate::gpu::pool`]).
+    #[allow(clippy::too_many_arguments)]
     pub fn receive(
         &mut self,
         b: &Arc<dyn Backend>,
@@ -156,9 +174,8 @@ impl<'a> DevSide<'a> {
         if raw_len == 0 {
             return read(&mut []);
         }
-        self.lane(b)?;
+        let mut lane = self.lane(b)?;
         stats.add(&stats.chunks_device, 1);
-        let lane = &mut self.lane.as_mut().expect("set by lane()").1;
         if !compressed {
             read(lane.staging(raw_len)?)?;
             return lane.upload(dst, raw_len);
@@ -187,6 +204,7 @@ mod tests {
     use super::*;
     use crate::adapt::Policy;
     use crate::config::CompressMode;
+    use crate::gpu::Lane;
     use crate::gpu::{backend_for, Emulation};
 
     /// A lane over host memory whose kernels always fail.
@@ -243,7 +261,13 @@ mod tests {
     fn failed_gpu_encode_sends_the_chunk_raw() {
         let stats = Stats::default();
         let b: Arc<dyn Backend> = Arc::new(BrokenBackend);
-        let mut d = DevSide::new(codec::max_compressed_size(1 << 16), &stats.staging_bytes);
+        let mut d = DevSide::new(
+            Dir::Send,
+            codec::max_compressed_size(1 << 16),
+            2,
+            &stats.staging_bytes,
+            || false,
+        );
         let src: Vec<u8> = (0..1 << 16).map(|i| (i * 7 % 251) as u8).collect();
         let (compressed, wire) = d
             .encode(
@@ -255,14 +279,20 @@ mod tests {
             )
             .unwrap();
         assert!(!compressed);
-        assert_eq!(wire, &src[..]);
+        assert_eq!(&*wire, &src[..]);
     }
 
     #[test]
     fn stored_frames_go_raw_and_shrinking_ones_compressed() {
         let stats = Stats::default();
         let b = backend_for(0, Emulation::Kernels).unwrap();
-        let mut d = DevSide::new(codec::max_compressed_size(1 << 16), &stats.staging_bytes);
+        let mut d = DevSide::new(
+            Dir::Send,
+            codec::max_compressed_size(1 << 16),
+            2,
+            &stats.staging_bytes,
+            || false,
+        );
         let c = coder(CompressMode::On);
         let random: Vec<u8> = (0..1u64 << 16)
             .map(|i| (i.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 56) as u8)
@@ -271,12 +301,14 @@ mod tests {
             .encode(&b, &c, random.as_ptr() as u64, random.len(), &stats)
             .unwrap();
         assert!(!compressed);
-        assert_eq!(wire, &random[..], "a STORED frame's payload is the chunk");
+        assert_eq!(&*wire, &random[..], "a STORED frame's payload is the chunk");
+        drop(wire);
         let zeros = vec![0u8; 1 << 16];
         let (compressed, wire) = d
             .encode(&b, &c, zeros.as_ptr() as u64, zeros.len(), &stats)
             .unwrap();
         assert!(compressed && wire.len() < 100, "{}", wire.len());
+        drop(wire);
         // Off: raw, and the codec never runs.
         let (compressed, wire) = d
             .encode(
@@ -287,14 +319,20 @@ mod tests {
                 &stats,
             )
             .unwrap();
-        assert!(!compressed && wire == &zeros[..]);
+        assert!(!compressed && &*wire == &zeros[..]);
     }
 
     #[test]
     fn oversized_chunks_are_rejected_before_reading() {
         let stats = Stats::default();
         let b = backend_for(0, Emulation::Kernels).unwrap();
-        let mut d = DevSide::new(codec::max_compressed_size(4096), &stats.staging_bytes);
+        let mut d = DevSide::new(
+            Dir::Recv,
+            codec::max_compressed_size(4096),
+            2,
+            &stats.staging_bytes,
+            || false,
+        );
         let mut dst = vec![0u8; 8192];
         for (compressed, wire, raw) in [
             (false, 4097, 4097),
@@ -321,7 +359,13 @@ mod tests {
         let stats = Stats::default();
         for emu in [Emulation::Kernels, Emulation::NoKernels] {
             let b = backend_for(0, emu).unwrap();
-            let mut d = DevSide::new(codec::max_compressed_size(4096), &stats.staging_bytes);
+            let mut d = DevSide::new(
+                Dir::Recv,
+                codec::max_compressed_size(4096),
+                2,
+                &stats.staging_bytes,
+                || false,
+            );
             let mut dst = vec![0u8; 4096];
             let e = d
                 .receive(

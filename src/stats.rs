@@ -57,21 +57,25 @@ pub struct Held {
     pub comms: AtomicU64,
     pub io_threads: AtomicU64,
     pub staging_bytes: AtomicU64,
+    /// GPU lanes (pinned staging + CUDA stream) in the shared pools.
+    pub gpu_lanes: AtomicU64,
 }
 
 pub static HELD: Held = Held {
     comms: AtomicU64::new(0),
     io_threads: AtomicU64::new(0),
     staging_bytes: AtomicU64::new(0),
+    gpu_lanes: AtomicU64::new(0),
 };
 
 impl Held {
     pub fn summary(&self) -> String {
         format!(
-            "plugin holds {} comms, {} I/O threads, {} KiB staging",
+            "plugin holds {} comms, {} I/O threads, {} KiB staging, {} GPU lanes",
             self.comms.load(Relaxed),
             self.io_threads.load(Relaxed),
-            self.staging_bytes.load(Relaxed) >> 10
+            self.staging_bytes.load(Relaxed) >> 10,
+            self.gpu_lanes.load(Relaxed)
         )
     }
 }

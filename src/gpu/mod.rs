@@ -33,6 +33,7 @@ pub mod backend;
 pub mod codec;
 mod cuda_lane;
 pub mod driver;
+pub mod pool;
 
 pub use abi::Status;
 pub use backend::{backend_for, cuda_offered, Backend, Emulation, Lane};

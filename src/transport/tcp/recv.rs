@@ -19,6 +19,7 @@ use super::sock::{configure_data_socket, recv_exact, recv_exact_or_eof};
 use crate::config::Config;
 use crate::devpath::DevSide;
 use crate::error::{Error, Result};
+use crate::gpu::pool::Dir;
 use crate::gpu::Backend;
 use crate::proto::slots::Slot;
 use crate::proto::slots::NSLOTS;
@@ -57,12 +58,13 @@ impl RecvComm {
             cfg.stats.then_some(super::send::STATS_EVERY),
         ));
         let max_wire = crate::codec_glue::max_wire(max_chunk);
+        let lanes = cfg.gpu_lanes;
         let devs: Arc<Devs> = Arc::new(std::array::from_fn(|_| Mutex::new(None)));
         let mut threads = Vec::with_capacity(n);
         for i in 0..n {
             let (c, d) = (core.clone(), devs.clone());
             threads.push(spawn_io(format!("zip-recv{i}"), core.clone(), move || {
-                recv_loop(&c, &d, i, max_wire)
+                recv_loop(&c, &d, i, max_wire, lanes)
             })?);
         }
         info!("recv comm from {peer}: {n} streams");
@@ -98,20 +100,34 @@ impl RecvComm {
     }
 }
 
-fn recv_loop(core: &Core, devs: &Devs, stream: usize, max_wire: usize) {
-    if let Err(e) = recv_chunks(core, devs, stream, max_wire) {
+fn recv_loop(core: &Core, devs: &Devs, stream: usize, max_wire: usize, lanes: usize) {
+    if let Err(e) = recv_chunks(core, devs, stream, max_wire, lanes) {
         if !core.closing() {
             core.fail(e);
         }
     }
 }
 
-fn recv_chunks(core: &Core, devs: &Devs, stream: usize, max_wire: usize) -> Result<()> {
+fn recv_chunks(
+    core: &Core,
+    devs: &Devs,
+    stream: usize,
+    max_wire: usize,
+    lanes: usize,
+) -> Result<()> {
     let sock = &core.socks[stream];
     let peer = core.peer;
     let io_err = |e| Error::io(format!("receive from {peer} (stream {stream})"), e);
     let mut staging = Staging::new(&core.stats.staging_bytes);
-    let mut dev_side = DevSide::new(max_wire, &core.stats.staging_bytes);
+    // Device chunks: a lane from the device's shared pool per chunk, taken only
+    // after the chunk's header arrived (see gpu::pool on why that order matters).
+    let mut dev_side = DevSide::new(
+        Dir::Recv,
+        max_wire,
+        lanes,
+        &core.stats.staging_bytes,
+        || core.stopped(),
+    );
     loop {
         let mut hb = [0u8; CHUNK_HEADER_SIZE];
         if !recv_exact_or_eof(sock, &mut hb).map_err(io_err)? {

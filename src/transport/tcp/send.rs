@@ -19,8 +19,9 @@ use crate::adapt::Policy;
 use crate::codec::EncodeOptions;
 use crate::codec_glue::Coder;
 use crate::config::Config;
-use crate::devpath::DevSide;
+use crate::devpath::{DevSide, Wire};
 use crate::error::{Error, Result};
+use crate::gpu::pool::Dir;
 use crate::gpu::Backend;
 use crate::proto::plan;
 use crate::proto::slots::Slot;
@@ -83,11 +84,12 @@ impl SendComm {
             },
         });
         let max_wire = crate::codec_glue::max_wire(cfg.max_chunk);
+        let lanes = cfg.gpu_lanes;
         let mut threads = Vec::with_capacity(n);
         for i in 0..n {
             let (c, rx, coders) = (core.clone(), rx.clone(), coders.clone());
             threads.push(spawn_io(format!("zip-send{i}"), core.clone(), move || {
-                send_loop(&c, i, rx, &coders, max_wire)
+                send_loop(&c, i, rx, &coders, max_wire, lanes)
             })?);
         }
         info!(
@@ -161,12 +163,25 @@ struct Coders {
     dev: Coder,
 }
 
-fn send_loop(core: &Core, stream: usize, rx: Receiver<Task>, coders: &Coders, max_wire: usize) {
+fn send_loop(
+    core: &Core,
+    stream: usize,
+    rx: Receiver<Task>,
+    coders: &Coders,
+    max_wire: usize,
+    lanes: usize,
+) {
     let sock = &core.socks[stream];
     // Bounded: at most one compressed chunk (max_compressed_size(max_chunk)).
     let mut staging = Staging::new(&core.stats.staging_bytes);
-    // Device chunks: a lane (pinned staging of max_wire bytes), made on first use.
-    let mut dev_side = DevSide::new(max_wire, &core.stats.staging_bytes);
+    // Device chunks: a lane from the device's shared pool per chunk.
+    let mut dev_side = DevSide::new(
+        Dir::Send,
+        max_wire,
+        lanes,
+        &core.stats.staging_bytes,
+        || core.stopped(),
+    );
     while let Ok(t) = rx.recv() {
         if core.stopped() && core.check().is_err() {
             continue; // the comm failed: its requests already carry the error
@@ -189,8 +204,8 @@ fn send_loop(core: &Core, stream: usize, rx: Receiver<Task>, coders: &Coders, ma
                 };
                 Ok(
                     match coders.host.encode_chunk(payload, &mut staging, &core.stats) {
-                        Some(frame) => (true, frame),
-                        None => (false, payload),
+                        Some(frame) => (true, Wire::Host(frame)),
+                        None => (false, Wire::Host(payload)),
                     },
                 )
             }
@@ -219,10 +234,13 @@ fn send_loop(core: &Core, stream: usize, rx: Receiver<Task>, coders: &Coders, ma
             wire_len: wire.len() as u32,
         }
         .encode();
-        match send_all(sock, &mut [IoSlice::new(&hdr), IoSlice::new(wire)]) {
+        let sent = send_all(sock, &mut [IoSlice::new(&hdr), IoSlice::new(&wire)]);
+        let wire_len = wire.len();
+        drop(wire); // gives a pooled lane back
+        match sent {
             Ok(()) => {
                 let st = &core.stats;
-                st.add(&st.wire_bytes, wire.len() as u64);
+                st.add(&st.wire_bytes, wire_len as u64);
                 st.add(
                     if flags == 0 {
                         &st.chunks_raw

@@ -1,0 +1,206 @@
+//! Lanes shared by every comm of the process: one pool per device, direction and
+//! staging size. An I/O thread holds a lane only for one chunk (encode + socket
+//! write, or socket read + decode), so pinned staging and CUDA streams are bounded
+//! per process (`NCCL_ZIP_GPU_LANES` per device and direction), whatever the number
+//! of comms NCCL opens (channels × peers).
+//!
+//! Send and receive lanes come from separate pools. A send lane is held while its
+//! chunk is written to a socket, which can block on the peer; the peer's receive
+//! threads take receive lanes only after a chunk header has arrived, and then only
+//! read the payload that the blocked sender is writing. So a receive never waits on
+//! a send lane, and full pools on two nodes cannot wait on each other.
+
+use std::collections::HashMap;
+use std::ops::{Deref, DerefMut};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex};
+
+use super::backend::{Backend, Lane};
+use crate::error::{Error, Result};
+use crate::stats::HELD;
+
+/// Which side of a connection a pool serves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Dir {
+    Send,
+    Recv,
+}
+
+/// Pinned staging held by pooled lanes (also in `HELD.staging_bytes`).
+static POOLED_STAGING: AtomicU64 = AtomicU64::new(0);
+
+/// Bytes of pinned staging the pools hold (they keep their lanes for the process's life).
+pub fn pooled_staging_bytes() -> u64 {
+    POOLED_STAGING.load(Relaxed)
+}
+
+/// How long a chunk may wait for a free lane before the comm fails: far longer
+/// than any chunk holds one on a live link.
+const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(120);
+
+pub struct LanePool {
+    backend: Arc<dyn Backend>,
+    max_wire: usize,
+    cap: usize,
+    state: Mutex<PoolState>,
+    freed: Condvar,
+}
+
+struct PoolState {
+    free: Vec<Box<dyn Lane>>,
+    made: usize,
+}
+
+type Key = (usize, Dir, usize);
+
+/// The pool for lanes of `max_wire` bytes on `b`, made on first use with at most
+/// `cap` lanes.
+pub fn pool(b: &Arc<dyn Backend>, dir: Dir, max_wire: usize, cap: usize) -> Arc<LanePool> {
+    static POOLS: OnceLock<Mutex<HashMap<Key, Arc<LanePool>>>> = OnceLock::new();
+    // Backends live for the whole process, so the address identifies one.
+    let key = (Arc::as_ptr(b) as *const () as usize, dir, max_wire);
+    POOLS
+        .get_or_init(Default::default)
+        .lock()
+        .entry(key)
+        .or_insert_with(|| {
+            Arc::new(LanePool {
+                backend: b.clone(),
+                max_wire,
+                cap: cap.max(1),
+                state: Mutex::new(PoolState {
+                    free: Vec::new(),
+                    made: 0,
+                }),
+                freed: Condvar::new(),
+            })
+        })
+        .clone()
+}
+
+impl LanePool {
+    /// A lane for one chunk: a free one, a new one while fewer than `cap` exist,
+    /// else the next one released. `stop` (checked every 50 ms) abandons the wait.
+    pub fn acquire(self: &Arc<Self>, stop: &dyn Fn() -> bool) -> Result<LaneGuard> {
+        let t0 = Instant::now();
+        let mut st = self.state.lock();
+        loop {
+            if let Some(l) = st.free.pop() {
+                return Ok(self.guard(l));
+            }
+            if st.made < self.cap {
+                st.made += 1;
+                drop(st);
+                return match self.backend.lane(self.max_wire, &POOLED_STAGING) {
+                    Ok(l) => {
+                        HELD.gpu_lanes.fetch_add(1, Relaxed);
+                        tracing::debug!(
+                            "new GPU lane ({} B staging) on {}",
+                            self.max_wire,
+                            self.backend.describe()
+                        );
+                        Ok(self.guard(l))
+                    }
+                    Err(e) => {
+                        self.state.lock().made -= 1;
+                        self.freed.notify_one();
+                        Err(e)
+                    }
+                };
+            }
+            if stop() {
+                return Err(Error::Internal(
+                    "comm stopped while waiting for a GPU lane".into(),
+                ));
+            }
+            if t0.elapsed() > ACQUIRE_TIMEOUT {
+                return Err(Error::Internal(format!(
+                    "no GPU staging lane came free in {} s ({} lanes, all busy)",
+                    ACQUIRE_TIMEOUT.as_secs(),
+                    self.cap
+                )));
+            }
+            self.freed.wait_for(&mut st, Duration::from_millis(50));
+        }
+    }
+
+    fn guard(self: &Arc<Self>, l: Box<dyn Lane>) -> LaneGuard {
+        LaneGuard {
+            pool: self.clone(),
+            lane: Some(l),
+        }
+    }
+
+    /// Lanes made so far (at most `cap`).
+    pub fn made(&self) -> usize {
+        self.state.lock().made
+    }
+}
+
+/// A lane taken from a pool; it goes back when dropped.
+pub struct LaneGuard {
+    pool: Arc<LanePool>,
+    lane: Option<Box<dyn Lane>>,
+}
+
+impl Deref for LaneGuard {
+    type Target = dyn Lane;
+    fn deref(&self) -> &(dyn Lane + 'static) {
+        self.lane.as_deref().expect("lane present until drop")
+    }
+}
+
+impl DerefMut for LaneGuard {
+    fn deref_mut(&mut self) -> &mut (dyn Lane + 'static) {
+        self.lane.as_deref_mut().expect("lane present until drop")
+    }
+}
+
+impl Drop for LaneGuard {
+    fn drop(&mut self) {
+        if let Some(l) = self.lane.take() {
+            self.pool.state.lock().free.push(l);
+            self.pool.freed.notify_one();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gpu::{backend_for, Emulation};
+
+    #[test]
+    fn pool_is_bounded_reuses_lanes_and_wakes_waiters() {
+        let b = backend_for(0, Emulation::Kernels).unwrap();
+        // A size no other test uses, so this pool is ours alone.
+        let p = pool(&b, Dir::Send, 12_345, 2);
+        let never = || false;
+        let a = p.acquire(&never).unwrap();
+        let c = p.acquire(&never).unwrap();
+        assert_eq!(p.made(), 2);
+        let p2 = p.clone();
+        let waiter = std::thread::spawn(move || {
+            let t0 = Instant::now();
+            let _l = p2.acquire(&|| false).unwrap();
+            t0.elapsed()
+        });
+        std::thread::sleep(Duration::from_millis(100));
+        drop(a);
+        let waited = waiter.join().unwrap();
+        assert!(waited >= Duration::from_millis(90), "{waited:?}");
+        assert_eq!(p.made(), 2, "a released lane is reused, not a third made");
+        drop(c);
+        // A stopped comm stops waiting.
+        let _x = p.acquire(&never).unwrap();
+        let _y = p.acquire(&never).unwrap();
+        let e = p
+            .acquire(&|| true)
+            .err()
+            .expect("a stopped comm gets an error");
+        assert!(e.to_string().contains("stopped"), "{e}");
+    }
+}
