@@ -315,6 +315,62 @@ fn compressed_on_and_auto_bit_exact_across_dtypes() {
     }
 }
 
+/// The count after `key` in the receiver's close summary ("... key N ...").
+fn close_count(r: &Done, key: &str) -> u64 {
+    r.err
+        .lines()
+        .find(|l| l.contains("closed recv comm"))
+        .and_then(|l| l.split(key).nth(1))
+        .and_then(|t| {
+            t.split(|c: char| !c.is_ascii_digit())
+                .find(|t| !t.is_empty())
+        })
+        .and_then(|t| t.parse().ok())
+        .unwrap_or(0)
+}
+
+/// CUDA buffers (`--mem cuda`, registered NCCL_PTR_CUDA) across two processes on
+/// the emulated device: the device path with kernels and without, bit-exact.
+#[test]
+fn cuda_buffers_emulated_bit_exact() {
+    for emu in ["1", "nokernels"] {
+        for (mode, data) in [("on", "bf16"), ("auto", "random"), ("on", "fp32")] {
+            let sched = [
+                "--size-range",
+                "0:4M",
+                "--count",
+                "40",
+                "--seed",
+                "61",
+                "--data",
+                data,
+                "--mem",
+                "cuda",
+            ];
+            let env = [
+                ("NCCL_ZIP_GPU_EMULATE", emu),
+                ("NCCL_ZIP_COMPRESS", mode),
+                ("NCCL_ZIP_CHECKSUM", "1"),
+                ("NCCL_DEBUG", "INFO"),
+            ];
+            let (r, _) = transfer(&format!("cuda-{emu}-{mode}-{data}"), &sched, &env);
+            assert_received(&r, 40);
+            assert!(
+                close_count(&r, "device ") > 0,
+                "{emu}/{mode}/{data}: no chunk went through the device path\n{}",
+                r.log()
+            );
+            if data != "random" {
+                assert!(
+                    close_count(&r, "chunks compressed ") > 0,
+                    "{emu}/{mode}/{data}: nothing compressed\n{}",
+                    r.log()
+                );
+            }
+        }
+    }
+}
+
 #[test]
 fn compressed_odd_sizes() {
     let sizes = "0,1,2,3,5,17,4095,4096,4097,8083,12345,65535,65537,131071,524289,1048575,4194303";
