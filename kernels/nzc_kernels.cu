@@ -101,7 +101,10 @@ struct DevExec {
     __device__ bool finish(JobState* st, u32 items) {
         __syncthreads();
         if (threadIdx.x == 0) {
-            __threadfence();
+            // System scope: this CTA's output may be in host-mapped memory (the
+            // data path's pinned staging), which the host reads once the
+            // finisher publishes `done`.
+            __threadfence_system();
             u32 d = atomicAdd(&st->done, 1u);
             s->sc[SC_LAST] = (d == items - 1);
             if (d == items - 1) __threadfence();
