@@ -11,6 +11,10 @@
 #   5. compute-sanitizer --tool memcheck (and racecheck on the vectors) over the GPU tests
 #   6. throughput benchmark (tests/gpu_bench.rs): 256 MiB, and 128 KiB/512 KiB/1 MiB x 8 in flight
 # Knobs: NCCL_ZIP_GPU_SMS (default 16), NCCL_ZIP_HBM_GBPS (roofline, default 3350).
+# The GPU machine has no Rust toolchain: build the binaries here with
+# scripts/gpu_bundle.sh, carry .gpu-bundle, and run with NZC_BUNDLE=.gpu-bundle (the
+# default when cargo is missing). Then step 1 prints the bundle's MANIFEST and step 2
+# runs only the load test (the host proof needs g++ and ran in CI).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 res=${OUT:-bench/results}/gpu_validate_$(date -u +%Y%m%dT%H%M%SZ)
@@ -37,28 +41,49 @@ say "host: $(hostname) $(nproc) cores"
 { nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem --format=csv 2>&1 || echo "nvidia-smi failed"; } | tee -a "$log"
 nvidia-smi >"$res/nvidia-smi.txt" 2>&1 || true
 
-# nvcc: toolkit first, else the PyPI wheels (scripts/setup_cuda.sh)
-if ! command -v nvcc >/dev/null && [ -z "${NVCC:-}" ] && [ -z "${CUDA_HOME:-}" ]; then
-  for d in /usr/local/cuda /usr/local/cuda-13.0; do [ -x "$d/bin/nvcc" ] && export CUDA_HOME=$d && break; done
+BUNDLE=${NZC_BUNDLE:-}
+if [ -z "$BUNDLE" ] && ! command -v cargo >/dev/null; then BUNDLE=.gpu-bundle; fi
+if [ -n "$BUNDLE" ]; then
+  [ -f "$BUNDLE/MANIFEST" ] || { say "!! no cargo here and no bundle at $BUNDLE: run scripts/gpu_bundle.sh where Rust is, carry .gpu-bundle"; exit 1; }
+  say "prebuilt bundle $BUNDLE:"; tee -a "$log" <"$BUNDLE/MANIFEST"
+  BUNDLE=$(cd "$BUNDLE" && pwd)
+else
+  # nvcc: toolkit first, else the PyPI wheels (scripts/setup_cuda.sh)
+  if ! command -v nvcc >/dev/null && [ -z "${NVCC:-}" ] && [ -z "${CUDA_HOME:-}" ]; then
+    for d in /usr/local/cuda /usr/local/cuda-13.0; do [ -x "$d/bin/nvcc" ] && export CUDA_HOME=$d && break; done
+  fi
+  if ! command -v nvcc >/dev/null && [ -z "${NVCC:-}" ] && [ -z "${CUDA_HOME:-}" ]; then
+    NVCC=$(scripts/setup_cuda.sh) && export NVCC
+  fi
+  say "nvcc: ${NVCC:-${CUDA_HOME:+$CUDA_HOME/bin/nvcc}} $( (${NVCC:-${CUDA_HOME:+$CUDA_HOME/bin/}nvcc} --version 2>&1 || true) | grep release)"
+  cargo --version | tee -a "$log"
 fi
-if ! command -v nvcc >/dev/null && [ -z "${NVCC:-}" ] && [ -z "${CUDA_HOME:-}" ]; then
-  NVCC=$(scripts/setup_cuda.sh) && export NVCC
-fi
-say "nvcc: ${NVCC:-${CUDA_HOME:+$CUDA_HOME/bin/nvcc}} $( (${NVCC:-${CUDA_HOME:+$CUDA_HOME/bin/}nvcc} --version 2>&1 || true) | grep release)"
-cargo --version | tee -a "$log"
+# tbin NAME: the test binary NAME (cargo's harness), built by cargo or from the bundle.
+tbin() {
+  if [ -n "$BUNDLE" ]; then echo "$BUNDLE/$1"; else
+    cargo test --release --test "$1" --no-run 2>&1 | grep -o "/[^ )]*/deps/$1-[0-9a-f]*" | head -1
+  fi
+}
 
-step build cargo build --release --lib --tests
-step host_proof cargo test --release --test kernels_host --test gpu_load -- --nocapture
-step gpu_tests cargo test --release --test gpu_codec -- --nocapture --test-threads=1
+if [ -z "$BUNDLE" ]; then
+  step build cargo build --release --lib --tests
+  step host_proof cargo test --release --test kernels_host --test gpu_load -- --nocapture
+else
+  step load_test "$(tbin gpu_load)" --nocapture
+fi
+step gpu_tests "$(tbin gpu_codec)" --nocapture --test-threads=1
 if grep -q "SKIP:" "$res/gpu_tests.log"; then say "!! GPU tests SKIPPED: $(grep -m1 SKIP: "$res/gpu_tests.log")"; fails=$((fails + 1)); fi
-step gpu_path cargo test --release --test gpu_path -- --nocapture
+step gpu_path "$(tbin gpu_path)" --nocapture
 if grep -q "SKIP:" "$res/gpu_path.log"; then say "!! data-path GPU test SKIPPED: $(grep -m1 SKIP: "$res/gpu_path.log")"; fails=$((fails + 1)); fi
-step gpu_tests_nvrtc env NCCL_ZIP_GPU_FORCE_NVRTC=1 cargo test --release --test gpu_codec -- --nocapture --test-threads=1
+# libnvrtc: the toolkit's, or the one PyTorch's wheels bring (nvidia-cuda-nvrtc).
+nvrtc_dirs=$(python3 -c 'import glob, os, nvidia; print(":".join(sorted({os.path.dirname(p) for d in nvidia.__path__ for p in glob.glob(d + "/**/libnvrtc.so*", recursive=True)})))' 2>/dev/null || true)
+say "extra libnvrtc dirs: ${nvrtc_dirs:-none}"
+step gpu_tests_nvrtc env NCCL_ZIP_GPU_FORCE_NVRTC=1 LD_LIBRARY_PATH="${nvrtc_dirs:+$nvrtc_dirs:}${LD_LIBRARY_PATH:-}" "$(tbin gpu_codec)" --nocapture --test-threads=1
 grep -q "kernels Nvrtc" "$res/gpu_tests_nvrtc.log" || say "!! NVRTC run did not report 'kernels Nvrtc' (libnvrtc missing?)"
 
 # compute-sanitizer on the test binary (encode, decode, corrupt frames)
 cs=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
-bin=$(cargo test --release --test gpu_codec --no-run 2>&1 | grep -o '/[^ )]*/deps/gpu_codec-[0-9a-f]*' | head -1)
+bin=$(tbin gpu_codec)
 if [ -n "$cs" ] && [ -n "$bin" ]; then
   export NZC_TEST_TIMEOUT_S=900
   step memcheck "$cs" --tool memcheck --error-exitcode 99 --leak-check no "$bin" --nocapture --test-threads=1
@@ -67,7 +92,7 @@ else
   say "!! compute-sanitizer (${cs:-not found}) or test binary (${bin:-not found}) missing: memcheck NOT run"; fails=$((fails + 1))
 fi
 
-step bench cargo test --release --test gpu_bench -- --ignored --nocapture
+step bench "$(tbin gpu_bench)" --ignored --nocapture
 grep -E "device:|^ +[0-9]+ +[0-9]+ " "$res/bench.log" | tee "$res/bench_table.txt" | tee -a "$log"
 say "results: $res ($fails failed steps)"
 exit $fails
