@@ -14,7 +14,8 @@
 #
 # Env: DATASETS (bf16,random), SIZES (128K,512K,4M), BYTES (bytes per run, 512M),
 #      REPS (3), SETTING (auto | netns | loopback), NO_BUILD (1: use the binaries
-#      already in $CARGO_TARGET_DIR/release), OUT (results directory; default
+#      already in $CARGO_TARGET_DIR/release), NZC_BUNDLE (prebuilt binaries from
+#      scripts/gpu_bundle.sh; the default where cargo is missing), OUT (results directory; default
 #      bench/results; the file is demo-gpu-<date>.md), plus any NCCL_ZIP_* variable
 #      (NCCL_ZIP_COMPRESS is set per column).
 set -euo pipefail
@@ -41,6 +42,16 @@ if [[ -n ${NCCL_ZIP_GPU_EMULATE:-} && ${NCCL_ZIP_GPU_EMULATE} != 0 ]]; then
 fi
 
 TD=${CARGO_TARGET_DIR:-$ROOT/target}
+# The GPU machine has no Rust: use the prebuilt bundle (scripts/gpu_bundle.sh).
+BUNDLE=${NZC_BUNDLE:-}
+if [[ -z $BUNDLE ]] && ! command -v cargo >/dev/null; then BUNDLE=.gpu-bundle; fi
+if [[ -n $BUNDLE ]]; then
+  [[ -f $BUNDLE/MANIFEST ]] || { echo "demo_gpu: no cargo and no bundle at $BUNDLE (run scripts/gpu_bundle.sh where Rust is)" >&2; exit 1; }
+  PERF=$(cd "$BUNDLE" && pwd)/nccl-zip-perf
+  SO=$(cd "$BUNDLE" && pwd)/libnccl_net_zip.so
+  NO_BUILD=1
+  echo "demo_gpu: prebuilt bundle: $(head -1 "$BUNDLE/MANIFEST")" >&2
+fi
 if [[ ${NO_BUILD:-0} != 1 ]]; then
   # nvcc for the kernels: toolkit first, else the PyPI wheels (scripts/setup_cuda.sh);
   # without one the plugin builds without GPU kernels (build.rs says so).
@@ -53,8 +64,8 @@ if [[ ${NO_BUILD:-0} != 1 ]]; then
   echo "demo_gpu: cargo build --release --lib --bins" >&2
   cargo build --release --quiet --lib --bins
 fi
-PERF=$TD/release/nccl-zip-perf
-SO=$TD/release/libnccl_net_zip.so
+PERF=${PERF:-$TD/release/nccl-zip-perf}
+SO=${SO:-$TD/release/libnccl_net_zip.so}
 for f in "$PERF" "$SO"; do
   [ -e "$f" ] || { echo "demo_gpu: $f missing (build first, or unset NO_BUILD)" >&2; exit 1; }
 done
