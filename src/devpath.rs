@@ -319,7 +319,7 @@ mod tests {
                 &stats,
             )
             .unwrap();
-        assert!(!compressed && &*wire == &zeros[..]);
+        assert!(!compressed && *wire == zeros[..]);
     }
 
     #[test]

@@ -203,7 +203,7 @@ fn random_cases(seed: u64, count: usize) -> Vec<Case> {
                     while v.len() < n {
                         let len = rng.gen_range(1..30000);
                         if rng.gen_bool(0.5) {
-                            v.extend(std::iter::repeat(rng.gen::<u8>()).take(len))
+                            v.extend(std::iter::repeat_n(rng.gen::<u8>(), len))
                         } else {
                             (0..len / 2).for_each(|_| {
                                 v.extend(
@@ -260,7 +260,7 @@ fn gpu_encode_frozen_vectors_byte_identical() {
             got.len(),
             want.len()
         );
-        assert_eq!(c.input.len() + 24 >= got.len(), true);
+        assert!(c.input.len() + 24 >= got.len());
     }
 }
 

@@ -333,7 +333,7 @@ fn gen_input(rng: &mut impl Rng, kind: u32, n: usize) -> Vec<u8> {
             while v.len() < n {
                 let len = rng.gen_range(1..20000);
                 match rng.gen_range(0..3) {
-                    0 => v.extend(std::iter::repeat(rng.gen::<u8>()).take(len)),
+                    0 => v.extend(std::iter::repeat_n(rng.gen::<u8>(), len)),
                     1 => (0..len / 2).for_each(|_| {
                         v.extend(((((gauss(rng)) as f32).to_bits() >> 16) as u16).to_le_bytes())
                     }),
@@ -455,7 +455,7 @@ fn corrupt_frames_rejected_like_cpu_without_oob() {
                     let cut = rng.gen_range(0..f.len());
                     f.truncate(cut);
                 }
-                3 => f.extend(std::iter::repeat(0u8).take(rng.gen_range(1..9))),
+                3 => f.extend(std::iter::repeat_n(0u8, rng.gen_range(1..9))),
                 _ => {
                     // random garbage in a random run of bytes, including the header
                     let p = rng.gen_range(0..f.len());

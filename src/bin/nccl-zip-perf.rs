@@ -235,7 +235,7 @@ fn run_plugin(o: &Opts) -> u8 {
             );
             code = EXIT_FAIL;
         }
-        (Err(Fail::Nccl(e)), Some(want)) if want.map_or(true, |c| c == e.code as u32) => {
+        (Err(Fail::Nccl(e)), Some(want)) if want.is_none_or(|c| c == e.code as u32) => {
             let mut line = format!(
                 "EXPECTED-ERROR {:?} ({}) from {} after {:.1} ms since start",
                 e.code,

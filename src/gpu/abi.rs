@@ -93,7 +93,7 @@ pub const fn smem_bytes(block_log2: u32) -> u64 {
     const fn a16(v: u64) -> u64 {
         (v + 15) & !15
     }
-    let ns = (((1u64 << block_log2) / 2) + 1023) / 1024;
+    let ns = ((1u64 << block_log2) / 2).div_ceil(1024);
     let mut o = 0;
     o = a16(o + 8 * 64); // sc64
     o = a16(o + 8 * 3 * 6 * 32); // cost

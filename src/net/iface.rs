@@ -94,9 +94,11 @@ pub fn select(
     let usable: Vec<&Candidate> = cands
         .iter()
         .filter(|c| c.up)
-        .filter(|c| match (family, c.addr) {
-            (Some(Family::V4), IpAddr::V6(_)) | (Some(Family::V6), IpAddr::V4(_)) => false,
-            _ => true,
+        .filter(|c| {
+            !matches!(
+                (family, c.addr),
+                (Some(Family::V4), IpAddr::V6(_)) | (Some(Family::V6), IpAddr::V4(_))
+            )
         })
         // Link-local IPv6 needs a scope id that does not travel in a handle.
         .filter(|c| !matches!(c.addr, IpAddr::V6(a) if (a.segments()[0] & 0xffc0) == 0xfe80))

@@ -23,8 +23,9 @@ pub fn pair() -> (SendComm, RecvComm) {
         if r.is_none() {
             r = plugin::accept(&mut l).unwrap();
         }
-        if s.is_some() && r.is_some() {
-            return (s.unwrap(), r.unwrap());
+        match (s, r) {
+            (Some(sc), Some(rc)) => return (sc, rc),
+            (a, b) => (s, r) = (a, b),
         }
         std::thread::yield_now();
     }

@@ -70,7 +70,7 @@ impl BenchClock {
         if !self.enabled {
             return;
         }
-        let last_of_block = next.map_or(true, |n| n.block != m.block);
+        let last_of_block = next.is_none_or(|n| n.block != m.block);
         if m.warmup && next.is_some_and(|n| !n.warmup && n.block == m.block) {
             self.block = Some(Instant::now());
         } else if !m.warmup && last_of_block {
