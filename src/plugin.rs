@@ -208,19 +208,17 @@ impl Plugin {
             let d = &ib.devices[i];
             let (name, pci) = &ib.names[i];
             let dmabuf = self.ib_opener(dev).is_ok_and(|o| o.ctx.supports_dmabuf());
+            let cuda = self.ib_offers_cuda(dmabuf);
+            use crate::ffi::abi::{NCCL_PTR_CUDA, NCCL_PTR_DMABUF, NCCL_PTR_HOST};
             return Ok(Properties {
                 name,
                 pci_path: pci.as_ref(),
                 guid: d.guid,
                 speed_mbps: d.speed_mbps.min(i32::MAX as u32) as i32,
                 max_recvs: MAX_RECVS,
-                // Not CUDA: the GPU data path over IB is another issue.
-                ptr_support: crate::ffi::abi::NCCL_PTR_HOST as i32
-                    | if dmabuf {
-                        crate::ffi::abi::NCCL_PTR_DMABUF as i32
-                    } else {
-                        0
-                    },
+                ptr_support: NCCL_PTR_HOST as i32
+                    | if dmabuf { NCCL_PTR_DMABUF as i32 } else { 0 }
+                    | if cuda { NCCL_PTR_CUDA as i32 } else { 0 },
                 port: d.port as i32,
             });
         }
@@ -246,6 +244,31 @@ impl Plugin {
     /// `NCCL_ZIP_GPU=off` or there is no CUDA device.
     pub fn tcp_offers_cuda(&self) -> bool {
         self.cfg.gpu && crate::gpu::cuda_offered(self.cfg.gpu_emulate)
+    }
+
+    /// IB comms handle CUDA buffers (their compressed chunks through GPU lanes)
+    /// unless `NCCL_ZIP_GPU=off` or there is no CUDA device.
+    pub fn ib_gpu_enabled(&self) -> bool {
+        self.cfg.gpu && crate::gpu::cuda_offered(self.cfg.gpu_emulate)
+    }
+
+    /// `NCCL_PTR_CUDA` on an IB port: the device path is on and the HCA can
+    /// reach GPU memory (GPUDirect RDMA): emulated device memory (host memory),
+    /// the nvidia-peermem module, or DMA-BUF (NCCL then registers through
+    /// `regMrDmaBuf`).
+    pub fn ib_offers_cuda(&self, dmabuf: bool) -> bool {
+        if !self.ib_gpu_enabled() {
+            return false;
+        }
+        let emulated = self.cfg.gpu_emulate != crate::gpu::Emulation::Off;
+        let ok = emulated || dmabuf || crate::transport::ib::device::peermem_loaded();
+        if !ok {
+            static SAID: std::sync::Once = std::sync::Once::new();
+            SAID.call_once(|| {
+                info!("nccl-net-zip: NCCL_PTR_CUDA not offered on IB: no GPUDirect RDMA (neither the nvidia-peermem module nor DMA-BUF registration)")
+            });
+        }
+        ok
     }
 
     /// The opened IB port `dev` (opened on first use, then shared).

@@ -1,7 +1,8 @@
 //! The IB comms end to end over the in-memory RC fabric: TCP bootstrap on
 //! loopback, a progress thread per comm, NCCL-style request slots. Many messages
 //! of 0 B..4 MiB (odd sizes too), 8 in flight, test() in posting order, checked
-//! bit for bit, compressed (bf16) and raw; peer loss and oversize receives.
+//! bit for bit, compressed (bf16) and raw; peer loss and oversize receives;
+//! device buffers (GPUDirect RDMA) on the emulated GPU backend, and iflush.
 //! No RDMA hardware is involved: this is the main evidence for the comm layer.
 
 use std::net::SocketAddr;
@@ -10,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use nccl_net_zip::config::{CompressMode, DtypeHint};
 use nccl_net_zip::error::Error;
+use nccl_net_zip::gpu::{backend_for, Backend, Emulation, Lane};
 use nccl_net_zip::proto::slots::Slot;
 use nccl_net_zip::proto::wire::{self, HANDLE_SIZE};
 use nccl_net_zip::transport::ib::comm::{
@@ -145,6 +147,14 @@ const SIZES: [usize; 22] = [
 /// Sends every message, 8 in flight, testing in posting order, into fresh
 /// registered buffers of `cap` bytes; checks sizes, bytes and the tail.
 fn transfer(s: &IbSendComm, r: &IbRecvComm, msgs: &[Vec<u8>], cap: usize) {
+    transfer_on(s, r, msgs, cap, None, None)
+}
+
+type Dev = Option<Arc<dyn Backend>>;
+
+/// [`transfer`] with the send buffers in (emulated) device memory of `sdev` and
+/// the receive buffers in device memory of `rdev`, when given.
+fn transfer_on(s: &IbSendComm, r: &IbRecvComm, msgs: &[Vec<u8>], cap: usize, sdev: Dev, rdev: Dev) {
     let mut bufs: Vec<Vec<u8>> = msgs.iter().map(|_| vec![0xEEu8; cap]).collect();
     // SAFETY: the buffers outlive their registrations (dropped at the end).
     let smr: Vec<IbMr> = msgs
@@ -160,11 +170,11 @@ fn transfer(s: &IbSendComm, r: &IbRecvComm, msgs: &[Vec<u8>], cap: usize) {
         for (k, m) in window.iter().enumerate() {
             let i = w * 8 + k;
             let rq = r
-                .irecv(bufs[i].as_mut_ptr(), cap, Some(&rmr[i]))
+                .irecv(bufs[i].as_mut_ptr(), cap, Some(&rmr[i]), rdev.clone())
                 .unwrap()
                 .expect("slot") as *const Slot;
             let sq = s
-                .isend(m.as_ptr(), m.len(), Some(&smr[i]))
+                .isend(m.as_ptr(), m.len(), Some(&smr[i]), sdev.clone())
                 .unwrap()
                 .expect("slot") as *const Slot;
             reqs.push((i, sq, rq));
@@ -261,10 +271,13 @@ fn oversize_is_invalid_usage_naming_both_sizes() {
     let smr = unsafe { s.mrs().register(msg.as_ptr() as *mut u8, msg.len()) }.unwrap();
     let rmr = unsafe { r.mrs().register(buf.as_mut_ptr(), buf.len()) }.unwrap();
     let rq = r
-        .irecv(buf.as_mut_ptr(), 4096, Some(&rmr))
+        .irecv(buf.as_mut_ptr(), 4096, Some(&rmr), None)
         .unwrap()
         .unwrap() as *const Slot;
-    let sq = s.isend(msg.as_ptr(), 5000, Some(&smr)).unwrap().unwrap() as *const Slot;
+    let sq = s
+        .isend(msg.as_ptr(), 5000, Some(&smr), None)
+        .unwrap()
+        .unwrap() as *const Slot;
     for (q, who) in [(rq, "recv"), (sq, "send")] {
         match wait(q, who) {
             Err(Error::InvalidUsage(m)) => {
@@ -274,7 +287,7 @@ fn oversize_is_invalid_usage_naming_both_sizes() {
         }
     }
     // Later requests get the error too.
-    assert!(s.isend(msg.as_ptr(), 10, Some(&smr)).is_err());
+    assert!(s.isend(msg.as_ptr(), 10, Some(&smr), None).is_err());
     assert!(
         buf.iter().all(|&b| b == 0),
         "nothing may land in a too-small buffer"
@@ -287,7 +300,7 @@ fn sender_loss_fails_posted_receives_with_remote_error() {
     let mut buf = vec![0u8; 1 << 16];
     let rmr = unsafe { r.mrs().register(buf.as_mut_ptr(), buf.len()) }.unwrap();
     let rq = r
-        .irecv(buf.as_mut_ptr(), buf.len(), Some(&rmr))
+        .irecv(buf.as_mut_ptr(), buf.len(), Some(&rmr), None)
         .unwrap()
         .unwrap() as *const Slot;
     std::thread::sleep(Duration::from_millis(20));
@@ -297,7 +310,7 @@ fn sender_loss_fails_posted_receives_with_remote_error() {
         other => panic!("expected a remote error, got {other:?}"),
     }
     assert!(matches!(
-        r.irecv(buf.as_mut_ptr(), 16, Some(&rmr)),
+        r.irecv(buf.as_mut_ptr(), 16, Some(&rmr), None),
         Err(Error::Remote(_))
     ));
 }
@@ -309,7 +322,7 @@ fn receiver_loss_fails_pending_sends_with_remote_error() {
     let smr = unsafe { s.mrs().register(msg.as_ptr() as *mut u8, msg.len()) }.unwrap();
     // No receive posted: the send waits for a CTS that never comes.
     let sq = s
-        .isend(msg.as_ptr(), msg.len(), Some(&smr))
+        .isend(msg.as_ptr(), msg.len(), Some(&smr), None)
         .unwrap()
         .unwrap() as *const Slot;
     std::thread::sleep(Duration::from_millis(20));
@@ -335,13 +348,13 @@ fn receiver_loss_mid_stream_fails_the_sender() {
         .collect();
     // Two receives posted, four sends: the last two can never complete.
     for i in 0..2 {
-        r.irecv(bufs[i].as_mut_ptr(), 1 << 20, Some(&rmr[i]))
+        r.irecv(bufs[i].as_mut_ptr(), 1 << 20, Some(&rmr[i]), None)
             .unwrap()
             .unwrap();
     }
     let sq: Vec<*const Slot> = (0..4)
         .map(|i| {
-            s.isend(msgs[i].as_ptr(), 1 << 20, Some(&smr[i]))
+            s.isend(msgs[i].as_ptr(), 1 << 20, Some(&smr[i]), None)
                 .unwrap()
                 .unwrap() as *const Slot
         })
@@ -369,20 +382,23 @@ fn memory_handles_are_cached_and_checked() {
     // Requests must name a handle that covers them.
     let m = unsafe { s.mrs().register(a.as_mut_ptr(), 4096) }.unwrap();
     assert!(matches!(
-        s.isend(a.as_ptr(), 8192, Some(&m)),
+        s.isend(a.as_ptr(), 8192, Some(&m), None),
         Err(Error::InvalidArgument(_))
     ));
     assert!(matches!(
-        s.isend(a.as_ptr(), 10, None),
+        s.isend(a.as_ptr(), 10, None, None),
         Err(Error::InvalidArgument(_))
     ));
     assert!(matches!(
-        r.irecv(a.as_mut_ptr(), 10, None),
+        r.irecv(a.as_mut_ptr(), 10, None, None),
         Err(Error::InvalidArgument(_))
     ));
     // The comm is still healthy: a 0-byte message needs no handle.
-    let rq = r.irecv(std::ptr::null_mut(), 0, None).unwrap().unwrap() as *const Slot;
-    let sq = s.isend(std::ptr::null(), 0, None).unwrap().unwrap() as *const Slot;
+    let rq = r
+        .irecv(std::ptr::null_mut(), 0, None, None)
+        .unwrap()
+        .unwrap() as *const Slot;
+    let sq = s.isend(std::ptr::null(), 0, None, None).unwrap().unwrap() as *const Slot;
     assert_eq!(wait(sq, "send").unwrap(), 0);
     assert_eq!(wait(rq, "recv").unwrap(), 0);
 }
@@ -405,4 +421,133 @@ fn handle_is_ib_and_rejects_tcp_handles() {
     .encode(&mut t);
     assert!(IbHandle::decode(&t).is_err());
     assert!(wire::Handle::decode(&b).is_err());
+}
+
+/// Waits (briefly) for the progress thread's copy of the counters to catch up.
+fn eventually(what: &str, cond: impl Fn() -> bool) {
+    let t0 = Instant::now();
+    while !cond() {
+        assert!(t0.elapsed() < Duration::from_secs(5), "{what}");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+#[test]
+fn device_buffers_through_the_comms_every_mix_bit_exact() {
+    let mut c = (*cfg(CompressMode::On, 2)).clone();
+    c.params.stage_bytes = 4 << 20;
+    c.params.send_bufs = 64;
+    let c = Arc::new(c);
+    let msgs: Vec<Vec<u8>> = SIZES
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| {
+            if i % 3 == 2 {
+                pattern(i as u64, n)
+            } else {
+                bf16(i as u64 + 50, n)
+            }
+        })
+        .collect();
+    for emu in [Emulation::Kernels, Emulation::NoKernels] {
+        // One backend object per side, so each side's lanes are counted apart.
+        let (sc, rc) = (Counted::new(emu), Counted::new(emu));
+        let (sdev, rdev): (Arc<dyn Backend>, Arc<dyn Backend>) = (sc.clone(), rc.clone());
+        let (s, r) = pair(c.clone());
+        for (sd, rd) in [(true, true), (true, false), (false, true), (false, false)] {
+            let name = format!("{emu:?} send on device {sd}, receive on device {rd}");
+            let (ss, rs) = (s.stats(), r.stats());
+            let before = |st: &nccl_net_zip::stats::Stats| {
+                (
+                    st.chunks_device.load(Relaxed),
+                    st.chunks_compressed.load(Relaxed),
+                    st.raw_bytes.load(Relaxed),
+                    st.wire_bytes.load(Relaxed),
+                )
+            };
+            let (s0, r0) = (before(ss), before(rs));
+            transfer_on(
+                &s,
+                &r,
+                &msgs,
+                4 << 20,
+                sd.then(|| sdev.clone()),
+                rd.then(|| rdev.clone()),
+            );
+            let total: u64 = msgs.iter().map(|m| m.len() as u64).sum();
+            eventually(&name, || rs.raw_bytes.load(Relaxed) - r0.2 == total);
+            eventually(&name, || ss.raw_bytes.load(Relaxed) - s0.2 == total);
+            let (s1, r1) = (before(ss), before(rs));
+            assert_eq!(s1.0 > s0.0, sd, "{name}: sender device chunks {s1:?}");
+            assert_eq!(r1.0 > r0.0, rd, "{name}: receiver device chunks {r1:?}");
+            // Compressed device chunks went through a GPU lane (one per side,
+            // kept while the comm lives).
+            if sd {
+                assert_eq!(sc.lanes.load(Relaxed), 1, "{name}: sender lanes");
+            }
+            if rd {
+                assert_eq!(rc.lanes.load(Relaxed), 1, "{name}: receiver lanes");
+            }
+            let compressed = s1.1 - s0.1;
+            assert!(compressed > 10, "{name}: {compressed} compressed chunks");
+            assert_eq!(r1.1 - r0.1, compressed, "{name}");
+            let (raw, wire) = (s1.2 - s0.2, s1.3 - s0.3);
+            assert!(
+                (wire as f64) < 0.85 * raw as f64,
+                "{name}: wire {wire} B for {raw} B"
+            );
+        }
+    }
+}
+
+/// The emulated backend, counting the lanes made and `flush_rdma_writes`.
+struct Counted {
+    inner: Arc<dyn Backend>,
+    lanes: std::sync::atomic::AtomicUsize,
+    flushes: std::sync::atomic::AtomicUsize,
+}
+
+impl Counted {
+    fn new(emu: Emulation) -> Arc<Counted> {
+        Arc::new(Counted {
+            inner: backend_for(0, emu).unwrap(),
+            lanes: Default::default(),
+            flushes: Default::default(),
+        })
+    }
+}
+
+impl Backend for Counted {
+    fn describe(&self) -> String {
+        self.inner.describe()
+    }
+    fn lane<'a>(
+        &self,
+        max_wire: usize,
+        counter: &'a std::sync::atomic::AtomicU64,
+    ) -> nccl_net_zip::error::Result<Box<dyn Lane + 'a>> {
+        self.lanes.fetch_add(1, Relaxed);
+        self.inner.lane(max_wire, counter)
+    }
+    fn flush_rdma_writes(&self) -> nccl_net_zip::error::Result<()> {
+        self.flushes.fetch_add(1, Relaxed);
+        Ok(())
+    }
+}
+
+#[test]
+fn iflush_flushes_device_receives_only() {
+    let (s, r) = pair(cfg(CompressMode::Off, 2));
+    let fc = Counted::new(Emulation::Kernels);
+    let dev: Arc<dyn Backend> = fc.clone();
+    // A raw message into device memory: the HCA wrote it (GDR), iflush flushes.
+    let msgs = vec![pattern(1, 300_000)];
+    transfer_on(&s, &r, &msgs, 1 << 20, None, Some(dev.clone()));
+    r.flush(Some(&dev), 300_000).unwrap();
+    assert_eq!(fc.flushes.load(Relaxed), 1);
+    assert_eq!(fc.lanes.load(Relaxed), 0, "raw traffic needs no lane");
+    // Host buffers and empty receives need nothing.
+    r.flush(None, 300_000).unwrap();
+    r.flush(Some(&dev), 0).unwrap();
+    assert_eq!(fc.flushes.load(Relaxed), 1);
 }

@@ -1,18 +1,24 @@
 //! The IB protocol against the in-memory RC fabric: transfers of every size,
 //! split-send of compressed chunks, out-of-order QPs, credit exhaustion, QP errors
-//! and peer loss. Every transfer is checked bit for bit.
+//! and peer loss; device buffers (GPUDirect RDMA) on the emulated GPU backend,
+//! with every lane operation counted. Every transfer is checked bit for bit.
 
 use nccl_net_zip::adapt::Policy;
 use nccl_net_zip::codec::{DtypeHint, EncodeOptions};
 use nccl_net_zip::codec_glue::Coder;
 use nccl_net_zip::config::CompressMode;
-use nccl_net_zip::error::Error;
+use nccl_net_zip::error::{Error, Result};
+use nccl_net_zip::gpu::{backend_for, Backend, Emulation, Lane};
 use nccl_net_zip::transport::ib::fabric::{Fabric, Mr};
 use nccl_net_zip::transport::ib::mem_fabric::{MemFabric, MemNet};
-use nccl_net_zip::transport::ib::proto::{Event, Params, Receiver, Sender, MAX_CHUNKS};
+use nccl_net_zip::transport::ib::proto::{Coders, Event, Params, Receiver, Sender, MAX_CHUNKS};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
+use std::sync::Arc;
+
+type Dev = Option<Arc<dyn Backend>>;
 
 /// Two connected sides and a seeded scheduler that picks which QP moves next, so
 /// chunks on different QPs land in a different order from run to run.
@@ -29,13 +35,17 @@ struct Pair {
     next_recv: u64,
 }
 
-fn coder(mode: CompressMode) -> Coder {
-    Coder {
+fn coder(mode: CompressMode) -> Coders {
+    let c = || Coder {
         policy: Policy::new(mode, 100_000, 4),
         opts: EncodeOptions {
             dtype: DtypeHint::Bf16,
             ..EncodeOptions::default()
         },
+    };
+    Coders {
+        host: c(),
+        dev: c(),
     }
 }
 
@@ -62,18 +72,27 @@ impl Pair {
     }
 
     fn isend(&mut self, buf: &mut [u8], mr: &Mr) -> u64 {
+        self.isend_on(buf, mr, None)
+    }
+
+    fn irecv(&mut self, buf: &mut [u8], mr: &Mr) -> u64 {
+        self.irecv_on(buf, mr, None)
+    }
+
+    /// `buf` is (emulated) device memory of `dev` when given.
+    fn isend_on(&mut self, buf: &mut [u8], mr: &Mr, dev: Dev) -> u64 {
         let seq = self.next_send;
         self.s
-            .isend(seq, buf.as_ptr() as u64, buf.len(), mr.lkey)
+            .isend(seq, buf.as_ptr() as u64, buf.len(), mr.lkey, dev)
             .unwrap();
         self.next_send += 1;
         seq
     }
 
-    fn irecv(&mut self, buf: &mut [u8], mr: &Mr) -> u64 {
+    fn irecv_on(&mut self, buf: &mut [u8], mr: &Mr, dev: Dev) -> u64 {
         let seq = self.next_recv;
         self.r
-            .irecv(seq, buf.as_ptr() as u64, buf.len(), mr.rkey)
+            .irecv(seq, buf.as_ptr() as u64, buf.len(), mr.rkey, dev)
             .unwrap();
         self.next_recv += 1;
         seq
@@ -150,16 +169,33 @@ fn random_bytes(n: usize, seed: u64) -> Vec<u8> {
 
 /// Sends `sizes` (receives posted with `cap` = size + slack) and checks every byte.
 fn transfer(nqps: usize, p: Params, mode: CompressMode, sizes: &[usize], seed: u64) -> Pair {
+    transfer_on(nqps, p, mode, sizes, seed, None, None, |i, n, seed| {
+        if i.is_multiple_of(2) {
+            bf16_data(n, seed + i as u64)
+        } else {
+            random_bytes(n, seed + i as u64)
+        }
+    })
+}
+
+/// [`transfer`] with the send buffers in device memory of `sdev` and the receive
+/// buffers in device memory of `rdev` (when given), and message `i` of `n` bytes
+/// made by `data(i, n, seed)`.
+#[allow(clippy::too_many_arguments)]
+fn transfer_on(
+    nqps: usize,
+    p: Params,
+    mode: CompressMode,
+    sizes: &[usize],
+    seed: u64,
+    sdev: Dev,
+    rdev: Dev,
+    data: impl Fn(usize, usize, u64) -> Vec<u8>,
+) -> Pair {
     let mut srcs: Vec<Vec<u8>> = sizes
         .iter()
         .enumerate()
-        .map(|(i, &n)| {
-            if i % 2 == 0 {
-                bf16_data(n, seed + i as u64)
-            } else {
-                random_bytes(n, seed + i as u64)
-            }
-        })
+        .map(|(i, &n)| data(i, n, seed))
         .collect();
     let mut dsts: Vec<Vec<u8>> = sizes.iter().map(|&n| vec![0xA5; n + 100]).collect();
     let mut pair = Pair::new(nqps, p, mode, seed);
@@ -170,8 +206,8 @@ fn transfer(nqps: usize, p: Params, mode: CompressMode, sizes: &[usize], seed: u
     let mut done = 0;
     while done < sizes.len() {
         while posted < sizes.len() && posted - pair.sent.len().min(pair.recvd.len()) < 32 {
-            pair.irecv(&mut dsts[posted], &rmrs[posted]);
-            pair.isend(&mut srcs[posted], &smrs[posted]);
+            pair.irecv_on(&mut dsts[posted], &rmrs[posted], rdev.clone());
+            pair.isend_on(&mut srcs[posted], &smrs[posted], sdev.clone());
             posted += 1;
         }
         pair.settle();
@@ -449,7 +485,7 @@ fn qp_error_mid_transfer_fails_both_sides() {
             "{a:?}"
         );
         // A failed side refuses new work with the same error.
-        assert!(pair.s.isend(99, 0, 0, 0).is_err());
+        assert!(pair.s.isend(99, 0, 0, 0, None).is_err());
         // The receiver's QP 1 is healthy but its peer's is not: the receiver learns
         // of it when the sender side is torn down and its next CTS write fails.
         pair.net.lose(0);
@@ -493,7 +529,13 @@ fn peer_loss_fails_pending_requests() {
     let rmr = reg(&mut pair.fr, &mut d);
     for _ in 0..28 {
         pair.r
-            .irecv(pair.next_recv, d.as_mut_ptr() as u64, d.len(), rmr.rkey)
+            .irecv(
+                pair.next_recv,
+                d.as_mut_ptr() as u64,
+                d.len(),
+                rmr.rkey,
+                None,
+            )
             .unwrap();
         pair.next_recv += 1;
     }
@@ -521,4 +563,349 @@ fn close_deregisters_everything() {
 fn pair_take(p: &mut Pair) -> Pair {
     let fresh = Pair::new(1, Params::default(), CompressMode::Off, 0);
     std::mem::replace(p, fresh)
+}
+
+// ---------------------------------------------------------------------------
+// Device buffers (GPUDirect RDMA) on the emulated GPU backend
+
+/// What the lanes of one [`Counting`] backend did.
+#[derive(Default, Debug)]
+struct Counts {
+    lanes: AtomicUsize,
+    encode: AtomicUsize,
+    decode: AtomicUsize,
+    download: AtomicUsize,
+    upload: AtomicUsize,
+    upload_from: AtomicUsize,
+    flush: AtomicUsize,
+}
+
+impl Counts {
+    fn get(&self, c: &AtomicUsize) -> usize {
+        c.load(Relaxed)
+    }
+}
+
+/// The emulated backend (`Emulation::Kernels` or `NoKernels`) with every lane
+/// operation counted, so a test can tell the device path from the host path
+/// (emulated device memory is host memory: the bytes alone cannot).
+struct Counting {
+    inner: Arc<dyn Backend>,
+    c: Arc<Counts>,
+    fail_encode: AtomicBool,
+}
+
+fn counting(emu: Emulation) -> (Arc<dyn Backend>, Arc<Counts>) {
+    let c = Arc::new(Counts::default());
+    let b = Arc::new(Counting {
+        inner: backend_for(0, emu).unwrap(),
+        c: c.clone(),
+        fail_encode: AtomicBool::new(false),
+    });
+    (b, c)
+}
+
+impl Backend for Counting {
+    fn describe(&self) -> String {
+        format!("counting {}", self.inner.describe())
+    }
+    fn lane<'a>(&self, max_wire: usize, counter: &'a AtomicU64) -> Result<Box<dyn Lane + 'a>> {
+        self.c.lanes.fetch_add(1, Relaxed);
+        Ok(Box::new(CountingLane {
+            inner: self.inner.lane(max_wire, counter)?,
+            c: self.c.clone(),
+            fail_encode: self.fail_encode.load(Relaxed),
+        }))
+    }
+    fn flush_rdma_writes(&self) -> Result<()> {
+        self.c.flush.fetch_add(1, Relaxed);
+        Ok(())
+    }
+}
+
+struct CountingLane<'a> {
+    inner: Box<dyn Lane + 'a>,
+    c: Arc<Counts>,
+    fail_encode: bool,
+}
+
+impl Lane for CountingLane<'_> {
+    fn staging(&mut self, len: usize) -> Result<&mut [u8]> {
+        self.inner.staging(len)
+    }
+    fn bytes(&self, off: usize, len: usize) -> &[u8] {
+        self.inner.bytes(off, len)
+    }
+    fn kernels(&self) -> bool {
+        self.inner.kernels()
+    }
+    fn download(&mut self, src: u64, len: usize) -> Result<()> {
+        self.c.download.fetch_add(1, Relaxed);
+        self.inner.download(src, len)
+    }
+    fn upload(&mut self, dst: u64, len: usize) -> Result<()> {
+        self.c.upload.fetch_add(1, Relaxed);
+        self.inner.upload(dst, len)
+    }
+    fn upload_from(&mut self, dst: u64, src: &[u8]) -> Result<()> {
+        self.c.upload_from.fetch_add(1, Relaxed);
+        self.inner.upload_from(dst, src)
+    }
+    fn encode(&mut self, src: u64, len: usize, opts: &EncodeOptions) -> Result<usize> {
+        self.c.encode.fetch_add(1, Relaxed);
+        if self.fail_encode {
+            return Err(Error::Cuda("injected encode failure".into()));
+        }
+        self.inner.encode(src, len, opts)
+    }
+    fn decode(&mut self, frame_len: usize, dst: u64, cap: usize) -> Result<usize> {
+        self.c.decode.fetch_add(1, Relaxed);
+        self.inner.decode(frame_len, dst, cap)
+    }
+}
+
+fn mixed_data(i: usize, n: usize, seed: u64) -> Vec<u8> {
+    if i.is_multiple_of(2) {
+        bf16_data(n, seed + i as u64)
+    } else {
+        random_bytes(n, seed + i as u64)
+    }
+}
+
+#[test]
+fn device_buffers_every_mix_raw_and_compressed_bit_exact() {
+    for emu in [Emulation::Kernels, Emulation::NoKernels] {
+        for (sd, rd) in [(true, false), (false, true), (true, true)] {
+            for mode in [CompressMode::Off, CompressMode::On] {
+                let name = format!(
+                    "{emu:?} {} -> {} {mode:?}",
+                    if sd { "device" } else { "host" },
+                    if rd { "device" } else { "host" }
+                );
+                let (sb, sc) = counting(emu);
+                let (rb, rc) = counting(emu);
+                let p = transfer_on(
+                    2,
+                    Params::default(),
+                    mode,
+                    ODD_SIZES,
+                    7 + sd as u64 * 2 + rd as u64,
+                    sd.then(|| sb.clone()),
+                    rd.then(|| rb.clone()),
+                    mixed_data,
+                );
+                let (s, r) = (&p.s.stats, &p.r.stats);
+                let nonempty = ODD_SIZES.iter().filter(|&&n| n > 0).count();
+                // Every non-empty message has at least one chunk of device memory.
+                let (sdev, rdev) = (s.chunks_device.load(Relaxed), r.chunks_device.load(Relaxed));
+                assert_eq!(
+                    sdev >= nonempty as u64,
+                    sd,
+                    "{name}: {sdev} device chunks sent"
+                );
+                assert_eq!(sdev > 0, sd, "{name}");
+                assert_eq!(
+                    rdev >= nonempty as u64,
+                    rd,
+                    "{name}: {rdev} device chunks received"
+                );
+                assert_eq!(rdev > 0, rd, "{name}");
+                if sd && rd {
+                    assert_eq!(sdev, rdev, "{name}: both sides count every chunk");
+                }
+                let cs = s.chunks_compressed.load(Relaxed);
+                let kernels = emu == Emulation::Kernels;
+                if mode == CompressMode::Off {
+                    assert_eq!(cs, 0, "{name}");
+                    assert_eq!(
+                        sc.get(&sc.lanes) + rc.get(&rc.lanes),
+                        0,
+                        "{name}: raw needs no lane"
+                    );
+                    continue;
+                }
+                assert!(cs >= 8, "{name}: only {cs} compressed chunks");
+                assert_eq!(cs, r.chunks_compressed.load(Relaxed), "{name}");
+                assert!(
+                    (s.wire_bytes.load(Relaxed) as f64) < 0.9 * s.raw_bytes.load(Relaxed) as f64,
+                    "{name}: {}",
+                    s.summary()
+                );
+                // Sender: each compressed chunk of device memory was encoded by the
+                // lane (or copied down for the CPU codec); raw chunks went by GDR,
+                // never copied.
+                if sd {
+                    assert_eq!(sc.get(&sc.lanes), 1, "{name}: one lane per side");
+                    if kernels {
+                        assert!(sc.get(&sc.encode) as u64 >= cs, "{name}: {:?}", sc);
+                        assert_eq!(sc.get(&sc.download), 0, "{name}: raw chunks copied");
+                    } else {
+                        assert_eq!(sc.get(&sc.encode), 0, "{name}");
+                        assert!(sc.get(&sc.download) as u64 >= cs, "{name}: {:?}", sc);
+                    }
+                    assert!(p.s.has_lane());
+                } else {
+                    assert_eq!(sc.get(&sc.lanes), 0, "{name}");
+                    assert!(!p.s.has_lane());
+                }
+                // Receiver: exactly the compressed chunks went through the lane.
+                if rd {
+                    assert_eq!(rc.get(&rc.lanes), 1, "{name}");
+                    let placed = if kernels { &rc.decode } else { &rc.upload_from };
+                    assert_eq!(rc.get(placed) as u64, cs, "{name}: {:?}", rc);
+                    assert_eq!(rc.get(&rc.upload), 0, "{name}: raw chunks land by GDR");
+                    assert!(p.r.has_lane());
+                } else {
+                    assert_eq!(rc.get(&rc.lanes), 0, "{name}");
+                    assert!(!p.r.has_lane());
+                }
+                eprintln!("{name}: sender {sc:?}, receiver {rc:?}, {}", s.summary());
+            }
+        }
+    }
+}
+
+#[test]
+fn device_frames_that_do_not_shrink_go_raw_from_device_memory() {
+    let (sb, sc) = counting(Emulation::Kernels);
+    let (rb, rc) = counting(Emulation::Kernels);
+    let sizes = [4096, 65536, 300_000, (1 << 20) + 3];
+    let p = transfer_on(
+        3,
+        Params::default(),
+        CompressMode::On,
+        &sizes,
+        21,
+        Some(sb),
+        Some(rb),
+        |i, n, seed| random_bytes(n, seed + i as u64),
+    );
+    let s = &p.s.stats;
+    assert!(sc.get(&sc.encode) > 0, "the lane tried: {sc:?}");
+    assert_eq!(s.chunks_compressed.load(Relaxed), 0);
+    assert_eq!(s.wire_bytes.load(Relaxed), s.raw_bytes.load(Relaxed));
+    assert_eq!(
+        sc.get(&sc.download),
+        0,
+        "a STORED frame is dropped, not sent"
+    );
+    assert_eq!(rc.get(&rc.decode) + rc.get(&rc.upload_from), 0);
+}
+
+#[test]
+fn failed_gpu_encode_sends_device_chunks_raw() {
+    let c = Arc::new(Counts::default());
+    let sb: Arc<dyn Backend> = Arc::new(Counting {
+        inner: backend_for(0, Emulation::Kernels).unwrap(),
+        c: c.clone(),
+        fail_encode: AtomicBool::new(true),
+    });
+    let sizes = [100_000, 1 << 20];
+    let p = transfer_on(
+        2,
+        Params::default(),
+        CompressMode::On,
+        &sizes,
+        22,
+        Some(sb),
+        None,
+        |i, n, seed| bf16_data(n, seed + i as u64),
+    );
+    assert!(c.get(&c.encode) > 0);
+    assert_eq!(p.s.stats.chunks_compressed.load(Relaxed), 0);
+}
+
+/// A backend whose lanes cannot be made (out of pinned memory, a CUDA error).
+struct NoLanes;
+impl Backend for NoLanes {
+    fn describe(&self) -> String {
+        "no lanes".into()
+    }
+    fn lane<'a>(&self, _: usize, _: &'a AtomicU64) -> Result<Box<dyn Lane + 'a>> {
+        Err(Error::Cuda(
+            "cuMemHostAlloc: out of memory (injected)".into(),
+        ))
+    }
+}
+
+#[test]
+fn device_lane_failure_fails_the_side_with_the_cuda_error() {
+    // Receiver: a compressed chunk for device memory it cannot decode.
+    let mut src = bf16_data(200_000, 5);
+    let mut dst = vec![0u8; 200_000];
+    let mut pair = Pair::new(2, Params::default(), CompressMode::On, 23);
+    let (smr, rmr) = (reg(&mut pair.fs, &mut src), reg(&mut pair.fr, &mut dst));
+    pair.irecv_on(&mut dst, &rmr, Some(Arc::new(NoLanes)));
+    pair.isend(&mut src, &smr);
+    let (_, b) = pair.settle_errors();
+    assert!(
+        matches!(b, Err(Error::Cuda(ref m)) if m.contains("injected")),
+        "{b:?}"
+    );
+    assert!(pair.recvd.is_empty());
+    // Sender: the chunk it wants to compress.
+    let mut src = bf16_data(200_000, 6);
+    let mut dst = vec![0u8; 200_000];
+    let mut pair = Pair::new(2, Params::default(), CompressMode::On, 24);
+    let (smr, rmr) = (reg(&mut pair.fs, &mut src), reg(&mut pair.fr, &mut dst));
+    pair.irecv(&mut dst, &rmr);
+    pair.isend_on(&mut src, &smr, Some(Arc::new(NoLanes)));
+    let (a, _) = pair.settle_errors();
+    assert!(matches!(a, Err(Error::Cuda(_))), "{a:?}");
+    // Raw traffic needs no lane: GDR only.
+    let mut src = bf16_data(200_000, 7);
+    let mut dst = vec![0u8; 200_000];
+    let mut pair = Pair::new(2, Params::default(), CompressMode::Off, 25);
+    let (smr, rmr) = (reg(&mut pair.fs, &mut src), reg(&mut pair.fr, &mut dst));
+    pair.irecv_on(&mut dst, &rmr, Some(Arc::new(NoLanes)));
+    pair.isend_on(&mut src, &smr, Some(Arc::new(NoLanes)));
+    pair.settle();
+    assert_eq!(pair.recvd, vec![(0, 200_000)]);
+    assert!(dst == src);
+}
+
+#[test]
+fn device_chunks_before_chunk_zero_wait_for_the_info_record() {
+    // As chunks_before_chunk_zero_wait_for_the_info_record, into device memory:
+    // compressed chunks that land early are decoded by the lane later.
+    let p = Params {
+        max_chunk: 4096,
+        min_chunk: 4096,
+        send_bufs: 32,
+        ..Params::default()
+    };
+    let (rb, rc) = counting(Emulation::Kernels);
+    let (sb, sc) = counting(Emulation::Kernels);
+    let mut src = bf16_data(64 << 10, 8);
+    let mut dst = vec![0u8; 64 << 10];
+    let mut pair = Pair::new(4, p, CompressMode::On, 0);
+    let (smr, rmr) = (reg(&mut pair.fs, &mut src), reg(&mut pair.fr, &mut dst));
+    pair.irecv_on(&mut dst, &rmr, Some(rb));
+    pair.isend_on(&mut src, &smr, Some(sb));
+    let mut ev = Vec::new();
+    pair.r.progress(&mut pair.fr, &mut ev).unwrap();
+    while pair.net.step(1, 0) {}
+    pair.s.progress(&mut pair.fs, &mut ev).unwrap();
+    for qp in [3, 2, 1] {
+        while pair.net.step(0, qp) {}
+    }
+    pair.r.progress(&mut pair.fr, &mut ev).unwrap();
+    assert!(ev.is_empty(), "complete before chunk 0 landed: {ev:?}");
+    assert_eq!(
+        rc.get(&rc.decode),
+        0,
+        "nothing decoded before the info record"
+    );
+    while pair.net.step(0, 0) {}
+    pair.settle();
+    pair.recvd.extend(ev.iter().filter_map(|e| match e {
+        Event::RecvDone { seq, size } => Some((*seq, *size)),
+        _ => None,
+    }));
+    assert_eq!(pair.recvd, vec![(0, 64 << 10)]);
+    assert!(dst == src);
+    let cs = pair.r.stats.chunks_compressed.load(Relaxed);
+    assert!(cs >= 12, "{cs} of 16 chunks compressed");
+    assert_eq!(rc.get(&rc.decode) as u64, cs);
+    assert!(sc.get(&sc.encode) as u64 >= cs);
 }

@@ -74,7 +74,7 @@ fn ib_hw_loopback_transfer() {
     use nccl_net_zip::config::CompressMode;
     use nccl_net_zip::transport::ib::device::{enumerate, HcaFilter};
     use nccl_net_zip::transport::ib::fabric::Fabric;
-    use nccl_net_zip::transport::ib::proto::{Event, Params, Receiver, Sender};
+    use nccl_net_zip::transport::ib::proto::{Coders, Event, Params, Receiver, Sender};
     use nccl_net_zip::transport::ib::verbs::{Context, QpParams, VerbsFabric};
 
     if std::env::var("NCCL_ZIP_IB_HW_TEST").as_deref() != Ok("1") {
@@ -102,14 +102,18 @@ fn ib_hw_loopback_transfer() {
     let (is, ir) = (fs.local_info().unwrap(), fr.local_info().unwrap());
     fs.connect(&ir).unwrap();
     fr.connect(&is).unwrap();
-    let coder = Coder {
+    let coder = || Coder {
         policy: Policy::new(CompressMode::On, 100_000, nqps),
         opts: EncodeOptions {
             dtype: DtypeHint::Bf16,
             ..EncodeOptions::default()
         },
     };
-    let mut s = Sender::new(&mut fs, p.clone(), coder).unwrap();
+    let coders = Coders {
+        host: coder(),
+        dev: coder(),
+    };
+    let mut s = Sender::new(&mut fs, p.clone(), coders).unwrap();
     let mut r = Receiver::new(&mut fr, p).unwrap();
     s.connect(r.endpoint());
     r.connect(s.endpoint());
@@ -130,9 +134,15 @@ fn ib_hw_loopback_transfer() {
                 .unwrap()
         };
         let rm = unsafe { fr.reg_mr(dsts[i].as_mut_ptr(), dsts[i].len()).unwrap() };
-        r.irecv(i as u64, dsts[i].as_ptr() as u64, dsts[i].len(), rm.rkey)
-            .unwrap();
-        s.isend(i as u64, srcs[i].as_ptr() as u64, sizes[i], sm.lkey)
+        r.irecv(
+            i as u64,
+            dsts[i].as_ptr() as u64,
+            dsts[i].len(),
+            rm.rkey,
+            None,
+        )
+        .unwrap();
+        s.isend(i as u64, srcs[i].as_ptr() as u64, sizes[i], sm.lkey, None)
             .unwrap();
     }
     let (mut sent, mut recvd) = (0, vec![]);

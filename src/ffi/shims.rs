@@ -27,12 +27,14 @@ impl Kind for AnyRecv {
 
 /// What `regMr` returns. Host memory needs no registration with TCP; the handle
 /// records the kind so the data path can tell host from device buffers. With IB
-/// it holds the (cached) registration whose lkey/rkey isend/irecv use.
+/// it holds the (cached) registration whose lkey/rkey isend/irecv use (for CUDA
+/// memory too: GPUDirect RDMA).
 pub struct MemHandle {
     #[allow(dead_code)]
     ptr_type: c_int,
     ib: Option<IbMr>,
-    /// CUDA memory (TCP): the device its chunks are staged through.
+    /// CUDA memory: the device its chunks are staged through (TCP), or whose
+    /// lanes code its compressed chunks (IB).
     dev: Option<Arc<dyn Backend>>,
 }
 
@@ -202,9 +204,15 @@ unsafe extern "C" fn reg_mr(
                 Some(crate::gpu::backend_for(data as u64, p.cfg.gpu_emulate)?)
             }
             (NCCL_PTR_CUDA, Some(_)) => {
-                return Err(Error::InvalidArgument(
-                    "regMr of CUDA memory on an IB comm: GPUDirect RDMA is not offered (ptrSupport lacks NCCL_PTR_CUDA)".into(),
-                ))
+                // GPUDirect RDMA: the HCA registers the device pointer below
+                // (nvidia-peermem; emulated device memory is host memory).
+                let p = plugin::get()?;
+                if !p.ib_gpu_enabled() {
+                    return Err(Error::InvalidArgument(
+                        "regMr of CUDA memory on an IB comm, but ptrSupport does not offer NCCL_PTR_CUDA (NCCL_ZIP_GPU=off or no CUDA device)".into(),
+                    ));
+                }
+                Some(crate::gpu::backend_for(data as u64, p.cfg.gpu_emulate)?)
             }
             _ => {
                 return Err(Error::InvalidArgument(format!(
@@ -213,7 +221,13 @@ unsafe extern "C" fn reg_mr(
             }
         };
         let ib = match ib {
-            Some(m) => Some(m.register(data as *mut u8, size)?),
+            Some(m) => Some(m.register(data as *mut u8, size).map_err(|e| {
+                if dev.is_some() {
+                    gdr_hint(e)
+                } else {
+                    e
+                }
+            })?),
             None => None,
         };
         *mh = Obj::into_raw(MemHandle {
@@ -240,11 +254,20 @@ unsafe extern "C" fn reg_mr_dma_buf(
         }
         if let Some(m) = ib_mrs(comm)?.filter(|m| m.supports_dmabuf()) {
             let mh = out(mhandle, "mhandle")?;
+            // A DMA-BUF of CUDA memory: its compressed chunks go through the
+            // device's lanes, like a regMr'd CUDA buffer.
+            let dev = match ty as u32 {
+                NCCL_PTR_CUDA => Some(crate::gpu::backend_for(
+                    data as u64,
+                    plugin::get()?.cfg.gpu_emulate,
+                )?),
+                _ => None,
+            };
             let r = m.register_dmabuf(data as u64, size, offset, fd)?;
             *mh = Obj::into_raw(MemHandle {
                 ptr_type: ty,
                 ib: Some(r),
-                dev: None,
+                dev,
             });
             return Ok(());
         }
@@ -273,7 +296,9 @@ unsafe extern "C" fn isend(
             .map_err(|_| Error::InvalidArgument(format!("isend of {size} bytes")))?;
         let slot = match Obj::<AnySend>::get(send_comm)? {
             AnySend::Tcp(c) => c.isend(data as *const u8, size, dev_of(mhandle)?)?,
-            AnySend::Ib(c) => c.isend(data as *const u8, size, ib_mr(mhandle)?)?,
+            AnySend::Ib(c) => {
+                c.isend(data as *const u8, size, ib_mr(mhandle)?, dev_of(mhandle)?)?
+            }
         };
         if let Some(slot) = slot {
             *req = slot as *const Slot as *mut c_void;
@@ -310,7 +335,7 @@ unsafe extern "C" fn irecv(
             }
             AnyRecv::Ib(c) => {
                 let mh = mhandles.as_ref().map_or(std::ptr::null_mut(), |m| *m);
-                c.irecv(buf as *mut u8, cap, ib_mr(mh)?)?
+                c.irecv(buf as *mut u8, cap, ib_mr(mh)?, dev_of(mh)?)?
             }
         };
         if let Some(slot) = slot {
@@ -321,18 +346,50 @@ unsafe extern "C" fn irecv(
 }
 
 unsafe extern "C" fn iflush(
-    _recv_comm: *mut c_void,
-    _n: c_int,
+    recv_comm: *mut c_void,
+    n: c_int,
     _data: *mut *mut c_void,
-    _sizes: *mut c_int,
-    _mhandles: *mut *mut c_void,
+    sizes: *mut c_int,
+    mhandles: *mut *mut c_void,
     request: *mut *mut c_void,
 ) -> ncclResult_t {
-    // Host buffers are coherent once test() reported done: nothing to flush.
+    // Host buffers are coherent once test() reported done, and so are TCP's
+    // device buffers (written by copies and kernels): nothing to flush. An IB
+    // receive into device memory was (partly) written by the HCA: flush those
+    // writes now, synchronously, and hand back no request (done).
     call("iflush", || {
         *out(request, "request")? = std::ptr::null_mut();
+        let AnyRecv::Ib(c) = Obj::<AnyRecv>::get(recv_comm)? else {
+            return Ok(());
+        };
+        if mhandles.is_null() {
+            return Ok(());
+        }
+        for i in 0..usize::try_from(n).unwrap_or(0).min(MAX_RECVS as usize) {
+            // SAFETY: NCCL passes `n` mhandles (and sizes) for the `n` buffers
+            // of the receive being flushed.
+            let mh = *mhandles.add(i);
+            let size = if sizes.is_null() { 1 } else { *sizes.add(i) };
+            c.flush(dev_of(mh)?.as_ref(), size.max(0) as usize)?;
+        }
         Ok(())
     })
+}
+
+/// A failed registration of CUDA memory with the HCA, with what it needs.
+fn gdr_hint(e: Error) -> Error {
+    const HINT: &str = "registering CUDA memory with the HCA needs GPUDirect RDMA (the nvidia-peermem module, or DMA-BUF)";
+    match e {
+        Error::InvalidArgument(m) => Error::InvalidArgument(format!("{m} ({HINT})")),
+        Error::Internal(m) => Error::Internal(format!("{m} ({HINT})")),
+        Error::Remote(m) => Error::Remote(format!("{m} ({HINT})")),
+        Error::InvalidUsage(m) => Error::InvalidUsage(format!("{m} ({HINT})")),
+        Error::Cuda(m) => Error::Cuda(format!("{m} ({HINT})")),
+        Error::System { context, source } => Error::System {
+            context: format!("{context} ({HINT})"),
+            source,
+        },
+    }
 }
 
 unsafe extern "C" fn test(

@@ -33,12 +33,13 @@ use socket2::Socket;
 use tracing::{info, warn};
 
 use super::fabric::{Fabric, Link, Mr, Opener, QpInfo, Registrar, Registration};
-use super::proto::{Endpoint, Event, Params, Receiver, Sender, MAX_MESSAGE};
+use super::proto::{Coders, Endpoint, Event, Params, Receiver, Sender, MAX_MESSAGE};
 use crate::adapt::Policy;
 use crate::codec::EncodeOptions;
 use crate::codec_glue::Coder;
 use crate::config::{CompressMode, Config, DtypeHint};
 use crate::error::{Error, Result};
+use crate::gpu::Backend;
 use crate::proto::slots::{Ring, Slot};
 use crate::proto::wire::{self, HANDLE_SIZE};
 use crate::transport::tcp::sock::{bind_listener, random_secret, start_connect, writable};
@@ -68,6 +69,7 @@ impl IbConfig {
                 min_chunk: c.min_chunk,
                 stage_slots: c.ib_stage_slots,
                 stage_bytes: c.ib_stage_bytes,
+                gpu_lanes: c.gpu_lanes,
                 ..Params::default()
             },
             compress: c.compress,
@@ -78,8 +80,8 @@ impl IbConfig {
         }
     }
 
-    fn coder(&self) -> Coder {
-        Coder {
+    fn coders(&self) -> Coders {
+        let coder = || Coder {
             // One progress thread compresses for the whole comm.
             policy: Policy::new(self.compress, self.link_mbps, 1),
             opts: EncodeOptions {
@@ -87,6 +89,11 @@ impl IbConfig {
                 checksum: self.checksum,
                 ..EncodeOptions::default()
             },
+        };
+        // Host and device chunks run at different codec speeds: one policy each.
+        Coders {
+            host: coder(),
+            dev: coder(),
         }
     }
 }
@@ -464,7 +471,7 @@ impl<L: Link> IbConnect<L> {
         let p = &cfg.params;
         let nqps = cfg.nqps.clamp(1, MAX_QPS);
         let mut fab = opener.open(nqps, p.sq_depth, p.rq_depth())?;
-        let sender = Sender::new(&mut fab, p.clone(), cfg.coder())?;
+        let sender = Sender::new(&mut fab, p.clone(), cfg.coders())?;
         let sock = start_connect(h.addr)?;
         Ok(IbConnect {
             sock,
@@ -651,11 +658,13 @@ struct Cmd {
     addr: u64,
     len: usize,
     key: u32,
+    /// The buffer is device memory of this backend.
+    dev: Option<Arc<dyn Backend>>,
 }
 
 /// One side's protocol engine, owned by the progress thread.
 trait Engine: Send + 'static {
-    fn post(&mut self, c: &Cmd) -> Result<()>;
+    fn post(&mut self, c: Cmd) -> Result<()>;
     fn progress(&mut self, ev: &mut Vec<Event>) -> Result<()>;
     fn pending(&self) -> usize;
     fn stats(&self) -> &Stats;
@@ -671,8 +680,8 @@ struct SendEngine<L: Link> {
 }
 
 impl<L: Link> Engine for SendEngine<L> {
-    fn post(&mut self, c: &Cmd) -> Result<()> {
-        self.s.isend(c.seq, c.addr, c.len, c.key)
+    fn post(&mut self, c: Cmd) -> Result<()> {
+        self.s.isend(c.seq, c.addr, c.len, c.key, c.dev)
     }
     fn progress(&mut self, ev: &mut Vec<Event>) -> Result<()> {
         self.s.progress(&mut self.fab, ev)
@@ -694,8 +703,8 @@ struct RecvEngine<L: Link> {
 }
 
 impl<L: Link> Engine for RecvEngine<L> {
-    fn post(&mut self, c: &Cmd) -> Result<()> {
-        self.r.irecv(c.seq, c.addr, c.len, c.key)
+    fn post(&mut self, c: Cmd) -> Result<()> {
+        self.r.irecv(c.seq, c.addr, c.len, c.key, c.dev)
     }
     fn progress(&mut self, ev: &mut Vec<Event>) -> Result<()> {
         self.r.progress(&mut self.fab, ev)
@@ -763,6 +772,7 @@ fn sync_stats(src: &Stats, dst: &Stats) {
         (&src.chunks_compressed, &dst.chunks_compressed),
         (&src.chunks_raw, &dst.chunks_raw),
         (&src.bypassed, &dst.bypassed),
+        (&src.chunks_device, &dst.chunks_device),
         (&src.codec_ns, &dst.codec_ns),
     ] {
         d.store(s.load(Relaxed), Relaxed);
@@ -879,7 +889,7 @@ fn run<E: Engine>(mut eng: E, sh: &Shared, rx: ChanRx<Cmd>, sock: Socket) {
             sh.ring.slot(c.seq).fail(&e);
         }
         Ok(()) => {
-            if let Err(e) = eng.post(&c) {
+            if let Err(e) = eng.post(c) {
                 fail(ctl, e);
             }
         }
@@ -1013,6 +1023,7 @@ impl Comm {
         addr: u64,
         len: usize,
         key: u32,
+        dev: Option<Arc<dyn Backend>>,
     ) -> Result<Option<&Slot>> {
         self.sh.check()?;
         let tx = self.tx.lock();
@@ -1028,6 +1039,7 @@ impl Comm {
             addr,
             len,
             key,
+            dev,
         })
         .map_err(|_| Error::Internal("IB progress thread is gone".into()))?;
         Ok(Some(slot))
@@ -1065,15 +1077,22 @@ impl IbSendComm {
     }
 
     /// Queues `size` bytes at `data`, covered by `mr` (NCCL's mhandle from
-    /// `regMr`). `Ok(None)`: all request slots busy, retry later.
-    pub fn isend(&self, data: *const u8, size: usize, mr: Option<&IbMr>) -> Result<Option<&Slot>> {
+    /// `regMr`); device memory of `dev` when given (GPUDirect RDMA: `mr` covers
+    /// the device buffer). `Ok(None)`: all request slots busy, retry later.
+    pub fn isend(
+        &self,
+        data: *const u8,
+        size: usize,
+        mr: Option<&IbMr>,
+        dev: Option<Arc<dyn Backend>>,
+    ) -> Result<Option<&Slot>> {
         if size > MAX_MESSAGE {
             return Err(Error::InvalidArgument(format!(
                 "isend of {size} bytes: the v8 API allows at most 1 GiB"
             )));
         }
         let key = key_for(data as u64, size, mr, "isend")?.map_or(0, |m| m.lkey);
-        self.c.post(Some(size), data as u64, size, key)
+        self.c.post(Some(size), data as u64, size, key, dev)
     }
 
     pub fn mrs(&self) -> &MrCache {
@@ -1098,10 +1117,28 @@ impl IbRecvComm {
         })
     }
 
-    /// Posts `cap` bytes at `buf`, covered by `mr`, for the next message.
-    pub fn irecv(&self, buf: *mut u8, cap: usize, mr: Option<&IbMr>) -> Result<Option<&Slot>> {
+    /// Posts `cap` bytes at `buf`, covered by `mr`, for the next message; device
+    /// memory of `dev` when given.
+    pub fn irecv(
+        &self,
+        buf: *mut u8,
+        cap: usize,
+        mr: Option<&IbMr>,
+        dev: Option<Arc<dyn Backend>>,
+    ) -> Result<Option<&Slot>> {
         let key = key_for(buf as u64, cap, mr, "irecv")?.map_or(0, |m| m.rkey);
-        self.c.post(None, buf as u64, cap, key)
+        self.c.post(None, buf as u64, cap, key, dev)
+    }
+
+    /// `iflush` of a completed receive: for a buffer in device memory (`dev`),
+    /// makes the HCA's writes into it visible to later GPU work
+    /// (`cuFlushGPUDirectRDMAWrites`; synchronous, so NCCL gets no request to
+    /// test). Host memory needs nothing. Empty receives need nothing either.
+    pub fn flush(&self, dev: Option<&Arc<dyn Backend>>, size: usize) -> Result<()> {
+        match dev {
+            Some(b) if size > 0 => b.flush_rdma_writes(),
+            _ => Ok(()),
+        }
     }
 
     pub fn mrs(&self) -> &MrCache {

@@ -210,6 +210,26 @@ pub fn enumerate(filter: &HcaFilter, gid_env: Option<u8>) -> Result<Vec<IbDevice
 }
 
 /// Physical ports of a device, from sysfs (1 if unreadable: every HCA has port 1).
+/// Paths whose presence means the HCA driver can register CUDA memory
+/// (GPUDirect RDMA through peer memory): the nvidia-peermem module (current
+/// drivers), or Mellanox's older nv_peer_mem, as NCCL's net_ib probes them.
+pub const PEERMEM_PATHS: [&str; 4] = [
+    "sys/module/nvidia_peermem",
+    "sys/kernel/mm/memory_peers/nv_mem/version",
+    "sys/kernel/mm/memory_peers/nv_mem_nc/version",
+    "sys/module/nv_peer_mem",
+];
+
+/// Whether a peer-memory module for NVIDIA GPUs is loaded on this host.
+pub fn peermem_loaded() -> bool {
+    peermem_loaded_at(Path::new("/"))
+}
+
+/// [`peermem_loaded`] under `root` (tests use a scratch directory).
+pub fn peermem_loaded_at(root: &Path) -> bool {
+    PEERMEM_PATHS.iter().any(|p| root.join(p).exists())
+}
+
 fn nports(dev: &str) -> u8 {
     std::fs::read_dir(Path::new("/sys/class/infiniband").join(dev).join("ports"))
         .map(|d| {
@@ -247,6 +267,27 @@ mod tests {
             HcaFilter::parse("rxe0:1").entries,
             vec![("rxe0".to_string(), Some(1))]
         );
+    }
+
+    #[test]
+    fn peermem_probe_finds_each_module_path() {
+        let root = std::env::temp_dir().join(format!("nzip-peermem-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        std::fs::create_dir_all(root.join("sys/module/ib_core")).unwrap();
+        assert!(!peermem_loaded_at(&root), "no peer-memory module");
+        for p in PEERMEM_PATHS {
+            let at = root.join(p);
+            std::fs::create_dir_all(at.parent().unwrap()).unwrap();
+            if p.ends_with("version") {
+                std::fs::write(&at, "1.0\n").unwrap();
+            } else {
+                std::fs::create_dir_all(&at).unwrap();
+            }
+            assert!(peermem_loaded_at(&root), "{p}");
+            std::fs::remove_dir_all(root.join("sys")).unwrap();
+            assert!(!peermem_loaded_at(&root));
+        }
+        std::fs::remove_dir_all(&root).unwrap();
     }
 
     #[test]

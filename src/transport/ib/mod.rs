@@ -11,6 +11,7 @@
 pub mod comm;
 pub mod device;
 pub mod fabric;
+pub mod gdr;
 pub mod mem_fabric;
 pub mod proto;
 pub mod region;

@@ -21,16 +21,25 @@
 //!    staging slot is free for the next CTS.
 //! 6. The sender's request is done when all its writes have completed.
 //!    Any error completion (flush, retries exceeded, protection) fails the side.
+//!
+//! A message whose buffer is device memory (`NCCL_PTR_CUDA`, GPUDirect RDMA)
+//! carries its [`Backend`]: raw chunks are written from / land in the device
+//! buffer exactly as for host memory; compressed chunks are encoded and decoded
+//! by a GPU lane ([`super::gdr`]), with a separate adaptive policy.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 
 use crate::codec_glue::{decode_chunk, max_wire, Coder};
 use crate::error::{Error, Result};
+use crate::gpu::pool::Dir;
+use crate::gpu::Backend;
 use crate::proto::plan;
 use crate::proto::slots::NSLOTS;
 use crate::stats::Stats;
 
 use super::fabric::{Completion, Fabric, Local, Mr, Remote, WcOp, WcStatus};
+use super::gdr::DevLane;
 use super::region::Region;
 
 /// CTS FIFO entries: one per request slot, indexed by `seq % FIFO_DEPTH`.
@@ -68,6 +77,9 @@ pub struct Params {
     pub send_bufs: usize,
     /// Work requests one QP may have outstanding on the send side.
     pub sq_depth: usize,
+    /// GPU lanes per device and direction for compressed chunks of device
+    /// buffers (`NCCL_ZIP_GPU_LANES`; the pools are shared by all comms).
+    pub gpu_lanes: usize,
 }
 
 impl Default for Params {
@@ -79,6 +91,7 @@ impl Default for Params {
             stage_bytes: 512 << 10,
             send_bufs: 8,
             sq_depth: 128,
+            gpu_lanes: 16,
         }
     }
 }
@@ -276,9 +289,14 @@ impl Failure {
 // ---------------------------------------------------------------------------
 // Sender
 
-/// `codec_glue::encode_chunk` for a fixed, registered output buffer (which must
-/// never be reallocated): the same policy decision, codec call and feedback.
-/// Returns the frame length, or `None` to send the chunk raw.
+/// The sender's compression settings: one adaptive policy for chunks of host
+/// buffers (CPU codec) and one for chunks of device buffers (GPU kernels), whose
+/// codec speeds differ.
+pub struct Coders {
+    pub host: Coder,
+    pub dev: Coder,
+}
+
 const WR_INFO: u64 = 1;
 const WR_CHUNK: u64 = 2;
 const WR_CTS: u64 = 3;
@@ -302,6 +320,8 @@ struct OutMsg {
     addr: u64,
     size: usize,
     lkey: u32,
+    /// Device memory of this backend (else host memory).
+    dev: Option<Arc<dyn Backend>>,
     cts: Option<Cts>,
     chunk: usize,
     nchunks: usize,
@@ -325,14 +345,16 @@ pub struct Sender {
     queue: VecDeque<OutMsg>,
     next_seq: u64,
     sq_used: Vec<usize>,
-    coder: Coder,
+    coders: Coders,
+    /// GPU lane for compressed chunks of device buffers (made on first use).
+    lane: DevLane,
     pub stats: Stats,
     failed: Failure,
     wc: Vec<Completion>,
 }
 
 impl Sender {
-    pub fn new<F: Fabric>(fab: &mut F, p: Params, coder: Coder) -> Result<Sender> {
+    pub fn new<F: Fabric>(fab: &mut F, p: Params, coders: Coders) -> Result<Sender> {
         p.validate()?;
         let nqps = fab.nqps();
         let fifo = Region::new(FIFO_DEPTH * CTS_SIZE)?;
@@ -364,12 +386,18 @@ impl Sender {
             queue: VecDeque::new(),
             next_seq: 0,
             sq_used: vec![0; nqps],
-            coder,
+            coders,
+            lane: DevLane::new(Dir::Send, p.max_chunk, p.gpu_lanes),
             stats: Stats::default(),
             failed: Failure::default(),
             wc: Vec::new(),
             p,
         })
+    }
+
+    /// Whether a device chunk has needed a GPU lane (tests).
+    pub fn has_lane(&self) -> bool {
+        self.lane.has_lane()
     }
 
     /// The FIFO the receiver writes CTS entries into.
@@ -390,8 +418,16 @@ impl Sender {
         self.queue.len()
     }
 
-    /// Queues message `seq` (the next one) of `size` bytes at `addr` (readable with `lkey`).
-    pub fn isend(&mut self, seq: u64, addr: u64, size: usize, lkey: u32) -> Result<()> {
+    /// Queues message `seq` (the next one) of `size` bytes at `addr` (readable with
+    /// `lkey`): host memory, or device memory of `dev`.
+    pub fn isend(
+        &mut self,
+        seq: u64,
+        addr: u64,
+        size: usize,
+        lkey: u32,
+        dev: Option<Arc<dyn Backend>>,
+    ) -> Result<()> {
         self.failed.check()?;
         if seq != self.next_seq {
             return Err(Error::Internal(format!(
@@ -410,6 +446,7 @@ impl Sender {
             addr,
             size,
             lkey,
+            dev,
             cts: None,
             chunk,
             nchunks: nchunks(size, chunk),
@@ -519,15 +556,37 @@ impl Sender {
         let src_addr = m.addr + off as u64;
         let mut wire: Option<(usize, usize)> = None; // (buf, wire len)
         let room = (cts.stage_len as usize).saturating_sub(m.stage_cursor);
+        let on_dev = m.dev.is_some();
         if len > 0 && len <= self.p.max_chunk && room >= crate::adapt::MIN_COMPRESS_BYTES.min(len) {
             if let Some(b) = self.free_bufs.pop() {
-                // SAFETY: NCCL keeps the send buffer unchanged until the request is
-                // done, which is after every write of it completed.
-                let src = unsafe { std::slice::from_raw_parts(src_addr as *const u8, len) };
-                let r = self.coder.encode_into(src, &mut self.bufs[b], &self.stats);
+                let r = match &m.dev {
+                    None => {
+                        // SAFETY: NCCL keeps the send buffer unchanged until the
+                        // request is done, which is after every write of it completed.
+                        let src = unsafe { std::slice::from_raw_parts(src_addr as *const u8, len) };
+                        Ok(self
+                            .coders
+                            .host
+                            .encode_into(src, &mut self.bufs[b], &self.stats))
+                    }
+                    // Device memory: encoded by a GPU lane, the frame copied into
+                    // the registered buffer (never read by the CPU otherwise).
+                    Some(d) => self.lane.compress_into(
+                        d,
+                        &self.coders.dev,
+                        src_addr,
+                        len,
+                        &mut self.bufs[b],
+                        &self.stats,
+                    ),
+                };
                 match r {
-                    Some(n) if n <= room => wire = Some((b, n)),
-                    _ => self.free_bufs.push(b),
+                    Ok(Some(n)) if n <= room => wire = Some((b, n)),
+                    Ok(_) => self.free_bufs.push(b),
+                    Err(e) => {
+                        self.free_bufs.push(b);
+                        return Err(e);
+                    }
                 }
             }
         }
@@ -590,6 +649,9 @@ impl Sender {
         m.next += 1;
         let st = &self.stats;
         st.add(&st.wire_bytes, local.len as u64);
+        if on_dev && len > 0 {
+            st.add(&st.chunks_device, 1);
+        }
         st.add(
             if imm.compressed {
                 &st.chunks_compressed
@@ -679,6 +741,8 @@ struct InMsg {
     buf: u64,
     cap: usize,
     rkey: u32,
+    /// Device memory of this backend (else host memory).
+    dev: Option<Arc<dyn Backend>>,
     stage: Option<usize>,
     cts_posted: bool,
     /// (total, chunk, nchunks) once chunk 0 brought the info record.
@@ -703,6 +767,8 @@ pub struct Receiver {
     waiting: VecDeque<u64>,
     next_seq: u64,
     sq_used: usize,
+    /// GPU lane decoding compressed chunks into device buffers (made on first use).
+    lane: DevLane,
     pub stats: Stats,
     failed: Failure,
     wc: Vec<Completion>,
@@ -738,11 +804,17 @@ impl Receiver {
             waiting: VecDeque::new(),
             next_seq: 0,
             sq_used: 0,
+            lane: DevLane::new(Dir::Recv, p.max_chunk, p.gpu_lanes),
             stats: Stats::default(),
             failed: Failure::default(),
             wc: Vec::new(),
             p,
         })
+    }
+
+    /// Whether a device chunk has needed a GPU lane (tests).
+    pub fn has_lane(&self) -> bool {
+        self.lane.has_lane()
     }
 
     /// The info table the sender writes records into.
@@ -763,8 +835,15 @@ impl Receiver {
     }
 
     /// Posts receive `seq` (the next one): `cap` bytes at `buf`, writable by the
-    /// peer with `rkey`.
-    pub fn irecv(&mut self, seq: u64, buf: u64, cap: usize, rkey: u32) -> Result<()> {
+    /// peer with `rkey`: host memory, or device memory of `dev`.
+    pub fn irecv(
+        &mut self,
+        seq: u64,
+        buf: u64,
+        cap: usize,
+        rkey: u32,
+        dev: Option<Arc<dyn Backend>>,
+    ) -> Result<()> {
         self.failed.check()?;
         if seq != self.next_seq {
             return Err(Error::Internal(format!(
@@ -783,6 +862,7 @@ impl Receiver {
             buf,
             cap: cap.min(u32::MAX as usize),
             rkey,
+            dev,
             stage: None,
             cts_posted: false,
             info: None,
@@ -982,11 +1062,18 @@ impl Receiver {
                 self.stage
                     .settled(slot * self.p.stage_bytes + e.stage_off, e.byte_len)
             };
-            // SAFETY: NCCL's buffer holds cap >= total bytes and is ours until the
-            // request is reported done; chunks never overlap.
-            let dst =
-                unsafe { std::slice::from_raw_parts_mut((m.buf + off as u64) as *mut u8, raw_len) };
-            decode_chunk(frame, dst, &self.stats)?;
+            let dst = m.buf + off as u64;
+            match &m.dev {
+                None => {
+                    // SAFETY: NCCL's buffer holds cap >= total bytes and is ours
+                    // until the request is reported done; chunks never overlap.
+                    let dst = unsafe { std::slice::from_raw_parts_mut(dst as *mut u8, raw_len) };
+                    decode_chunk(frame, dst, &self.stats)?;
+                }
+                // Device memory: only a GPU lane writes it (decode, or CPU decode
+                // and copy up); the call returns when the bytes are in place.
+                Some(b) => self.lane.decode_into(b, frame, dst, raw_len, &self.stats)?,
+            }
             self.stats.add(&self.stats.chunks_compressed, 1);
         } else {
             if e.byte_len != raw_len {
@@ -996,6 +1083,10 @@ impl Receiver {
                 )));
             }
             self.stats.add(&self.stats.chunks_raw, 1);
+        }
+        if m.dev.is_some() && raw_len > 0 {
+            // Into device memory: by the HCA (raw, GPUDirect RDMA) or the lane.
+            self.stats.add(&self.stats.chunks_device, 1);
         }
         std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
         self.stats.add(&self.stats.wire_bytes, e.byte_len as u64);
