@@ -3,12 +3,17 @@
 whatever NCCL_NET / NCCL_NET_PLUGIN the environment selects. scripts/e2e.sh starts
 two of these (two "nodes" on one GPU) and compares the runs.
 
+Dry run (scripts/e2e_dryrun.sh): --backend gloo --device cpu runs every mode on the
+CPU, with gloo between two local processes, so this file, e2e.sh and e2e_report.py
+can be tested on a machine without a GPU. NCCL_* variables then have no effect.
+
 Modes (--mode):
   check  every collective x dtype x size on deterministic data; writes the SHA-256
          of every result (rank-local) to --out, so runs over different transports
          can be compared bit for bit.
   bench  bus bandwidth (nccl-tests definition) of all_reduce etc. per size.
-  train  a short DDP run of a small GPT in bf16; per-step losses to --out.
+  train  a short DDP run of a small GPT in bf16; per-step losses and a hash of the
+         final parameters to --out.
 
 With two ranks, every reduction is a + b, which IEEE addition makes commutative bit
 for bit: results must not depend on the algorithm or channel count NCCL picks, so
@@ -22,8 +27,11 @@ import sys
 import time
 import zlib
 
-import torch
-import torch.distributed as dist
+# Deterministic cuBLAS (train mode) needs this before CUDA initialises.
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 COLLECTIVES = ["all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all", "send_recv"]
@@ -38,15 +46,21 @@ def sizes(lo, hi):
     return out
 
 
-def data(nbytes, dtype, rank, tag, kind):
+def sync(dev):
+    """Waits for the device's queued work (collectives on CUDA run asynchronously)."""
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
+def data(nbytes, dtype, rank, tag, kind, dev):
     """Deterministic per (rank, tag): Gaussian values, or random bits (incompressible)."""
     # zlib.crc32, not hash(): str hashing is randomized per process.
     g = torch.Generator(device="cpu").manual_seed(zlib.crc32(f"{rank}/{tag}/{nbytes}/{dtype}".encode()))
     n = max(1, nbytes // torch.tensor([], dtype=dtype).element_size())
     if kind == "random":
         bits = torch.randint(-(2**31), 2**31 - 1, (max(1, nbytes // 4),), generator=g, dtype=torch.int32)
-        return bits.cuda()  # int32: sums wrap deterministically, bytes look random
-    return (torch.randn(n, generator=g) * 0.02).to(dtype).cuda()
+        return bits.to(dev)  # int32: sums wrap deterministically, bytes look random
+    return (torch.randn(n, generator=g) * 0.02).to(dtype).to(dev)
 
 
 def run_collective(name, x, rank, world):
@@ -86,20 +100,55 @@ def run_collective(name, x, rank, world):
     raise ValueError(name)
 
 
+def unsupported(a, rank, world, dev):
+    """(collective, dtype) pairs this backend cannot run: none for nccl. For the dry
+    run, each pair is tried once on a tiny tensor (both ranks fail alike, before any
+    traffic) and the failures are printed and then skipped."""
+    if a.backend == "nccl":
+        return set()
+    skip = set()
+    for c in COLLECTIVES:
+        for dt in list(DTYPES.values()) + [torch.int32]:
+            try:
+                run_collective(c, torch.ones(2 * world, dtype=dt, device=dev), rank, world)
+            except (RuntimeError, ValueError, TypeError) as e:
+                skip.add((c, dt))
+                if rank == 0:
+                    print(f"dry-run: skipped {c} {dt} ({a.backend}: {str(e).splitlines()[0][:120]})", flush=True)
+    dist.barrier()
+    if rank == 0 and not skip:
+        print(f"dry-run: {a.backend} runs all {len(COLLECTIVES)} collectives in bf16, fp16, fp32 and int32", flush=True)
+    return skip
+
+
+def tobytes(t):
+    """A tensor's bytes, in memory order."""
+    u = t.detach().contiguous().view(torch.uint8).cpu()
+    try:
+        return u.numpy().tobytes()
+    except (ImportError, RuntimeError):  # torch built or installed without numpy
+        return bytes(u.tolist())
+
+
 def sha(t):
-    return hashlib.sha256(t.contiguous().view(torch.uint8).cpu().numpy().tobytes()).hexdigest()
+    return hashlib.sha256(tobytes(t)).hexdigest()
 
 
-def mode_check(a, rank, world):
+def mode_check(a, rank, world, dev):
     res = {}
+    skip = unsupported(a, rank, world, dev)
     for dt in a.dtypes.split(","):
         for kind in ("gauss", "random"):
             for nbytes in sizes(a.min_bytes, a.max_bytes):
-                x = data(nbytes, DTYPES[dt], rank, 1, kind)
+                x = data(nbytes, DTYPES[dt], rank, 1, kind, dev)
                 for c in COLLECTIVES:
+                    if (c, x.dtype) in skip:
+                        continue
                     y = run_collective(c, x, rank, world)
-                    torch.cuda.synchronize()
+                    sync(dev)
                     res[f"{c}/{dt}/{kind}/{nbytes}"] = sha(y)
+    if not res:
+        raise SystemExit("check: no collective ran")
     return res
 
 
@@ -109,27 +158,32 @@ def busbw_factor(name, world):
             "all_to_all": (world - 1) / world, "send_recv": 1.0}[name]
 
 
-def mode_bench(a, rank, world):
+def mode_bench(a, rank, world, dev):
     res = []
+    skip = unsupported(a, rank, world, dev)
     for c in a.collectives.split(","):
         for dt in a.dtypes.split(","):
             for nbytes in sizes(a.min_bytes, a.max_bytes):
-                x = data(nbytes, DTYPES[dt], rank, 2, a.kind)
+                x = data(nbytes, DTYPES[dt], rank, 2, a.kind, dev)
+                if (c, x.dtype) in skip:
+                    continue
                 for _ in range(a.warmup):
                     run_collective(c, x, rank, world)
-                torch.cuda.synchronize()
+                sync(dev)
                 dist.barrier()
                 iters = max(a.iters_min, min(a.iters, int(a.bench_bytes // max(nbytes, 1))))
                 t0 = time.perf_counter()
                 for _ in range(iters):
                     run_collective(c, x, rank, world)
-                torch.cuda.synchronize()
+                sync(dev)
                 dt_s = (time.perf_counter() - t0) / iters
                 algbw = x.numel() * x.element_size() / dt_s / 1e9
                 res.append({"collective": c, "dtype": dt, "kind": a.kind, "bytes": x.numel() * x.element_size(),
                             "time_us": dt_s * 1e6, "algbw_GBps": algbw, "busbw_GBps": algbw * busbw_factor(c, world)})
                 if rank == 0:
                     print(f"BENCH {c} {dt} {a.kind} {nbytes} busbw={res[-1]['busbw_GBps']:.3f} GB/s", flush=True)
+    if not res:
+        raise SystemExit("bench: no collective ran")
     return res
 
 
@@ -162,25 +216,46 @@ class TinyGPT(torch.nn.Module):
         return self.head(x)
 
 
-def mode_train(a, rank, world):
+def math_attention():
+    """Attention by the math kernel (matmul, softmax): deterministic in forward and
+    backward on every device, where the fused CUDA kernels may not be."""
+    try:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        return sdpa_kernel(SDPBackend.MATH)
+    except ImportError:  # torch < 2.3
+        return torch.backends.cuda.sdp_kernel(enable_flash=False, enable_math=True, enable_mem_efficient=False)
+
+
+def mode_train(a, rank, world, dev):
     torch.manual_seed(1234)  # same init on both ranks
     torch.use_deterministic_algorithms(True)
-    model = TinyGPT().cuda().to(torch.bfloat16)  # bf16 parameters, so gradients travel as bf16
+    dtype = torch.bfloat16  # bf16 parameters, so gradients travel as bf16
+    if (("all_reduce", dtype) in unsupported(a, rank, world, dev)):
+        print(f"dry-run: skipped bf16 gradients ({a.backend}): training in fp32", flush=True)
+        dtype = torch.float32
+    model = TinyGPT().to(dev).to(dtype)
     ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=4)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
     g = torch.Generator(device="cpu").manual_seed(99 + rank)
     losses = []
-    for step in range(a.steps):
-        idx = torch.randint(0, 512, (8, 129), generator=g).cuda()
-        logits = ddp(idx[:, :-1])
-        loss = torch.nn.functional.cross_entropy(logits.float().reshape(-1, 512), idx[:, 1:].reshape(-1))
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-        if rank == 0:
-            print(f"STEP {step} loss={loss.item():.6f}", flush=True)
-    return {"losses_hex": [float(l).hex() for l in losses], "losses": losses}
+    with math_attention():
+        for step in range(a.steps):
+            idx = torch.randint(0, 512, (8, 129), generator=g).to(dev)
+            logits = ddp(idx[:, :-1])
+            loss = torch.nn.functional.cross_entropy(logits.float().reshape(-1, 512), idx[:, 1:].reshape(-1))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+            if rank == 0:
+                print(f"STEP {step} loss={loss.item():.6f}", flush=True)
+    # DDP keeps both ranks' parameters identical; any transport error shows here too.
+    h = hashlib.sha256()
+    for name, p in model.named_parameters():
+        h.update(name.encode())
+        h.update(tobytes(p))
+    return {"losses_hex": [float(l).hex() for l in losses], "losses": losses, "params_sha": h.hexdigest(),
+            "dtype": str(dtype).split(".")[-1]}
 
 
 def main():
@@ -197,17 +272,35 @@ def main():
     p.add_argument("--iters-min", type=int, default=3)
     p.add_argument("--bench-bytes", type=float, default=2e9)
     p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--backend", default="nccl", choices=["nccl", "gloo"], help="gloo: the CPU dry run")
+    p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     a = p.parse_args()
+    if a.backend == "nccl" and a.device != "cuda":
+        p.error("--backend nccl needs --device cuda")
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    torch.cuda.set_device(int(os.environ.get("LOCAL_DEVICE", "0")))
-    dist.init_process_group("nccl", rank=rank, world_size=world, device_id=torch.device("cuda", torch.cuda.current_device()))
+    if os.environ.get("E2E_FAIL_RANK") == str(rank):
+        # scripts/e2e_dryrun.sh: a rank that dies before the rendezvous leaves its
+        # peer waiting, which is what e2e.sh must notice and stop.
+        sys.exit(f"rank {rank}: failing on purpose (E2E_FAIL_RANK)")
+    if a.device == "cuda":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_DEVICE", "0")))
+        dev = torch.device("cuda", torch.cuda.current_device())
+    else:
+        dev = torch.device("cpu")
+    if a.backend == "nccl":
+        dist.init_process_group("nccl", rank=rank, world_size=world, device_id=dev)
+    else:
+        dist.init_process_group(a.backend, rank=rank, world_size=world)
     t0 = time.time()
-    res = {"check": mode_check, "bench": mode_bench, "train": mode_train}[a.mode](a, rank, world)
+    res = {"check": mode_check, "bench": mode_bench, "train": mode_train}[a.mode](a, rank, world, dev)
     dist.barrier()
     dist.destroy_process_group()
-    meta = {"rank": rank, "secs": time.time() - t0, "torch": torch.__version__,
-            "nccl": ".".join(map(str, torch.cuda.nccl.version())), "gpu": torch.cuda.get_device_name(),
-            "env": {k: v for k, v in os.environ.items() if k.startswith("NCCL_")}}
+    meta = {"rank": rank, "secs": time.time() - t0, "torch": torch.__version__, "backend": a.backend,
+            "device": str(dev), "env": {k: v for k, v in os.environ.items() if k.startswith("NCCL_")}}
+    if a.backend == "nccl":
+        meta["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+    if dev.type == "cuda":
+        meta["gpu"] = torch.cuda.get_device_name(dev)
     with open(a.out, "w") as f:
         json.dump({"meta": meta, "result": res}, f)
     return 0
