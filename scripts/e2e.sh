@@ -86,8 +86,10 @@ else
     cargo build --release --lib --quiet || { log "build failed"; exit 1; }
     SO=${CARGO_TARGET_DIR:-$ROOT/target}/release/libnccl_net_zip.so
   fi
-  # NCCL_NET_PLUGIN=zip finds $PLUGIN_DIR/libnccl-net-zip.so through LD_LIBRARY_PATH
-  # in every NCCL; a full path in NCCL_NET_PLUGIN works only in newer ones.
+  # NCCL_NET_PLUGIN is the plugin's absolute path, as a cluster install would set it
+  # (NCCL >= 2.2x opens a path as given; PyTorch's NCCL is newer). LD_LIBRARY_PATH
+  # also holds its folder, so an NCCL that only tries libnccl-net-<name>.so fails
+  # loudly (NCCL_NET=Zip is forced) rather than silently.
   PLUGIN_DIR=$OUT
   cp "$SO" "$PLUGIN_DIR/libnccl-net-zip.so" || { log "no plugin at $SO"; exit 1; }
 fi
@@ -158,7 +160,7 @@ run() {
   local common=(NCCL_PROTO="$proto" NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET NCCL_P2P_DISABLE=1
     NCCL_SHM_DISABLE=1 NCCL_NET_GDR_LEVEL=SYS NCCL_NET_GDR_READ=1 CUBLAS_WORKSPACE_CONFIG=:4096:8 WORLD_SIZE=2
     MASTER_ADDR="$MASTER" MASTER_PORT=$((29500 + RANDOM % 1000)))
-  local plugin=(NCCL_NET=Zip NCCL_NET_PLUGIN=zip LD_LIBRARY_PATH="$PLUGIN_DIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}")
+  local plugin=(NCCL_NET=Zip NCCL_NET_PLUGIN="$PLUGIN_DIR/libnccl-net-zip.so" LD_LIBRARY_PATH="$PLUGIN_DIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}")
   case $transport in
     socket) common+=(NCCL_NET=Socket) net=Socket ;;
     off) common+=("${plugin[@]}" NCCL_ZIP_COMPRESS=off) net=Zip ;;
