@@ -5,10 +5,11 @@ use std::ffi::{c_char, c_int, c_void};
 use super::abi::*;
 use super::boundary::{call, out, Kind, Obj};
 use crate::error::{Error, Result};
+use crate::gpu::pool::Dir;
+use crate::gpu::Backend;
 use crate::plugin::{self, AnyListen, AnyRecv, AnySend, MAX_RECVS};
 use crate::proto::slots::Slot;
 use crate::proto::wire::HANDLE_SIZE;
-use crate::gpu::Backend;
 use crate::transport::ib::comm::{IbMr, MrCache};
 use std::sync::Arc;
 
@@ -64,6 +65,23 @@ unsafe fn ib_mr<'a>(mh: *mut c_void) -> Result<Option<&'a IbMr>> {
         return Ok(None);
     }
     Ok(Obj::<MemHandle>::get(mh)?.ib.as_ref())
+}
+
+/// Makes the GPU lanes a TCP comm will use on `b`, at registration time.
+///
+/// # Safety
+/// `comm` must be a comm pointer this plugin handed out.
+unsafe fn prewarm_tcp(comm: *mut c_void, b: &Arc<dyn Backend>) -> Result<()> {
+    if let Ok(c) = Obj::<AnySend>::get(comm) {
+        if let AnySend::Tcp(c) = c {
+            c.prewarm_device(b)?;
+        }
+        return Ok(());
+    }
+    if let AnyRecv::Tcp(c) = Obj::<AnyRecv>::get(comm)? {
+        c.prewarm_device(b)?;
+    }
+    Ok(())
 }
 
 /// The device behind an isend/irecv mhandle: `None` for host memory (or NULL).
@@ -201,7 +219,9 @@ unsafe extern "C" fn reg_mr(
                         "regMr of CUDA memory, but ptrSupport does not offer NCCL_PTR_CUDA (NCCL_ZIP_GPU=off or no CUDA device)".into(),
                     ));
                 }
-                Some(crate::gpu::backend_for(data as u64, p.cfg.gpu_emulate)?)
+                let b = crate::gpu::backend_for(data as u64, p.cfg.gpu_emulate)?;
+                prewarm_tcp(comm, &b)?;
+                Some(b)
             }
             (NCCL_PTR_CUDA, Some(_)) => {
                 // GPUDirect RDMA: the HCA registers the device pointer below
@@ -212,7 +232,17 @@ unsafe extern "C" fn reg_mr(
                         "regMr of CUDA memory on an IB comm, but ptrSupport does not offer NCCL_PTR_CUDA (NCCL_ZIP_GPU=off or no CUDA device)".into(),
                     ));
                 }
-                Some(crate::gpu::backend_for(data as u64, p.cfg.gpu_emulate)?)
+                let b = crate::gpu::backend_for(data as u64, p.cfg.gpu_emulate)?;
+                // The comm's progress thread codes one chunk at a time: one lane,
+                // made now so that the data path never allocates.
+                let dir = if Obj::<AnySend>::get(comm).is_ok() {
+                    Dir::Send
+                } else {
+                    Dir::Recv
+                };
+                let max_wire = crate::codec_glue::max_wire(p.cfg.max_chunk);
+                crate::gpu::pool::pool(&b, dir, max_wire, p.cfg.gpu_lanes).prewarm(1)?;
+                Some(b)
             }
             _ => {
                 return Err(Error::InvalidArgument(format!(

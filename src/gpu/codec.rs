@@ -124,6 +124,12 @@ impl GpuCodec {
             )));
         }
         let ctx = CudaContext::new(ordinal).map_err(dc)?;
+        // SAFETY: nothing here uses cudarc's CudaSlice (all buffers are raw
+        // allocations whose uses we order ourselves). With tracking on, the first
+        // `new_stream` would call cuCtxSynchronize on the primary context that the
+        // application and NCCL share: a deadlock when NCCL's kernel is waiting for
+        // the very data this plugin is about to move.
+        unsafe { ctx.disable_event_tracking() };
         let info = driver::device_info(&ctx).map_err(dc)?;
         if info.compute_capability.0 < 8 {
             return Err(Unavailable::NoDevice(format!(
@@ -134,6 +140,20 @@ impl GpuCodec {
         let (module, source) = load_module(&ctx)?;
         let encode_fn = module.load_function("nzc_encode").map_err(dc)?;
         let decode_fn = module.load_function("nzc_decode").map_err(dc)?;
+        // Load both kernels now, not lazily at their first launch
+        // (CUDA_MODULE_LOADING=LAZY is the default): a lazy load may synchronize the
+        // context, which would wait on NCCL kernels that wait on this plugin.
+        for f in [&encode_fn, &decode_fn] {
+            // SAFETY: a function handle of a module that stays loaded. A driver
+            // older than 12.4 lacks the call: cudarc panics, `guarded` (our
+            // caller) would turn that into "unavailable", so probe it separately.
+            let r = driver::guarded("cuFuncLoad", || unsafe {
+                cudarc::driver::sys::cuFuncLoad(f.cu_function())
+            });
+            if let Ok(r) = r {
+                r.result().map_err(dc)?;
+            }
+        }
         // Largest block size whose shared memory fits this device.
         let mut max_block_log2 = 20;
         while max_block_log2 > 12

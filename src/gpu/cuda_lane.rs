@@ -131,7 +131,11 @@ impl CudaBackend {
         let ctx = match &codec {
             Some(c) => c.context().clone(),
             None => guarded("cuDevicePrimaryCtxRetain", || {
-                CudaContext::new(ordinal as usize).map_err(cuda_err("CUDA context"))
+                let ctx = CudaContext::new(ordinal as usize).map_err(cuda_err("CUDA context"))?;
+                // SAFETY: as in GpuCodec::open: no CudaSlice is used, and tracking
+                // would make the first stream synchronize the shared context.
+                unsafe { ctx.disable_event_tracking() };
+                Ok(ctx)
             })?,
         };
         Ok(CudaBackend {
@@ -181,7 +185,13 @@ impl Backend for CudaBackend {
         guarded("lane", || {
             let e = cuda_err("lane setup");
             self.ctx.bind_to_thread().map_err(&e)?;
-            let stream = self.ctx.new_stream().map_err(&e)?;
+            // Highest priority: a lane's kernels and copies are small and NCCL's
+            // kernels wait on them; they should not queue behind compute kernels.
+            // The context's event tracking is off (see GpuCodec::open), so this
+            // never synchronizes the context.
+            debug_assert!(!self.ctx.is_event_tracking());
+            let (_, greatest) = cudarc::driver::result::stream::get_priority_range().map_err(&e)?;
+            let stream = self.ctx.new_stream_with_priority(greatest).map_err(&e)?;
             let staging = MappedHost::new(&self.ctx, max_wire).map_err(&e)?;
             let batch = match &self.codec {
                 Some(c) => Some(

@@ -127,6 +127,21 @@ impl LanePool {
         }
     }
 
+    /// Makes lanes until `n` (at most `cap`) exist. Called when NCCL registers a
+    /// comm's CUDA buffers (`regMr`, during connection setup), so that the data
+    /// path never allocates: pinned allocations and the first stream of a context
+    /// may synchronize the device, which must never happen while NCCL's kernels
+    /// wait for this plugin's data.
+    pub fn prewarm(self: &Arc<Self>, n: usize) -> Result<()> {
+        let n = n.min(self.cap);
+        let mut made = Vec::new();
+        while self.made() < n {
+            made.push(self.acquire(&|| false)?);
+        }
+        drop(made); // back into the free list
+        Ok(())
+    }
+
     fn guard(self: &Arc<Self>, l: Box<dyn Lane>) -> LaneGuard {
         LaneGuard {
             pool: self.clone(),
@@ -193,6 +208,11 @@ mod tests {
         let waited = waiter.join().unwrap();
         assert!(waited >= Duration::from_millis(90), "{waited:?}");
         assert_eq!(p.made(), 2, "a released lane is reused, not a third made");
+        p.prewarm(5).unwrap();
+        assert_eq!(p.made(), 2, "prewarm stops at the cap");
+        let q = pool(&b, Dir::Recv, 12_345, 4);
+        q.prewarm(3).unwrap();
+        assert_eq!(q.made(), 3);
         drop(c);
         // A stopped comm stops waiting.
         let _x = p.acquire(&never).unwrap();

@@ -29,6 +29,9 @@ use parking_lot::Mutex;
 
 pub struct RecvComm {
     core: Arc<Core>,
+    /// Largest compressed chunk of the peer (lane staging size) and lane pool size.
+    max_wire: usize,
+    lanes: usize,
     threads: Vec<JoinHandle<()>>,
     /// The device of each posted receive (`seq % NSLOTS`); `None`: host memory.
     devs: Arc<Devs>,
@@ -70,6 +73,8 @@ impl RecvComm {
         info!("recv comm from {peer}: {n} streams");
         Ok(RecvComm {
             core,
+            max_wire,
+            lanes,
             threads,
             devs,
         })
@@ -203,6 +208,13 @@ fn recv_chunks(
 }
 
 impl RecvComm {
+    /// Makes the lanes this comm's streams can use at once on device `b` (from
+    /// `regMr`, so that receives never allocate).
+    pub fn prewarm_device(&self, b: &Arc<dyn Backend>) -> Result<()> {
+        crate::gpu::pool::pool(b, Dir::Recv, self.max_wire, self.lanes)
+            .prewarm(self.core.socks.len())
+    }
+
     /// This comm's counters.
     pub fn stats(&self) -> &crate::stats::Stats {
         &self.core.stats

@@ -261,6 +261,14 @@ fn send_loop(
 }
 
 impl SendComm {
+    /// Makes the lanes this comm's streams can use at once on device `b` (from
+    /// `regMr`, so that sends never allocate).
+    pub fn prewarm_device(&self, b: &Arc<dyn Backend>) -> Result<()> {
+        let max_wire = crate::codec_glue::max_wire(self.cfg.max_chunk);
+        crate::gpu::pool::pool(b, Dir::Send, max_wire, self.cfg.gpu_lanes)
+            .prewarm(self.core.socks.len())
+    }
+
     /// This comm's counters.
     pub fn stats(&self) -> &crate::stats::Stats {
         &self.core.stats
