@@ -28,6 +28,9 @@ BYTES=${BYTES:-$((512 << 20))}
 REPS=${REPS:-3}
 SETTING=${SETTING:-auto}
 MEM=cuda
+# The plugin offers NCCL_PTR_CUDA only with NCCL_ZIP_GPU=on (off by default until
+# the device path is validated on a GPU).
+export NCCL_ZIP_GPU=${NCCL_ZIP_GPU:-on}
 
 if ! command -v nvidia-smi >/dev/null 2>&1; then
   echo "SKIP: no GPU (nvidia-smi not found)"

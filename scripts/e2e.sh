@@ -160,7 +160,9 @@ run() {
   local common=(NCCL_PROTO="$proto" NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET NCCL_P2P_DISABLE=1
     NCCL_SHM_DISABLE=1 NCCL_NET_GDR_LEVEL=SYS NCCL_NET_GDR_READ=1 CUBLAS_WORKSPACE_CONFIG=:4096:8 WORLD_SIZE=2
     MASTER_ADDR="$MASTER" MASTER_PORT=$((29500 + RANDOM % 1000)))
-  local plugin=(NCCL_NET=Zip NCCL_NET_PLUGIN="$PLUGIN_DIR/libnccl-net-zip.so" LD_LIBRARY_PATH="$PLUGIN_DIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}")
+  # NCCL_ZIP_GPU=on: GPU buffers through the GPU codec (the plugin's default is off
+  # until this very run has validated that path).
+  local plugin=(NCCL_NET=Zip NCCL_ZIP_GPU="${NCCL_ZIP_GPU:-on}" NCCL_NET_PLUGIN="$PLUGIN_DIR/libnccl-net-zip.so" LD_LIBRARY_PATH="$PLUGIN_DIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}")
   case $transport in
     socket) common+=(NCCL_NET=Socket) net=Socket ;;
     off) common+=("${plugin[@]}" NCCL_ZIP_COMPRESS=off) net=Zip ;;

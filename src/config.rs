@@ -70,8 +70,10 @@ pub struct Config {
     /// device's speed from /sys. Set it when the real bottleneck is elsewhere
     /// (a shaped or shared link).
     pub link_mbps: Option<u64>,
-    /// `NCCL_ZIP_GPU=auto|off`: offer `NCCL_PTR_CUDA` (GPU buffers, compressed by
-    /// the GPU kernels) when a CUDA device is present.
+    /// `NCCL_ZIP_GPU=on|off`: offer `NCCL_PTR_CUDA` (GPU buffers, compressed by
+    /// the GPU kernels) when a CUDA device is present. Off by default until the
+    /// device path has been validated on a GPU (as TCP stays the default transport
+    /// until verbs have run on RDMA hardware); `NCCL_ZIP_GPU_EMULATE` implies on.
     pub gpu: bool,
     /// `NCCL_ZIP_GPU_EMULATE=1|nokernels`: testing without a GPU.
     pub gpu_emulate: crate::gpu::Emulation,
@@ -106,7 +108,7 @@ impl Default for Config {
             checksum: false,
             stats: false,
             link_mbps: None,
-            gpu: true,
+            gpu: false,
             gpu_emulate: crate::gpu::Emulation::Off,
             gpu_lanes: 16,
         }
@@ -218,9 +220,9 @@ impl Config {
         }
         if let Some(v) = get("NCCL_ZIP_GPU") {
             c.gpu = match v.to_ascii_lowercase().as_str() {
-                "auto" | "on" | "1" | "" => true,
-                "off" | "0" => false,
-                _ => return Err(bad("NCCL_ZIP_GPU", &v, "auto|off")),
+                "auto" | "on" | "1" => true,
+                "off" | "0" | "" => false,
+                _ => return Err(bad("NCCL_ZIP_GPU", &v, "on|off")),
             };
         }
         if let Some(v) = get("NCCL_ZIP_GPU_EMULATE") {
@@ -231,6 +233,9 @@ impl Config {
                 "nokernels" => Emulation::NoKernels,
                 _ => return Err(bad("NCCL_ZIP_GPU_EMULATE", &v, "0|1|nokernels")),
             };
+        }
+        if c.gpu_emulate != crate::gpu::Emulation::Off {
+            c.gpu = true;
         }
         let flag = |k: &str| {
             get(k)
@@ -286,6 +291,9 @@ mod tests {
             DtypeHint::Bf16
         );
         assert_eq!(cfg(&[]).unwrap().transport, TransportChoice::Tcp);
+        assert!(!cfg(&[]).unwrap().gpu, "GPU buffers stay off by default");
+        assert!(cfg(&[("NCCL_ZIP_GPU", "on")]).unwrap().gpu);
+        assert!(cfg(&[("NCCL_ZIP_GPU_EMULATE", "1")]).unwrap().gpu);
         assert_eq!(
             cfg(&[("NCCL_ZIP_TRANSPORT", "auto")]).unwrap().transport,
             TransportChoice::Auto

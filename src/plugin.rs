@@ -240,14 +240,14 @@ impl Plugin {
         })
     }
 
-    /// TCP comms accept CUDA buffers (staged through the device path) unless
-    /// `NCCL_ZIP_GPU=off` or there is no CUDA device.
+    /// TCP comms accept CUDA buffers (staged through the device path) with
+    /// `NCCL_ZIP_GPU=on` (or emulation) and a CUDA device.
     pub fn tcp_offers_cuda(&self) -> bool {
         self.cfg.gpu && crate::gpu::cuda_offered(self.cfg.gpu_emulate)
     }
 
     /// IB comms handle CUDA buffers (their compressed chunks through GPU lanes)
-    /// unless `NCCL_ZIP_GPU=off` or there is no CUDA device.
+    /// with `NCCL_ZIP_GPU=on` (or emulation) and a CUDA device.
     pub fn ib_gpu_enabled(&self) -> bool {
         self.cfg.gpu && crate::gpu::cuda_offered(self.cfg.gpu_emulate)
     }

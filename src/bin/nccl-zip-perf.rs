@@ -322,7 +322,7 @@ fn drive<'a>(
         }
         if d == o.dev && mem.kind() == MemKind::Cuda && p.ptrSupport & NCCL_PTR_CUDA as i32 == 0 {
             return Err(Fail::Check(format!(
-                "--mem cuda: device {d} ptrSupport {:#x} lacks NCCL_PTR_CUDA ({:#x}): NCCL would never give this plugin GPU buffers",
+                "--mem cuda: device {d} ptrSupport {:#x} lacks NCCL_PTR_CUDA ({:#x}): NCCL would never give this plugin GPU buffers (set NCCL_ZIP_GPU=on)",
                 p.ptrSupport, NCCL_PTR_CUDA
             )));
         }

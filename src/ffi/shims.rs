@@ -216,7 +216,7 @@ unsafe extern "C" fn reg_mr(
                 let p = plugin::get()?;
                 if !p.tcp_offers_cuda() {
                     return Err(Error::InvalidArgument(
-                        "regMr of CUDA memory, but ptrSupport does not offer NCCL_PTR_CUDA (NCCL_ZIP_GPU=off or no CUDA device)".into(),
+                        "regMr of CUDA memory, but ptrSupport does not offer NCCL_PTR_CUDA (NCCL_ZIP_GPU is off, or no CUDA device)".into(),
                     ));
                 }
                 let b = crate::gpu::backend_for(data as u64, p.cfg.gpu_emulate)?;
@@ -229,7 +229,7 @@ unsafe extern "C" fn reg_mr(
                 let p = plugin::get()?;
                 if !p.ib_gpu_enabled() {
                     return Err(Error::InvalidArgument(
-                        "regMr of CUDA memory on an IB comm, but ptrSupport does not offer NCCL_PTR_CUDA (NCCL_ZIP_GPU=off or no CUDA device)".into(),
+                        "regMr of CUDA memory on an IB comm, but ptrSupport does not offer NCCL_PTR_CUDA (NCCL_ZIP_GPU is off, or no CUDA device)".into(),
                     ));
                 }
                 let b = crate::gpu::backend_for(data as u64, p.cfg.gpu_emulate)?;
