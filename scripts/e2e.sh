@@ -128,7 +128,18 @@ else
     log "NETNS=0: both ranks on loopback, unshaped"
   else
     "$ROOT/scripts/netns.sh" down >/dev/null 2>&1 || true # whatever a failed `up` left
-    log "network namespaces unavailable here: both ranks on loopback, unshaped (see e2e.log)"
+    # LO_SHAPE=1 (only on a machine of one's own, e.g. the GPU VM: it shapes every
+    # loopback user): shape lo itself, so the link is still the bottleneck.
+    rate_bits=$(awk -v r="${RATE,,}" 'BEGIN{ if (r ~ /gbit$/) printf "%.0f", r*1e9; else if (r ~ /mbit$/) printf "%.0f", r*1e6; else print 0 }')
+    if [[ ${LO_SHAPE:-0} == 1 && $RATE != none ]] && (( ${rate_bits%.*} > 0 )) &&
+      tc qdisc replace dev lo root tbf rate "$RATE" burst $(( rate_bits / 800 > 4194304 ? rate_bits / 800 : 4194304 )) latency 50ms >>"$OUT/e2e.log" 2>&1; then
+      trap 'tc qdisc del dev lo root >/dev/null 2>&1 || true' EXIT
+      NCCL_ZIP_LINK_MBPS=$(awk -v b="$rate_bits" 'BEGIN{ print int(b / 1e6) }')
+      export NCCL_ZIP_LINK_MBPS
+      log "network namespaces unavailable here: both ranks on loopback, lo shaped to $RATE (LO_SHAPE=1)"
+    else
+      log "network namespaces unavailable here: both ranks on loopback, unshaped (see e2e.log; LO_SHAPE=1 shapes lo)"
+    fi
   fi
 fi
 

@@ -13,12 +13,13 @@
 # Results land in $OUT/<part>.tar.gz plus $OUT/<part>.txt (the part's console
 # output); unpack them into bench/results/ here and commit.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 part=${1:?usage: gpu_run.sh validate|e2e-check|e2e-bench|e2e-train|demo-gpu}
 dest=${OUT:-$PWD/bench/results}
 mkdir -p "$dest"
 work=$(mktemp -d)
-export NZC_BUNDLE=${NZC_BUNDLE:-.gpu-bundle} PYTHONUNBUFFERED=1
+# LO_SHAPE=1: the GPU VM is ours alone, so e2e.sh may shape lo if namespaces fail.
+export NZC_BUNDLE=${NZC_BUNDLE:-.gpu-bundle} PYTHONUNBUFFERED=1 LO_SHAPE=${LO_SHAPE:-1}
 {
   echo "part: $part"
   echo "date: $(date -u +%Y-%m-%dT%H:%MZ)"
