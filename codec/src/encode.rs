@@ -560,7 +560,12 @@ fn encode_coded_body<T: Elem, const V: bool>(blk: &[u8], out: &mut [u8]) -> Opti
     let wide = _cost * 4 > 13 * m.div_ceil(SAMPLE_STRIDE) as u64;
     #[cfg(target_arch = "x86_64")]
     // SAFETY: V is set only by callers compiled for AVX2 (checked at run time).
-    let vt = (V && T::XBITS == 0).then(|| unsafe { avx2::VecTables::new(k as usize, a) });
+    // (bf16 and fp32 keys are exponent fields; fp16 keys hold sign, exponent and top
+    // mantissa bits, `Fp16::key_parts`, and have their own packer.)
+    let vt = (V && (T::XBITS == 0 || T::MODE == MODE_FP16))
+        .then(|| unsafe { avx2::VecTables::new(k as usize, a, T::MODE == MODE_FP16) });
+    #[cfg(target_arch = "x86_64")]
+    let fp16 = T::MODE == MODE_FP16;
 
     let nseg = m.div_ceil(SEG_ELEMS);
     let off1 = BLOCK_HEADER_LEN + 2 * nseg;
@@ -620,6 +625,7 @@ fn encode_coded_body<T: Elem, const V: bool>(blk: &[u8], out: &mut [u8]) -> Opti
                             ks.try_into().unwrap(),
                             out.as_mut_ptr().add(pos),
                             wide,
+                            fp16,
                         )
                     };
                     if pos + len + t > out.len() {
@@ -637,6 +643,7 @@ fn encode_coded_body<T: Elem, const V: bool>(blk: &[u8], out: &mut [u8]) -> Opti
                                 ks.try_into().unwrap(),
                                 buf.as_mut_ptr(),
                                 wide,
+                                fp16,
                             )
                         }
                     } else {
@@ -699,35 +706,58 @@ fn encode_coded_body<T: Elem, const V: bool>(blk: &[u8], out: &mut [u8]) -> Opti
 }
 
 /// AVX2 pieces of the encoder. Same bits as the scalar path, by construction and
-/// by test (`tests/roundtrip.rs` compares with [`crate::compress_scalar`]).
+/// by test (`tests/roundtrip.rs` and `tests/fp16_vector.rs` compare with
+/// [`crate::compress_scalar`]).
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
-    use crate::codes::{CODE_LENGTHS, CODE_WORDS, ESC, NSYM, ZERO};
+    use crate::codes::{symbol_of, CODE_LENGTHS, CODE_WORDS, ESC, NSYM, ZERO};
     use crate::format::SEG_ELEMS;
     use std::arch::x86_64::*;
 
     /// Per-block 32-entry symbol tables (code length, code word low and high byte),
     /// each as two 16-entry `vpshufb` tables, and the anchor (element types whose
-    /// key is the exponent field: bf16, fp32).
+    /// key is the exponent field: bf16, fp32). For fp16 (`by_exp`) the tables are
+    /// indexed by the exponent field instead and `len` holds the element length
+    /// (code length + 3 extra bits; `0x80` for an escape), and `pow` holds the low
+    /// and high bytes of `1 << code length` by element length.
     pub(super) struct VecTables {
         len: [__m256i; 2],
         lo: [__m256i; 2],
         hi: [__m256i; 2],
         anchor: __m256i,
+        pow: [__m256i; 2],
     }
 
     impl VecTables {
         /// # Safety
         /// The CPU must support AVX2.
         #[target_feature(enable = "avx2")]
-        pub(super) unsafe fn new(k: usize, a: u32) -> VecTables {
+        pub(super) unsafe fn new(k: usize, a: u32, by_exp: bool) -> VecTables {
             let mut len = [0u8; 32];
             let mut lo = [0u8; 32];
             let mut hi = [0u8; 32];
-            for s in 0..NSYM {
-                len[s] = CODE_LENGTHS[k][s];
-                lo[s] = CODE_WORDS[k][s] as u8;
-                hi[s] = (CODE_WORDS[k][s] >> 8) as u8;
+            if by_exp {
+                for e in 0..32 {
+                    let s = symbol_of(e as u32, a);
+                    if s == ESC {
+                        len[e] = 0x80;
+                    } else {
+                        len[e] = CODE_LENGTHS[k][s] + 3;
+                        lo[e] = CODE_WORDS[k][s] as u8;
+                        hi[e] = (CODE_WORDS[k][s] >> 8) as u8;
+                    }
+                }
+            } else {
+                for s in 0..NSYM {
+                    len[s] = CODE_LENGTHS[k][s];
+                    lo[s] = CODE_WORDS[k][s] as u8;
+                    hi[s] = (CODE_WORDS[k][s] >> 8) as u8;
+                }
+            }
+            let mut pow = [0u8; 32];
+            for l in 3..16 {
+                pow[l] = (1u16 << (l - 3)) as u8;
+                pow[16 + l] = ((1u16 << (l - 3)) >> 8) as u8;
             }
             let tab = |t: &[u8; 32], h: usize| {
                 let mut v = [0u8; 32];
@@ -740,6 +770,7 @@ mod avx2 {
                 lo: [tab(&lo, 0), tab(&lo, 1)],
                 hi: [tab(&hi, 0), tab(&hi, 1)],
                 anchor: _mm256_set1_epi8(a as u8 as i8),
+                pow: [tab(&pow, 0), tab(&pow, 1)],
             }
         }
     }
@@ -793,7 +824,8 @@ mod avx2 {
         }
     }
 
-    /// [`code_segment`] with `WIDE` chosen at run time.
+    /// [`code_segment`] with `WIDE` chosen at run time, or (`fp16`)
+    /// [`code_segment_fp16`].
     ///
     /// # Safety
     /// As [`code_segment`].
@@ -805,8 +837,11 @@ mod avx2 {
         keys: &[u8; SEG_ELEMS],
         dst: *mut u8,
         wide: bool,
+        fp16: bool,
     ) -> usize {
-        if wide {
+        if fp16 {
+            code_segment_fp16(t, lut, keys, dst)
+        } else if wide {
             code_segment::<true>(t, lut, keys, dst)
         } else {
             code_segment::<false>(t, lut, keys, dst)
@@ -937,12 +972,276 @@ mod avx2 {
         pos
     }
 
+    /// The 4-element chunks (64-bit lanes: elements 0-3, 4-7 | 8-11, 12-15) and
+    /// their lengths, and the 8-element chunks (lanes 0 and 2, exact when at most 64
+    /// bits long) and their lengths, of 16 element words `w` (16-bit lanes, each at
+    /// most 16 bits) of lengths `l` (16-bit lanes).
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn merge16(w: __m256i, l: __m256i) -> [__m256i; 4] {
+        let m16 = _mm256_set1_epi32(0xFFFF);
+        let m32 = _mm256_set1_epi64x(0xFFFF_FFFF);
+        // pairs: w0 | w1 << l0 (<= 32 bits), l0 + l1
+        let pv = _mm256_or_si256(
+            _mm256_and_si256(w, m16),
+            _mm256_sllv_epi32(_mm256_srli_epi32(w, 16), _mm256_and_si256(l, m16)),
+        );
+        let pl = _mm256_madd_epi16(l, _mm256_set1_epi16(1));
+        // quads: p0 | p1 << lp0 (<= 64 bits), lp0 + lp1
+        let q = _mm256_or_si256(
+            _mm256_and_si256(pv, m32),
+            _mm256_sllv_epi64(_mm256_srli_epi64(pv, 32), _mm256_and_si256(pl, m32)),
+        );
+        let lq = _mm256_and_si256(_mm256_add_epi32(pl, _mm256_srli_epi64(pl, 32)), m32);
+        // octets in lanes 0 and 2
+        let o = _mm256_or_si256(q, _mm256_sllv_epi64(_mm256_srli_si256(q, 8), lq));
+        let lo8 = _mm256_add_epi64(lq, _mm256_srli_si256(lq, 8));
+        [q, lq, o, lo8]
+    }
+
+    /// [`code_segment`] for fp16 keys (sign, exponent field, top 2 mantissa bits):
+    /// each element is its exponent code followed by its 3 extra bits
+    /// `((key >> 7) << 2) | (key & 3)` (as `Fp16::key_parts`), at least 4 and (without
+    /// escape) at most 15 bits. 32 keys per step: code lengths and words by
+    /// `vpshufb` on the exponent field (`t` built with `by_exp`), the extra bits
+    /// shifted over the code word by a 16-bit multiply with `1 << len`, merged into
+    /// 8-element chunks (16-element chunks never fit 56 bits: 64 bits at least).
+    /// A chunk of 57..=64 bits is appended in two parts (split at bit 32); an
+    /// 8-element chunk over 64 bits as its two 4-element chunks (at most 60 bits
+    /// each, likewise split). A step that holds an escape is coded by `lut`.
+    ///
+    /// # Safety
+    /// As [`code_segment`].
+    #[target_feature(enable = "avx2,bmi1,bmi2")]
+    pub(super) unsafe fn code_segment_fp16(
+        t: &VecTables,
+        lut: &[u32; 256],
+        keys: &[u8; SEG_ELEMS],
+        dst: *mut u8,
+    ) -> usize {
+        let mut acc = 0u64;
+        let mut nb = 0u32;
+        let mut pos = 0usize;
+        let bp = dst;
+        // Appends `len` (<= 56) bits; afterwards at most 7 bits are pending.
+        macro_rules! put {
+            ($c:expr, $len:expr) => {{
+                acc |= ($c) << nb;
+                nb += $len;
+                bp.add(pos).cast::<u64>().write_unaligned(acc);
+                pos += (nb >> 3) as usize;
+                acc >>= nb & 56;
+                nb &= 7;
+            }};
+        }
+        // Appends `len` (<= 64) bits.
+        macro_rules! put64 {
+            ($c:expr, $len:expr) => {{
+                let (c, len): (u64, u32) = ($c, $len);
+                if len <= 56 {
+                    put!(c, len);
+                } else {
+                    put!(c & 0xFFFF_FFFF, 32);
+                    put!(c >> 32, len - 32);
+                }
+            }};
+        }
+        let zero = _mm256_setzero_si256();
+        let m1f = _mm256_set1_epi8(0x1F);
+        let m03 = _mm256_set1_epi8(0x03);
+        let m80 = _mm256_set1_epi8(0x80u8 as i8);
+        let c70 = _mm256_set1_epi8(0x70);
+        for g in 0..SEG_ELEMS / 32 {
+            let key = _mm256_loadu_si256(keys.as_ptr().add(32 * g) as *const __m256i);
+            // Element order 0-7,16-23 | 8-15,24-31, so that the byte unpacks below
+            // give elements 0..16 and 16..32 in order.
+            let key = _mm256_permute4x64_epi64(key, 0xD8);
+            // exponent field; the 16-bit shifts move no bit across a byte (masked)
+            let e = _mm256_and_si256(_mm256_srli_epi16(key, 2), m1f);
+            // 32-entry lookups as two `vpshufb` whose index has bit 7 set (result 0)
+            // in the other half: e + 0x70 selects t[0][e] for e < 16, its bit 7
+            // flipped t[1][e - 16] for e >= 16.
+            let ia = _mm256_add_epi8(e, c70);
+            let ib = _mm256_xor_si256(ia, m80);
+            macro_rules! lookup {
+                ($t:expr) => {
+                    _mm256_or_si256(
+                        _mm256_shuffle_epi8($t[0], ia),
+                        _mm256_shuffle_epi8($t[1], ib),
+                    )
+                };
+            }
+            let ln = lookup!(t.len);
+            if _mm256_testz_si256(ln, m80) == 0 {
+                // Rare: an escape. Scalar, same bits.
+                for &k in &keys[32 * g..32 * g + 32] {
+                    let c = lut[k as usize];
+                    put!((c & 0xFF_FFFF) as u64, c >> 24);
+                }
+                continue;
+            }
+            let lo = lookup!(t.lo);
+            let hi = lookup!(t.hi);
+            let x = _mm256_or_si256(
+                _mm256_srli_epi16(_mm256_and_si256(key, m80), 5),
+                _mm256_and_si256(key, m03),
+            );
+            let pw_lo = _mm256_shuffle_epi8(t.pow[0], ln);
+            let pw_hi = _mm256_shuffle_epi8(t.pow[1], ln);
+            // element words code | x << len (x <= 7, len <= 12) and their lengths
+            let w0 = _mm256_or_si256(
+                _mm256_unpacklo_epi8(lo, hi),
+                _mm256_mullo_epi16(
+                    _mm256_unpacklo_epi8(x, zero),
+                    _mm256_unpacklo_epi8(pw_lo, pw_hi),
+                ),
+            );
+            let w1 = _mm256_or_si256(
+                _mm256_unpackhi_epi8(lo, hi),
+                _mm256_mullo_epi16(
+                    _mm256_unpackhi_epi8(x, zero),
+                    _mm256_unpackhi_epi8(pw_lo, pw_hi),
+                ),
+            );
+            let l0 = _mm256_unpacklo_epi8(ln, zero);
+            let l1 = _mm256_unpackhi_epi8(ln, zero);
+            // elements 0..16, then 16..32
+            macro_rules! emit {
+                ($w:expr, $l:expr) => {{
+                    let [q, lq, o, lo8] = merge16($w, $l);
+                    let mut ov = [0u64; 4];
+                    let mut ol = [0u64; 4];
+                    _mm256_storeu_si256(ov.as_mut_ptr() as *mut __m256i, o);
+                    _mm256_storeu_si256(ol.as_mut_ptr() as *mut __m256i, lo8);
+                    for j in [0, 2] {
+                        if ol[j] <= 64 {
+                            put64!(ov[j], ol[j] as u32);
+                        } else {
+                            let mut qv = [0u64; 4];
+                            let mut ql = [0u64; 4];
+                            _mm256_storeu_si256(qv.as_mut_ptr() as *mut __m256i, q);
+                            _mm256_storeu_si256(ql.as_mut_ptr() as *mut __m256i, lq);
+                            put64!(qv[j], ql[j] as u32);
+                            put64!(qv[j + 1], ql[j + 1] as u32);
+                        }
+                    }
+                }};
+            }
+            emit!(w0, l0);
+            emit!(w1, l1);
+        }
+        if nb > 0 {
+            *bp.add(pos) = acc as u8;
+            pos += 1;
+        }
+        pos
+    }
+
     const _: () = assert!(ESC == 25 && ZERO == 24);
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The fp16 vector packer writes exactly the scalar segment coder's bytes, for
+    /// every code and anchor, on keys that reach each of its paths: 8-element
+    /// chunks of at most 56, 57..=64 and more than 64 bits (then 4-element chunks
+    /// of at most 56 and 57..=60 bits), and steps with escapes.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn fp16_vector_segment_matches_scalar() {
+        if !(std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("bmi2")) {
+            return;
+        }
+        let mut x = 0x2545_F491_4F6C_DD1Du64;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        // chunk lengths seen: [oct <= 56, oct 57..=64, quad <= 56, quad 57..=60, escape]
+        let mut seen = [0u64; 5];
+        for k in 0..NCODES {
+            for a in 1..=Fp16::EMAX {
+                let lut = enc_table::<Fp16>(k, a);
+                // SAFETY: AVX2 and BMI2 checked above.
+                let vt = unsafe { avx2::VecTables::new(k, a, true) };
+                // exponent fields by element length, without escapes
+                let mut by_len: Vec<Vec<u32>> = vec![Vec::new(); 16];
+                for e in 0..=Fp16::EMAX {
+                    let s = symbol_of(e, a);
+                    if s != ESC {
+                        by_len[CODE_LENGTHS[k][s] as usize + 3].push(e);
+                    }
+                }
+                let longest: Vec<u32> =
+                    by_len.iter().rev().find(|v| !v.is_empty()).unwrap().clone();
+                for round in 0..6 {
+                    let mut keys = [0u8; SEG_ELEMS];
+                    for (i, key) in keys.iter_mut().enumerate() {
+                        let r = next();
+                        let e = match (round, (i / 8) % 4) {
+                            // any key (escapes where the anchor leaves some out)
+                            (0, _) => (r >> 2) as u32 & 31,
+                            // long codes in some octets only
+                            (_, 0) if round >= 2 => longest[(r >> 8) as usize % longest.len()],
+                            (_, m) if round >= 2 && (r >> 20) % 4 < m as u64 => {
+                                let l = 4 + (r >> 24) as usize % 12;
+                                match by_len[l..].iter().find(|v| !v.is_empty()) {
+                                    Some(v) => v[(r >> 32) as usize % v.len()],
+                                    None => longest[0],
+                                }
+                            }
+                            _ => {
+                                let l = 4 + (r >> 24) as usize % (2 * round + 2).min(12);
+                                match by_len[l..].iter().find(|v| !v.is_empty()) {
+                                    Some(v) => v[(r >> 32) as usize % v.len()],
+                                    None => longest[0],
+                                }
+                            }
+                        };
+                        let xb = (r >> 40) as u32 & 7;
+                        *key = Fp16::make_key(e, xb) as u8;
+                    }
+                    for step in keys.chunks(32) {
+                        if step
+                            .iter()
+                            .any(|&k| symbol_of(Fp16::key_parts(k as u32).0, a) == ESC)
+                        {
+                            seen[4] += 1;
+                            continue;
+                        }
+                        for o in step.chunks(8) {
+                            let ln =
+                                |q: &[u8]| q.iter().map(|&k| lut[k as usize] >> 24).sum::<u32>();
+                            match ln(o) {
+                                0..=56 => seen[0] += 1,
+                                57..=64 => seen[1] += 1,
+                                _ => {
+                                    for q in o.chunks(4) {
+                                        seen[if ln(q) <= 56 { 2 } else { 3 }] += 1;
+                                    }
+                                }
+                            }
+                        }
+                    }
+                    let mut want = [0u8; SEG_MAX_BYTES + 16];
+                    let wl = code_segment(&lut, &keys, &mut want);
+                    let mut got = [0u8; SEG_MAX_BYTES + 16];
+                    // SAFETY: as above; `got` holds `SEG_MAX_BYTES + 16` bytes.
+                    let gl = unsafe { avx2::code_segment_fp16(&vt, &lut, &keys, got.as_mut_ptr()) };
+                    assert_eq!(gl, wl, "k {k} a {a} round {round}");
+                    assert!(got[..gl] == want[..wl], "k {k} a {a} round {round}");
+                }
+            }
+        }
+        assert!(
+            seen.iter().all(|&c| c > 0),
+            "paths not all reached: {seen:?}"
+        );
+    }
 
     /// The interleaved sample histogram counts exactly what the plain loop of
     /// FORMAT.md §6 counts, for every remainder of the 4-sample unrolling.
