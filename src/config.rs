@@ -226,13 +226,8 @@ impl Config {
             };
         }
         if let Some(v) = get("NCCL_ZIP_GPU_EMULATE") {
-            use crate::gpu::Emulation;
-            c.gpu_emulate = match v.to_ascii_lowercase().as_str() {
-                "0" | "off" | "" => Emulation::Off,
-                "1" | "on" => Emulation::Kernels,
-                "nokernels" => Emulation::NoKernels,
-                _ => return Err(bad("NCCL_ZIP_GPU_EMULATE", &v, "0|1|nokernels")),
-            };
+            c.gpu_emulate = crate::gpu::Emulation::parse(&v)
+                .ok_or_else(|| bad("NCCL_ZIP_GPU_EMULATE", &v, "0|1|nokernels"))?;
         }
         if c.gpu_emulate != crate::gpu::Emulation::Off {
             c.gpu = true;

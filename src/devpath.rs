@@ -50,12 +50,98 @@ impl std::ops::Deref for Wire<'_> {
 /// taken per chunk, see [`crate::gpu::pool`]) and a host buffer for the CPU codec
 /// when the device has no kernels.
 pub struct DevSide<'a> {
-    pool: Option<(usize, Arc<LanePool>)>,
-    dir: Dir,
-    lanes: usize,
+    lanes: Lanes,
     fallback: Staging<'a>,
-    max_wire: usize,
     stop: Box<dyn Fn() -> bool + Send + 'a>,
+}
+
+/// The lanes one side of a comm takes, one per chunk, from the shared pool (see
+/// [`crate::gpu::pool`]) of whichever device its buffers are on. Used by the TCP
+/// I/O threads ([`DevSide`]) and the IB protocol (`transport::ib::gdr`).
+pub struct Lanes {
+    dir: Dir,
+    cap: usize,
+    max_wire: usize,
+    /// (backend identity, its pool), found on first use.
+    pool: Option<(usize, Arc<LanePool>)>,
+}
+
+impl Lanes {
+    /// Lanes of `max_wire` bytes of staging on the `dir` side; pools of `cap` lanes.
+    pub fn new(dir: Dir, max_wire: usize, cap: usize) -> Lanes {
+        Lanes {
+            dir,
+            cap,
+            max_wire,
+            pool: None,
+        }
+    }
+
+    /// The staging size of a lane: the largest compressed chunk.
+    pub fn max_wire(&self) -> usize {
+        self.max_wire
+    }
+
+    /// Whether a lane has been asked for yet.
+    pub fn used(&self) -> bool {
+        self.pool.is_some()
+    }
+
+    /// A lane of `b` for one chunk (back to the pool when dropped); `stop` ends a
+    /// wait for one.
+    pub fn take(&mut self, b: &Arc<dyn Backend>, stop: &dyn Fn() -> bool) -> Result<LaneGuard> {
+        let id = Arc::as_ptr(b) as *const () as usize;
+        if self.pool.as_ref().map(|p| p.0) != Some(id) {
+            self.pool = Some((id, pool(b, self.dir, self.max_wire, self.cap)));
+        }
+        self.pool.as_ref().expect("set above").1.acquire(stop)
+    }
+}
+
+/// Runs the GPU encoder on `len` bytes at device address `src` into the lane's
+/// staging and feeds the result to the policy. The frame length (a STORED frame
+/// when coding did not shrink), or `None` when the kernel failed (logged; the
+/// caller sends the chunk raw).
+pub fn gpu_encode(
+    lane: &mut LaneGuard,
+    coder: &Coder,
+    src: u64,
+    len: usize,
+    stats: &Stats,
+) -> Option<usize> {
+    let t0 = now_ns();
+    match lane.encode(src, len, &coder.opts) {
+        Ok(n) => {
+            let ns = now_ns().saturating_sub(t0);
+            stats.add(&stats.codec_ns, ns);
+            coder.policy.record(len, n, ns);
+            Some(n)
+        }
+        Err(e) => {
+            tracing::warn!("GPU encode of a {len}-byte chunk failed, sending it raw: {e}");
+            None
+        }
+    }
+}
+
+/// Runs the GPU decoder on the frame in the lane's `staging[..frame_len]`, into
+/// exactly `raw_len` bytes at device address `dst`.
+pub fn gpu_decode(
+    lane: &mut LaneGuard,
+    frame_len: usize,
+    dst: u64,
+    raw_len: usize,
+    stats: &Stats,
+) -> Result<()> {
+    let t0 = now_ns();
+    let n = lane.decode(frame_len, dst, raw_len)?;
+    if n != raw_len {
+        return Err(Error::Remote(format!(
+            "corrupt compressed chunk: decodes to {n} bytes, its header says {raw_len}"
+        )));
+    }
+    stats.add(&stats.codec_ns, now_ns().saturating_sub(t0));
+    Ok(())
 }
 
 impl<'a> DevSide<'a> {
@@ -71,27 +157,19 @@ impl<'a> DevSide<'a> {
         stop: impl Fn() -> bool + Send + 'a,
     ) -> Self {
         DevSide {
-            pool: None,
-            dir,
-            lanes,
+            lanes: Lanes::new(dir, max_wire, lanes),
             fallback: Staging::new(counter),
-            max_wire,
             stop: Box::new(stop),
         }
     }
 
     /// The largest raw chunk a lane can stage.
     pub fn max_chunk(&self) -> usize {
-        self.max_wire.saturating_sub(FORMAT_HEADER_SIZE)
+        self.lanes.max_wire().saturating_sub(FORMAT_HEADER_SIZE)
     }
 
     fn lane(&mut self, b: &Arc<dyn Backend>) -> Result<LaneGuard> {
-        let id = Arc::as_ptr(b) as *const () as usize;
-        if self.pool.as_ref().map(|p| p.0) != Some(id) {
-            self.pool = Some((id, pool(b, self.dir, self.max_wire, self.lanes)));
-        }
-        let p = &self.pool.as_ref().expect("set above").1;
-        p.acquire(&*self.stop)
+        self.lanes.take(b, &*self.stop)
     }
 
     /// Sender: the wire bytes of `len` bytes at device address `src`, and whether
@@ -111,32 +189,21 @@ impl<'a> DevSide<'a> {
         stats.add(&stats.chunks_device, 1);
         let wants = coder.wants(len, stats);
         if wants && lane.kernels() {
-            let t0 = now_ns();
-            match lane.encode(src, len, &coder.opts) {
-                Ok(n) => {
-                    let ns = now_ns().saturating_sub(t0);
-                    stats.add(&stats.codec_ns, ns);
-                    coder.policy.record(len, n, ns);
-                    if n < len {
-                        return Ok((
-                            true,
-                            Wire::Lane {
-                                lane,
-                                off: 0,
-                                len: n,
-                            },
-                        ));
-                    }
-                    if n == codec::max_compressed_size(len)
-                        && lane.bytes(5, 1)[0] & FLAG_STORED != 0
-                    {
-                        // STORED: the chunk's bytes follow the frame header.
-                        let off = FORMAT_HEADER_SIZE;
-                        return Ok((false, Wire::Lane { lane, off, len }));
-                    }
+            if let Some(n) = gpu_encode(&mut lane, coder, src, len, stats) {
+                if n < len {
+                    return Ok((
+                        true,
+                        Wire::Lane {
+                            lane,
+                            off: 0,
+                            len: n,
+                        },
+                    ));
                 }
-                Err(e) => {
-                    tracing::warn!("GPU encode of a {len}-byte chunk failed, sending it raw: {e}")
+                if n == codec::max_compressed_size(len) && lane.bytes(5, 1)[0] & FLAG_STORED != 0 {
+                    // STORED: the chunk's bytes follow the frame header.
+                    let off = FORMAT_HEADER_SIZE;
+                    return Ok((false, Wire::Lane { lane, off, len }));
                 }
             }
         }
@@ -165,7 +232,7 @@ impl<'a> DevSide<'a> {
         raw_len: usize,
         stats: &Stats,
     ) -> Result<()> {
-        if raw_len > self.max_chunk() || wire_len > self.max_wire {
+        if raw_len > self.max_chunk() || wire_len > self.lanes.max_wire() {
             return Err(Error::Remote(format!(
                 "corrupt stream: a {raw_len}-byte chunk ({wire_len} on the wire) is larger than the sender's chunk size {}",
                 self.max_chunk()
@@ -181,15 +248,8 @@ impl<'a> DevSide<'a> {
             return lane.upload(dst, raw_len);
         }
         read(lane.staging(wire_len)?)?;
-        let t0 = now_ns();
         if lane.kernels() {
-            let n = lane.decode(wire_len, dst, raw_len)?;
-            if n != raw_len {
-                return Err(Error::Remote(format!(
-                    "corrupt compressed chunk: decodes to {n} bytes, its header says {raw_len}"
-                )));
-            }
-            stats.add(&stats.codec_ns, now_ns().saturating_sub(t0));
+            gpu_decode(&mut lane, wire_len, dst, raw_len, stats)?;
         } else {
             let out = self.fallback.get(raw_len);
             decode_chunk(lane.bytes(0, wire_len), out, stats)?;

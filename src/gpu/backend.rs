@@ -46,6 +46,19 @@ pub enum Emulation {
     NoKernels,
 }
 
+impl Emulation {
+    /// A value of `NCCL_ZIP_GPU_EMULATE`: `0`/`off`/empty, `1`/`on`, `nokernels`
+    /// (any case); `None` for anything else.
+    pub fn parse(v: &str) -> Option<Emulation> {
+        match v.to_ascii_lowercase().as_str() {
+            "0" | "off" | "" => Some(Emulation::Off),
+            "1" | "on" => Some(Emulation::Kernels),
+            "nokernels" => Some(Emulation::NoKernels),
+            _ => None,
+        }
+    }
+}
+
 /// One I/O thread's resources on a device. All offsets are into its staging buffer.
 pub trait Lane: Send {
     /// The staging buffer's first `len` bytes (host view), for the socket to fill.

@@ -42,11 +42,11 @@ pub enum Mem {
 fn emulation() -> Result<Option<String>, String> {
     match std::env::var(EMULATE_VAR) {
         Err(_) => Ok(None),
-        // The plugin's own parsing (src/config.rs).
-        Ok(v) => match v.to_ascii_lowercase().as_str() {
-            "" | "0" | "off" => Ok(None),
-            "1" | "on" | "nokernels" => Ok(Some(v)),
-            _ => Err(format!("{EMULATE_VAR}={v}: expected 0|1|nokernels")),
+        // The plugin's own parsing.
+        Ok(v) => match nccl_net_zip::gpu::Emulation::parse(&v) {
+            Some(nccl_net_zip::gpu::Emulation::Off) => Ok(None),
+            Some(_) => Ok(Some(v)),
+            None => Err(format!("{EMULATE_VAR}={v}: expected 0|1|nokernels")),
         },
     }
 }

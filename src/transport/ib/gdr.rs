@@ -26,20 +26,17 @@
 
 use std::sync::Arc;
 
-use crate::codec_glue::{decode_chunk, max_wire, now_ns, Coder};
+use crate::codec_glue::{decode_chunk, max_wire, Coder};
+use crate::devpath::{gpu_decode, gpu_encode, Lanes};
 use crate::error::{Error, Result};
-use crate::gpu::pool::{pool, Dir, LaneGuard, LanePool};
+use crate::gpu::pool::Dir;
 use crate::gpu::Backend;
 use crate::stats::Stats;
 
 /// One protocol side's access to GPU lanes for its CUDA buffers, and a host
 /// buffer for the CPU codec when the device has no kernels.
 pub struct DevLane {
-    dir: Dir,
-    /// Lanes per device and direction (`NCCL_ZIP_GPU_LANES`).
-    lanes: usize,
-    /// (backend identity, its pool), found on first use.
-    pool: Option<(usize, Arc<LanePool>)>,
+    lanes: Lanes,
     max_chunk: usize,
     fallback: Vec<u8>,
 }
@@ -49,9 +46,7 @@ impl DevLane {
     /// size), on the `dir` side, with pools of `lanes` lanes.
     pub fn new(dir: Dir, max_chunk: usize, lanes: usize) -> DevLane {
         DevLane {
-            dir,
-            lanes,
-            pool: None,
+            lanes: Lanes::new(dir, max_wire(max_chunk), lanes),
             max_chunk,
             fallback: Vec::new(),
         }
@@ -59,19 +54,7 @@ impl DevLane {
 
     /// Whether a device chunk has needed a lane yet (tests).
     pub fn has_lane(&self) -> bool {
-        self.pool.is_some()
-    }
-
-    /// A lane of `b` for one chunk; it goes back to the pool when dropped.
-    fn lane(&mut self, b: &Arc<dyn Backend>) -> Result<LaneGuard> {
-        let id = Arc::as_ptr(b) as *const () as usize;
-        if self.pool.as_ref().map(|p| p.0) != Some(id) {
-            let p = pool(b, self.dir, max_wire(self.max_chunk), self.lanes);
-            self.pool = Some((id, p));
-        }
-        // Lanes are held only while a chunk is coded, so a wait is short; the
-        // pool gives up (an error) after its timeout.
-        self.pool.as_ref().expect("set above").1.acquire(&|| false)
+        self.lanes.used()
     }
 
     /// Sender: compresses `len` bytes at device address `src` of `b` into `out`
@@ -90,30 +73,20 @@ impl DevLane {
         if len == 0 || len > self.max_chunk || !coder.wants(len, stats) {
             return Ok(None);
         }
-        let mut lane = self.lane(b)?;
+        // Lanes are held only while a chunk is coded, so a wait is short; the
+        // pool gives up (an error) after its timeout.
+        let mut lane = self.lanes.take(b, &|| false)?;
         if !lane.kernels() {
             lane.download(src, len)?;
             return Ok(coder.compress(lane.bytes(0, len), out, stats));
         }
-        let t0 = now_ns();
-        match lane.encode(src, len, &coder.opts) {
-            Ok(n) => {
-                // A STORED frame (n >= len) is dropped: GDR sends the chunk itself.
-                let keep = n < len && n <= out.len();
-                if keep {
-                    out[..n].copy_from_slice(lane.bytes(0, n));
-                }
-                // The copy into the registered buffer is part of this path's cost.
-                let ns = now_ns().saturating_sub(t0);
-                stats.add(&stats.codec_ns, ns);
-                coder.policy.record(len, n, ns);
-                Ok(keep.then_some(n))
-            }
-            Err(e) => {
-                tracing::warn!("GPU encode of a {len}-byte chunk failed, sending it raw: {e}");
-                Ok(None)
-            }
-        }
+        // A STORED frame (n >= len) is dropped: GDR sends the chunk itself.
+        Ok(gpu_encode(&mut lane, coder, src, len, stats)
+            .filter(|&n| n < len && n <= out.len())
+            .map(|n| {
+                out[..n].copy_from_slice(lane.bytes(0, n));
+                n
+            }))
     }
 
     /// Receiver: decodes `frame` (host memory: the staging pool) into exactly
@@ -126,14 +99,14 @@ impl DevLane {
         raw_len: usize,
         stats: &Stats,
     ) -> Result<()> {
-        if raw_len > self.max_chunk || frame.len() > max_wire(self.max_chunk) {
+        if raw_len > self.max_chunk || frame.len() > self.lanes.max_wire() {
             return Err(Error::Remote(format!(
                 "compressed chunk of {raw_len} bytes ({} on the wire) exceeds this side's chunk size {} (NCCL_ZIP_CHUNK_SIZE must be the same on every rank)",
                 frame.len(),
                 self.max_chunk
             )));
         }
-        let mut lane = self.lane(b)?;
+        let mut lane = self.lanes.take(b, &|| false)?;
         if !lane.kernels() {
             if self.fallback.len() < raw_len {
                 self.fallback.resize(raw_len, 0);
@@ -142,15 +115,7 @@ impl DevLane {
             decode_chunk(frame, out, stats)?;
             return lane.upload_from(dst, out);
         }
-        let t0 = now_ns();
         lane.staging(frame.len())?.copy_from_slice(frame);
-        let n = lane.decode(frame.len(), dst, raw_len)?;
-        if n != raw_len {
-            return Err(Error::Remote(format!(
-                "corrupt compressed chunk: decodes to {n} bytes, its header says {raw_len}"
-            )));
-        }
-        stats.add(&stats.codec_ns, now_ns().saturating_sub(t0));
-        Ok(())
+        gpu_decode(&mut lane, frame.len(), dst, raw_len, stats)
     }
 }
