@@ -46,24 +46,17 @@ fi
 
 TD=${CARGO_TARGET_DIR:-$ROOT/target}
 # The GPU machine has no Rust: use the prebuilt bundle (scripts/gpu_bundle.sh).
-BUNDLE=${NZC_BUNDLE:-}
-if [[ -z $BUNDLE ]] && ! command -v cargo >/dev/null; then BUNDLE=.gpu-bundle; fi
+source "$ROOT/scripts/lib/gpu.sh"
+BUNDLE=$(nzc_bundle) || exit 1
 if [[ -n $BUNDLE ]]; then
-  [[ -f $BUNDLE/MANIFEST ]] || { echo "demo_gpu: no cargo and no bundle at $BUNDLE (run scripts/gpu_bundle.sh where Rust is)" >&2; exit 1; }
-  PERF=$(cd "$BUNDLE" && pwd)/nccl-zip-perf
-  SO=$(cd "$BUNDLE" && pwd)/libnccl_net_zip.so
+  PERF=$BUNDLE/nccl-zip-perf
+  SO=$BUNDLE/libnccl_net_zip.so
   NO_BUILD=1
   echo "demo_gpu: prebuilt bundle: $(head -1 "$BUNDLE/MANIFEST")" >&2
 fi
 if [[ ${NO_BUILD:-0} != 1 ]]; then
-  # nvcc for the kernels: toolkit first, else the PyPI wheels (scripts/setup_cuda.sh);
-  # without one the plugin builds without GPU kernels (build.rs says so).
-  if ! command -v nvcc >/dev/null && [ -z "${NVCC:-}" ] && [ -z "${CUDA_HOME:-}" ]; then
-    for d in /usr/local/cuda /usr/local/cuda-13.0; do [ -x "$d/bin/nvcc" ] && export CUDA_HOME=$d && break; done
-  fi
-  if ! command -v nvcc >/dev/null && [ -z "${NVCC:-}" ] && [ -z "${CUDA_HOME:-}" ]; then
-    NVCC=$(scripts/setup_cuda.sh 2>/dev/null) && export NVCC || echo "demo_gpu: no nvcc: the plugin builds without GPU kernels" >&2
-  fi
+  # Without nvcc the plugin builds without GPU kernels (build.rs says so).
+  nzc_find_nvcc || echo "demo_gpu: no nvcc: the plugin builds without GPU kernels" >&2
   echo "demo_gpu: cargo build --release --lib --bins" >&2
   cargo build --release --quiet --lib --bins
 fi

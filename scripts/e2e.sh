@@ -76,11 +76,10 @@ if [[ $DRYRUN == 1 ]]; then
 else
   # The GPU machine has no Rust: there the plugin comes prebuilt (scripts/gpu_bundle.sh,
   # carried as .gpu-bundle), as for scripts/gpu_validate.sh.
-  BUNDLE=${NZC_BUNDLE:-}
-  if [[ -z $BUNDLE ]] && ! command -v cargo >/dev/null; then BUNDLE=$ROOT/.gpu-bundle; fi
+  source "$ROOT/scripts/lib/gpu.sh"
+  [[ -n ${NZC_BUNDLE:-} ]] && NZC_BUNDLE=$(abspath "$NZC_BUNDLE")
+  BUNDLE=$(nzc_bundle 2>>"$OUT/e2e.log") || { log "$(tail -1 "$OUT/e2e.log")"; exit 1; }
   if [[ -n $BUNDLE ]]; then
-    BUNDLE=$(abspath "$BUNDLE")
-    [[ -f $BUNDLE/MANIFEST ]] || { log "no cargo here and no bundle at $BUNDLE: run scripts/gpu_bundle.sh where Rust is, carry .gpu-bundle"; exit 1; }
     SO=$BUNDLE/libnccl_net_zip.so
   else
     cargo build --release --lib --quiet || { log "build failed"; exit 1; }

@@ -15,10 +15,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 B=.gpu-bundle
 export NCCL_ZIP_REQUIRE_KERNELS=1 CARGO_TERM_COLOR=never
-if [ -z "${NVCC:-}" ] && [ -z "${CUDA_HOME:-}" ] && ! command -v nvcc >/dev/null; then
-  NVCC=$(scripts/setup_cuda.sh)
-  export NVCC
-fi
+source scripts/lib/gpu.sh
+nzc_find_nvcc || { echo "gpu_bundle: no nvcc (scripts/setup_cuda.sh failed)" >&2; exit 1; }
 TD=${CARGO_TARGET_DIR:-$PWD/target}
 cargo build --release --lib --bins
 TESTS=(gpu_codec gpu_path gpu_bench gpu_load)

@@ -41,20 +41,12 @@ say "host: $(hostname) $(nproc) cores"
 { nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem --format=csv 2>&1 || echo "nvidia-smi failed"; } | tee -a "$log"
 nvidia-smi >"$res/nvidia-smi.txt" 2>&1 || true
 
-BUNDLE=${NZC_BUNDLE:-}
-if [ -z "$BUNDLE" ] && ! command -v cargo >/dev/null; then BUNDLE=.gpu-bundle; fi
+source scripts/lib/gpu.sh
+BUNDLE=$(nzc_bundle 2>>"$log") || { say "!! $(tail -1 "$log")"; exit 1; }
 if [ -n "$BUNDLE" ]; then
-  [ -f "$BUNDLE/MANIFEST" ] || { say "!! no cargo here and no bundle at $BUNDLE: run scripts/gpu_bundle.sh where Rust is, carry .gpu-bundle"; exit 1; }
   say "prebuilt bundle $BUNDLE:"; tee -a "$log" <"$BUNDLE/MANIFEST"
-  BUNDLE=$(cd "$BUNDLE" && pwd)
 else
-  # nvcc: toolkit first, else the PyPI wheels (scripts/setup_cuda.sh)
-  if ! command -v nvcc >/dev/null && [ -z "${NVCC:-}" ] && [ -z "${CUDA_HOME:-}" ]; then
-    for d in /usr/local/cuda /usr/local/cuda-13.0; do [ -x "$d/bin/nvcc" ] && export CUDA_HOME=$d && break; done
-  fi
-  if ! command -v nvcc >/dev/null && [ -z "${NVCC:-}" ] && [ -z "${CUDA_HOME:-}" ]; then
-    NVCC=$(scripts/setup_cuda.sh) && export NVCC
-  fi
+  nzc_find_nvcc
   say "nvcc: ${NVCC:-${CUDA_HOME:+$CUDA_HOME/bin/nvcc}} $( (${NVCC:-${CUDA_HOME:+$CUDA_HOME/bin/}nvcc} --version 2>&1 || true) | grep release)"
   cargo --version | tee -a "$log"
 fi

@@ -1,0 +1,29 @@
+# shellcheck shell=bash
+# Sourced by the scripts that build or run GPU code (gpu_bundle, gpu_validate,
+# demo_gpu, e2e). Callers are in the repository root.
+
+# nzc_find_nvcc: makes nvcc findable for build.rs: one already on PATH, NVCC or
+# CUDA_HOME as set, a toolkit in /usr/local/cuda*, else the PyPI wheels
+# (scripts/setup_cuda.sh). Fails when there is none.
+nzc_find_nvcc() {
+  if command -v nvcc >/dev/null || [ -n "${NVCC:-}" ] || [ -n "${CUDA_HOME:-}" ]; then return 0; fi
+  local d
+  for d in /usr/local/cuda /usr/local/cuda-13.0; do
+    if [ -x "$d/bin/nvcc" ]; then export CUDA_HOME=$d; return 0; fi
+  done
+  NVCC=$(scripts/setup_cuda.sh 2>/dev/null) && export NVCC
+}
+
+# nzc_bundle: prints the absolute path of the prebuilt binaries to use (NZC_BUNDLE,
+# else .gpu-bundle where cargo is missing: the GPU machine has no Rust), or nothing
+# when cargo builds here. Fails, saying why, when a bundle is needed but absent.
+nzc_bundle() {
+  local b=${NZC_BUNDLE:-}
+  if [ -z "$b" ] && ! command -v cargo >/dev/null; then b=.gpu-bundle; fi
+  [ -z "$b" ] && return 0
+  if [ ! -f "$b/MANIFEST" ]; then
+    echo "no cargo here and no bundle at $b: run scripts/gpu_bundle.sh where Rust is, and carry .gpu-bundle" >&2
+    return 1
+  fi
+  (cd "$b" && pwd)
+}
