@@ -9,7 +9,8 @@
 #   3b. the TCP data path with CUDA buffers through the GPU lanes (tests/gpu_path.rs)
 #   4. the same GPU tests with NCCL_ZIP_GPU_FORCE_NVRTC=1 (the old-driver fallback)
 #   5. compute-sanitizer --tool memcheck (and racecheck on the vectors) over the GPU tests
-#   6. throughput benchmark (tests/gpu_bench.rs): 256 MiB, and 128 KiB/512 KiB/1 MiB x 8 in flight
+#   6. throughput benchmark (tests/gpu_bench.rs): 256 MiB (all SMs and capped), 128 KiB/512 KiB/1 MiB x 8 in flight
+#      in one launch, and the data-path lanes (one launch per chunk, 1/4/8 threads)
 # Knobs: NCCL_ZIP_GPU_SMS (default 16), NCCL_ZIP_HBM_GBPS (roofline, default 3350).
 # The GPU machine has no Rust toolchain: build the binaries here with
 # scripts/gpu_bundle.sh, carry .gpu-bundle, and run with NZC_BUNDLE=.gpu-bundle (the
@@ -84,7 +85,7 @@ else
   say "!! compute-sanitizer (${cs:-not found}) or test binary (${bin:-not found}) missing: memcheck NOT run"; fails=$((fails + 1))
 fi
 
-step bench "$(tbin gpu_bench)" --ignored --nocapture
-grep -E "device:|^ +[0-9]+ +[0-9]+ " "$res/bench.log" | tee "$res/bench_table.txt" | tee -a "$log"
+step bench "$(tbin gpu_bench)" --ignored --nocapture --test-threads=1
+grep -E "device:|lanes:|^ +[0-9]+ +[0-9]+ " "$res/bench.log" | tee "$res/bench_table.txt" | tee -a "$log"
 say "results: $res ($fails failed steps)"
 exit $fails

@@ -9,8 +9,8 @@
 
 use std::time::{Duration, Instant};
 
-use nccl_net_zip::gpu::{DecodeJob, DeviceBuffer, EncodeJob, GpuCodec};
-use nccl_zip_codec::DtypeHint;
+use nccl_net_zip::gpu::{DecodeJob, DeviceBuffer, EncodeJob, GpuCodec, MappedHost};
+use nccl_zip_codec::{compress, max_compressed_size, DtypeHint, EncodeOptions};
 use rand::{Rng, SeedableRng};
 
 fn bf16_gauss(n: usize, seed: u64) -> Vec<u8> {
@@ -34,7 +34,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 #[test]
 #[ignore]
 fn gpu_bench() {
-    let g = match GpuCodec::new(0) {
+    let mut g = match GpuCodec::new(0) {
         Ok(Ok(g)) => g,
         Ok(Err(why)) => {
             println!("SKIP: {why}");
@@ -52,18 +52,23 @@ fn gpu_bench() {
         i.name, i.compute_capability.0, i.compute_capability.1, i.driver_version, i.sm_count, g.sms(), g.ctas_per_sm(), g.kernel_source(), nccl_net_zip::gpu::NVCC_VERSION
     );
     let stream = g.context().default_stream();
-    // (message size, messages in flight per launch, iterations)
-    let cases: [(usize, usize, usize); 4] = [
-        (256 << 20, 1, 5),
-        (128 << 10, 8, 200),
-        (512 << 10, 8, 100),
-        (1 << 20, 8, 50),
+    let capped = g.sms();
+    let all = i.sm_count;
+    // (message size, messages in flight per launch, SMs per launch, iterations): the
+    // large buffer may use the whole GPU; NCCL-sized messages stay under the cap.
+    let cases: [(usize, usize, u32, usize); 5] = [
+        (256 << 20, 1, all, 5),
+        (256 << 20, 1, capped, 3),
+        (128 << 10, 8, capped, 200),
+        (512 << 10, 8, capped, 100),
+        (1 << 20, 8, capped, 50),
     ];
     println!(
-        "{:>10} {:>8} {:>7} {:>10} {:>9} {:>10} {:>9} {:>8}",
-        "msg", "inflight", "ratio", "enc GB/s", "enc HBM%", "dec GB/s", "dec HBM%", "enc us"
+        "{:>10} {:>8} {:>4} {:>7} {:>10} {:>9} {:>10} {:>9} {:>8}",
+        "msg", "inflight", "SMs", "ratio", "enc GB/s", "enc HBM%", "dec GB/s", "dec HBM%", "enc us"
     );
-    for (n, inflight, iters) in cases {
+    for (n, inflight, sms, iters) in cases {
+        g.set_sms(sms);
         let input = bf16_gauss(n, 42);
         let mut batch = g.new_batch(inflight, n as u64).unwrap();
         let srcs: Vec<DeviceBuffer> = (0..inflight)
@@ -132,9 +137,10 @@ fn gpu_bench() {
         let ratio = n as f64 / flen as f64;
         let traffic = bytes + bytes / ratio; // read input + write frame (and vice versa)
         println!(
-            "{:>10} {:>8} {:>7.3} {:>10.2} {:>8.1}% {:>10.2} {:>8.1}% {:>8.1}",
+            "{:>10} {:>8} {:>4} {:>7.3} {:>10.2} {:>8.1}% {:>10.2} {:>8.1}% {:>8.1}",
             n,
             inflight,
+            g.sms(),
             ratio,
             bytes / te / 1e9,
             100.0 * traffic / te / 1e9 / hbm,
@@ -142,5 +148,153 @@ fn gpu_bench() {
             100.0 * traffic / td / 1e9 / hbm,
             te * 1e6
         );
+    }
+}
+
+/// One lane as the plugin's data path uses it (src/gpu/cuda_lane.rs): its own
+/// highest-priority stream, a one-job batch, and pinned device-mapped staging that
+/// the encoder writes the frame into and the decoder reads it from.
+struct BenchLane {
+    stream: std::sync::Arc<cudarc::driver::CudaStream>,
+    batch: nccl_net_zip::gpu::GpuBatch,
+    staging: MappedHost,
+    src: DeviceBuffer,
+    out: DeviceBuffer,
+}
+
+/// Median and total seconds of `iters` chunk encodes then decodes on one lane.
+fn run_lane(g: &GpuCodec, l: &mut BenchLane, chunk: usize, iters: usize) -> (Vec<f64>, Vec<f64>) {
+    let cap = max_compressed_size(chunk);
+    let (mut enc, mut dec) = (Vec::new(), Vec::new());
+    for _ in 0..iters {
+        let job = EncodeJob {
+            src: l.src.ptr(),
+            n: chunk as u64,
+            dst: l.staging.dev_ptr(),
+            dst_cap: cap as u64,
+            hint: DtypeHint::Auto,
+            checksum: false,
+            block_log2: 16,
+        };
+        let t0 = Instant::now();
+        // SAFETY: the buffers belong to this lane and outlive the wait.
+        unsafe { g.encode_batch(&l.stream, &mut l.batch, &[job]) }.unwrap();
+        let flen = l.batch.wait(Duration::from_secs(30)).unwrap()[0].unwrap();
+        enc.push(t0.elapsed().as_secs_f64());
+        let job = DecodeJob {
+            src: l.staging.dev_ptr(),
+            src_len: flen,
+            dst: l.out.ptr(),
+            dst_cap: chunk as u64,
+        };
+        let t0 = Instant::now();
+        // SAFETY: as above.
+        unsafe { g.decode_batch(&l.stream, &mut l.batch, &[job]) }.unwrap();
+        let n = l.batch.wait(Duration::from_secs(30)).unwrap()[0].unwrap();
+        dec.push(t0.elapsed().as_secs_f64());
+        assert_eq!(n, chunk as u64);
+    }
+    (enc, dec)
+}
+
+/// The data-path configuration, measured to host-visible completion: `threads` I/O
+/// threads, each with its own lane, each encoding one chunk into mapped staging,
+/// then decoding it back into device memory, one launch per chunk (no batching
+/// across lanes). This is what the plugin does today; against the batched figures
+/// of `gpu_bench` it shows what per-chunk launches cost (docs/GPU.md, "measure,
+/// then choose"). Also checks the frames in mapped staging equal the CPU encoder's.
+#[test]
+#[ignore]
+fn gpu_bench_lanes() {
+    let g = match GpuCodec::new(0) {
+        Ok(Ok(g)) => g,
+        Ok(Err(why)) => {
+            println!("SKIP: {why}");
+            return;
+        }
+        Err(e) => panic!("{e}"),
+    };
+    println!(
+        "lanes: one launch per chunk, {} SMs cap per launch, results host-mapped",
+        g.sms()
+    );
+    println!(
+        "{:>8} {:>7} {:>6} {:>11} {:>11} {:>12} {:>12} {:>11}",
+        "chunk",
+        "threads",
+        "CTAs",
+        "enc us p50",
+        "dec us p50",
+        "enc GB/s agg",
+        "dec GB/s agg",
+        "enc+dec GB/s"
+    );
+    let (_, greatest) = cudarc::driver::result::stream::get_priority_range().unwrap();
+    for chunk in [4 << 10, 64 << 10, 256 << 10, 1 << 20] {
+        let input = bf16_gauss(chunk, 7);
+        let mut cpu = vec![0u8; max_compressed_size(chunk)];
+        let cpu_len = compress(&input, &mut cpu, &EncodeOptions::default()).unwrap();
+        for threads in [1usize, 4, 8] {
+            let iters = (256 << 20) / chunk / threads;
+            let iters = iters.clamp(20, 2000);
+            let mut lanes: Vec<BenchLane> = (0..threads)
+                .map(|_| {
+                    let src = DeviceBuffer::new(g.context(), chunk).unwrap();
+                    src.write(0, &input).unwrap();
+                    BenchLane {
+                        stream: g.context().new_stream_with_priority(greatest).unwrap(),
+                        batch: g.new_batch(1, chunk as u64).unwrap(),
+                        staging: MappedHost::new(g.context(), max_compressed_size(chunk)).unwrap(),
+                        src,
+                        out: DeviceBuffer::new(g.context(), chunk).unwrap(),
+                    }
+                })
+                .collect();
+            // Warm-up (module, first launches), then the timed round.
+            for l in lanes.iter_mut() {
+                run_lane(&g, l, chunk, 3);
+            }
+            let t0 = Instant::now();
+            let per: Vec<(Vec<f64>, Vec<f64>)> = std::thread::scope(|s| {
+                let hs: Vec<_> = lanes
+                    .iter_mut()
+                    .map(|l| {
+                        let g = &g;
+                        s.spawn(move || run_lane(g, l, chunk, iters))
+                    })
+                    .collect();
+                hs.into_iter().map(|h| h.join().unwrap()).collect()
+            });
+            let wall = t0.elapsed().as_secs_f64();
+            let bytes = (chunk * iters * threads) as f64;
+            let enc_sum: f64 =
+                per.iter().map(|(e, _)| e.iter().sum::<f64>()).sum::<f64>() / threads as f64;
+            let dec_sum: f64 =
+                per.iter().map(|(_, d)| d.iter().sum::<f64>()).sum::<f64>() / threads as f64;
+            let enc_all: Vec<f64> = per.iter().flat_map(|(e, _)| e.iter().copied()).collect();
+            let dec_all: Vec<f64> = per.iter().flat_map(|(_, d)| d.iter().copied()).collect();
+            for l in &lanes {
+                // SAFETY: the lane's stream is idle (every batch was waited for).
+                let frame = unsafe { std::slice::from_raw_parts(l.staging.host_ptr(), cpu_len) };
+                assert!(
+                    frame == &cpu[..cpu_len],
+                    "mapped-staging frame differs from the CPU encoder's at chunk {chunk}"
+                );
+                let mut back = vec![0u8; chunk];
+                l.out.read(0, &mut back).unwrap();
+                assert!(back == input, "decode mismatch at chunk {chunk}");
+            }
+            println!(
+                "{:>8} {:>7} {:>6} {:>11.1} {:>11.1} {:>12.2} {:>12.2} {:>11.2}",
+                chunk,
+                threads,
+                g.grid_for((chunk as u64).div_ceil(1 << 16)),
+                median(enc_all) * 1e6,
+                median(dec_all) * 1e6,
+                bytes / enc_sum / 1e9,
+                bytes / dec_sum / 1e9,
+                bytes / wall / 1e9,
+            );
+        }
     }
 }
