@@ -99,8 +99,13 @@ fi
     echo "DRY RUN: gloo on the CPU ($(nproc --all) cores), no GPU, no plugin: tests the scripts only"
     echo "$TORCH_LINE"
   else
-    nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+    # compute_mode: two processes share GPU 0, which "Exclusive_Process" forbids.
+    nvidia-smi --query-gpu=name,driver_version,compute_mode --format=csv,noheader
     "$PY" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "nccl", ".".join(map(str, torch.cuda.nccl.version())))'
+    # NCCL settings from outside this script apply to every run (NCCL also reads
+    # /etc/nccl.conf): recorded, so a baseline skewed by them can be told.
+    env | grep '^NCCL_' | sed 's/^/inherited env: /'
+    [[ -f /etc/nccl.conf ]] && sed 's/^/\/etc\/nccl.conf: /' /etc/nccl.conf
   fi
   echo "commit: $(git rev-parse --short HEAD 2>/dev/null)$(git diff --quiet HEAD -- src codec scripts 2>/dev/null || echo ' (modified)')"
   [[ -n ${BUNDLE:-} ]] && sed 's/^/plugin bundle: /' "$BUNDLE/MANIFEST"
@@ -166,15 +171,21 @@ wait_pair() {
 run() {
   local name=$1 transport=$2 proto=$3 mode=$4 net
   shift 4
-  # shellcheck disable=SC2054 # INIT,NET is one value
-  local common=(NCCL_PROTO="$proto" NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET NCCL_P2P_DISABLE=1
-    NCCL_SHM_DISABLE=1 NCCL_NET_GDR_LEVEL=SYS NCCL_NET_GDR_READ=1 CUBLAS_WORKSPACE_CONFIG=:4096:8 WORLD_SIZE=2
-    MASTER_ADDR="$MASTER" MASTER_PORT=$((29500 + RANDOM % 1000)))
+  # ENV in the debug mask: NCCL then logs the NCCL_HOSTID, NCCL_PROTO and
+  # NCCL_NET_PLUGIN it took. The ranks are on different "hosts", so P2P, SHM, NVLS
+  # and MNNVL cannot apply; they are disabled anyway so that nothing but the net
+  # carries data (e2e_report.py paths fails a run that logs any other path).
+  # shellcheck disable=SC2054 # INIT,NET,ENV is one value
+  local common=(NCCL_PROTO="$proto" NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET,ENV NCCL_P2P_DISABLE=1
+    NCCL_SHM_DISABLE=1 NCCL_NVLS_ENABLE=0 NCCL_MNNVL_ENABLE=0 NCCL_NET_GDR_LEVEL=SYS NCCL_NET_GDR_READ=1
+    CUBLAS_WORKSPACE_CONFIG=:4096:8 WORLD_SIZE=2 MASTER_ADDR="$MASTER" MASTER_PORT=$((29500 + RANDOM % 1000)))
   # NCCL_ZIP_GPU=on: GPU buffers through the GPU codec (the plugin's default is off
   # until this very run has validated that path).
   local plugin=(NCCL_NET=Zip NCCL_ZIP_GPU="${NCCL_ZIP_GPU:-on}" NCCL_NET_PLUGIN="$PLUGIN_DIR/libnccl-net-zip.so" LD_LIBRARY_PATH="$PLUGIN_DIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}")
   case $transport in
-    socket) common+=(NCCL_NET=Socket) net=Socket ;;
+    # NCCL_NET_PLUGIN=none: the baseline loads no external plugin at all (NCCL would
+    # otherwise dlopen any libnccl-net.so on the library path, then skip it).
+    socket) common+=(NCCL_NET=Socket NCCL_NET_PLUGIN=none) net=Socket ;;
     off) common+=("${plugin[@]}" NCCL_ZIP_COMPRESS=off) net=Zip ;;
     zip) common+=("${plugin[@]}" NCCL_ZIP_COMPRESS=auto) net=Zip ;;
     *) log "run: unknown transport $transport"; return 1 ;;

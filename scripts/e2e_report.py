@@ -15,7 +15,9 @@
     e2e_report.py paths LOG --net Zip|Socket
         from one rank's NCCL INFO log: which path NCCL took per channel ("[send] via
         NET/Zip/0/GDRDMA": the plugin got GPU buffers) and the plugin's "device
-        path:" line and WARN lines, on one line. Exit 1 if NCCL used another net.
+        path:" line and WARN lines, on one line. Exit 1 if any connection went
+        another way (another net, P2P, SHM, CollNet), or if NCCL logged INFO lines
+        but no connection line.
 
 Runs anywhere: copy OUT back from the GPU machine and run it here if need be.
 """
@@ -195,10 +197,15 @@ def bench(out):
 def paths(log, net):
     with open(log, errors="replace") as f:
         lines = f.read().splitlines()
-    # NCCL: "Channel 00/0 : 0[0] -> 1[0] [send] via NET/Zip/0/GDRDMA", with "(1)" after
-    # the device for a send through a proxy rank, "(PCI)" and "/Shared" suffixes.
-    via = collections.Counter(m.group(0) for m in (re.search(r"\[(send|receive)\] via NET/\S+", x) for x in lines) if m)
-    parts = ["NCCL: " + ("; ".join(f"{n} {k}" for k, n in sorted(via.items())) or "no 'via NET' line found")]
+    # NCCL logs one line per connection: "Channel 00/0 : 0[0] -> 1[0] [send] via
+    # NET/Zip/0/GDRDMA" (with "(1)" after the device for a send through a proxy rank,
+    # "(PCI)" and "/Shared" suffixes), "Channel 00/0 : 0[0] -> 1[0] via P2P/IPC",
+    # "Channel 00 : 0[0] -> 1[0] via SHM/direct/direct", "CollNet 00/0 : 0 [send]
+    # via COLLNET/...". Every one of them is counted, so a path other than the
+    # chosen net fails the run, not only another net.
+    conn = re.compile(r"(?:Channel|CollNet) \d+(?:/\d+)? : .*?((?:\[(?:send|receive)\] )?via \S+)")
+    via = collections.Counter(m.group(1) for m in (conn.search(x) for x in lines) if m)
+    parts = ["NCCL: " + ("; ".join(f"{n} {k}" for k, n in sorted(via.items())) or "no connection ('via') line found")]
     if net == "Zip":
         dev = next((m.group(0) for m in (re.search(r"device path: .*", x) for x in lines) if m), None)
         parts.append("plugin: " + (dev or "host buffers only (no 'device path:' line)"))
@@ -208,9 +215,14 @@ def paths(log, net):
         if warns:
             parts.append(f"{len(warns)} plugin WARN lines, first: {warns[0]}")
     print("; ".join(parts))
-    other = sorted(k for k in via if not k.split(" via ", 1)[1].startswith(f"NET/{net}/"))
+    other = sorted(k for k in via if not k.split("via ", 1)[1].startswith(f"NET/{net}/"))
     if other:
         print(f"FAILED: NCCL_NET={net}, but NCCL went {', '.join(other)}")
+        return 1
+    # NCCL logged (NCCL_DEBUG=INFO) yet no connection: the mask or the format
+    # changed, and nothing above was checked. (The gloo dry run logs no NCCL line.)
+    if not via and any(" NCCL INFO " in x for x in lines):
+        print("FAILED: NCCL INFO log without any 'Channel ... via' line: the path NCCL took is unknown")
         return 1
     return 0
 
