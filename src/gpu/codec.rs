@@ -486,9 +486,16 @@ impl GpuBatch {
     pub fn is_empty(&self) -> bool {
         self.njobs == 0
     }
-    /// True when every job of the last launch has published its result.
+    /// True when every job of the last launch has published its result. When it
+    /// is, the results and everything the kernel wrote before them (frames in
+    /// mapped memory) may be read: the acquire fence keeps those reads after the
+    /// reads of `done` (the kernel writes `done` last, after a system-scope fence).
     pub fn poll(&self) -> bool {
-        (0..self.njobs).all(|i| self.result(i).done != 0)
+        let done = (0..self.njobs).all(|i| self.result(i).done != 0);
+        if done {
+            std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
+        }
+        done
     }
     /// Spins on the host-mapped results until all jobs are done (no stream sync).
     pub fn wait(&self, timeout: Duration) -> Result<Vec<JobOutcome>, GpuError> {

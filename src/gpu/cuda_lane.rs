@@ -34,6 +34,40 @@ fn guarded<T>(what: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
     driver::guarded(what, f).map_err(|u| Error::Cuda(u.to_string()))?
 }
 
+/// Puts the calling thread's current CUDA context back when dropped.
+///
+/// `regMr` (NCCL's proxy thread) and `iflush` (its progress thread) run on threads
+/// that have NCCL's own context current; cudarc's `bind_to_thread` replaces it with
+/// the primary context of the buffer's device. That is the same context in the
+/// usual case (one device per thread, runtime primary contexts), but NCCL's next
+/// runtime call on that thread must never find another device's context (or a
+/// non-primary context the application made) swapped out under it.
+struct KeepCurrent(Option<sys::CUcontext>);
+
+impl KeepCurrent {
+    fn save() -> Result<KeepCurrent> {
+        cudarc::driver::result::ctx::get_current()
+            .map(KeepCurrent)
+            .map_err(cuda_err("cuCtxGetCurrent"))
+    }
+}
+
+impl Drop for KeepCurrent {
+    fn drop(&mut self) {
+        let now = cudarc::driver::result::ctx::get_current().ok().flatten();
+        if now != self.0 {
+            // SAFETY: a context that was current on this thread when `save` ran (or
+            // none); contexts this plugin touches are never destroyed.
+            let r = unsafe {
+                cudarc::driver::result::ctx::set_current(self.0.unwrap_or(std::ptr::null_mut()))
+            };
+            if let Err(e) = r {
+                tracing::warn!("could not restore the thread's CUDA context: {e}");
+            }
+        }
+    }
+}
+
 /// CUDA devices visible to this process (no context is created).
 pub fn device_count() -> std::result::Result<i32, String> {
     driver::driver_library_present().map_err(|u| u.to_string())?;
@@ -86,9 +120,10 @@ fn pointer_ordinal(ptr: u64) -> Result<i32> {
 pub fn backend_for(ptr: u64) -> Result<Arc<dyn Backend>> {
     driver::driver_library_present()
         .map_err(|u| Error::InvalidArgument(format!("regMr(NCCL_PTR_CUDA) but {u}")))?;
-    let ordinal = guarded("cuPointerGetAttribute", || {
+    let (ordinal, _keep) = guarded("cuPointerGetAttribute", || {
         cudarc::driver::result::init().map_err(cuda_err("cuInit"))?;
-        pointer_ordinal(ptr)
+        let keep = KeepCurrent::save()?;
+        Ok((pointer_ordinal(ptr)?, keep))
     })?;
     let mut m = opened().lock();
     m.entry(ordinal)
@@ -168,6 +203,8 @@ impl Backend for CudaBackend {
         use sys::CUflushGPUDirectRDMAWritesTarget::CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TARGET_CURRENT_CTX;
         guarded("cuFlushGPUDirectRDMAWrites", || {
             let e = cuda_err("cuFlushGPUDirectRDMAWrites");
+            // iflush runs on NCCL's progress thread.
+            let _keep = KeepCurrent::save()?;
             self.ctx.bind_to_thread().map_err(&e)?;
             // SAFETY: no arguments beyond the two enums; the context is current.
             unsafe {
@@ -184,6 +221,8 @@ impl Backend for CudaBackend {
     fn lane<'a>(&self, max_wire: usize, counter: &'a AtomicU64) -> Result<Box<dyn Lane + 'a>> {
         guarded("lane", || {
             let e = cuda_err("lane setup");
+            // Lanes are made from regMr (NCCL's proxy thread) by the pools' prewarm.
+            let _keep = KeepCurrent::save()?;
             self.ctx.bind_to_thread().map_err(&e)?;
             // Highest priority: a lane's kernels and copies are small and NCCL's
             // kernels wait on them; they should not queue behind compute kernels.

@@ -52,6 +52,8 @@ pub struct LanePool {
 struct PoolState {
     free: Vec<Box<dyn Lane>>,
     made: usize,
+    /// Lanes asked for by [`LanePool::prewarm`] so far, all callers together.
+    reserved: usize,
 }
 
 type Key = (usize, Dir, usize);
@@ -74,6 +76,7 @@ pub fn pool(b: &Arc<dyn Backend>, dir: Dir, max_wire: usize, cap: usize) -> Arc<
                 state: Mutex::new(PoolState {
                     free: Vec::new(),
                     made: 0,
+                    reserved: 0,
                 }),
                 freed: Condvar::new(),
             })
@@ -127,15 +130,26 @@ impl LanePool {
         }
     }
 
-    /// Makes lanes until `n` (at most `cap`) exist. Called when NCCL registers a
-    /// comm's CUDA buffers (`regMr`, during connection setup), so that the data
-    /// path never allocates: pinned allocations and the first stream of a context
-    /// may synchronize the device, which must never happen while NCCL's kernels
+    /// Makes lanes for `n` more concurrent users: until the sum of every `n` asked
+    /// for so far (at most `cap`) exist. Called when NCCL registers a comm's CUDA
+    /// buffers (`regMr`, during connection setup), so that the data path never
+    /// allocates: the CUDA programming guide lists page-locked and device memory
+    /// allocations among the operations that serialize work of different streams
+    /// ("implicit synchronization"), which must never happen while NCCL's kernels
     /// wait for this plugin's data.
+    ///
+    /// The pool is shared by every comm on the device, so what one comm asks for
+    /// adds to what the others asked for: prewarming only to `n` would leave the
+    /// lanes of a second comm's concurrent I/O threads to be made in the data path.
+    /// A comm that registers several buffers asks more than once; the cap bounds it.
     pub fn prewarm(self: &Arc<Self>, n: usize) -> Result<()> {
-        let n = n.min(self.cap);
+        let target = {
+            let mut st = self.state.lock();
+            st.reserved = st.reserved.saturating_add(n);
+            st.reserved.min(self.cap)
+        };
         let mut made = Vec::new();
-        while self.made() < n {
+        while self.made() < target {
             made.push(self.acquire(&|| false)?);
         }
         drop(made); // back into the free list
@@ -213,6 +227,14 @@ mod tests {
         let q = pool(&b, Dir::Recv, 12_345, 4);
         q.prewarm(3).unwrap();
         assert_eq!(q.made(), 3);
+        // A second comm on the same pool adds its own need (up to the cap), so its
+        // I/O threads do not make lanes in the data path.
+        q.prewarm(3).unwrap();
+        assert_eq!(
+            q.made(),
+            4,
+            "prewarms of comms sharing a pool add up to the cap"
+        );
         drop(c);
         // A stopped comm stops waiting.
         let _x = p.acquire(&never).unwrap();

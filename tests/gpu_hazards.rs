@@ -1,0 +1,309 @@
+//! The deadlock NCCL can hit through this plugin, provoked on purpose: NCCL's
+//! kernel spins on the GPU until the plugin has moved its data, so nothing the
+//! plugin does to move that data may wait for kernels of other streams.
+//!
+//! A stand-in for NCCL's kernel (a one-warp kernel spinning on a host-mapped flag)
+//! runs on a non-blocking stream, with a second launch queued behind it (NCCL's
+//! next kernel) and the legacy default stream waiting for both (PyTorch's compute
+//! stream after `work.wait()`). While it spins, every CUDA step of the device data
+//! path runs, in the order the plugin meets them: opening the device (module load,
+//! `cuFuncLoad`, attributes), making lanes (pinned and device allocations, stream
+//! creation: what `regMr` does while other comms' kernels run), then GPU encode,
+//! GPU decode, download and upload on every lane's stream (16 streams: some share
+//! a hardware queue with the spinner's), and allocations in between.
+//!
+//! A step that makes no progress for `STEP_TIMEOUT` waited for the spinner: the
+//! test releases the spinner (so the process recovers), names the step, and fails.
+//! Each step's duration is printed (costs under a co-running kernel). Prints
+//! "SKIP: <reason>" and passes without a usable GPU. Worth running once more
+//! with `CUDA_DEVICE_MAX_CONNECTIONS=1` (Megatron's setting: one hardware queue),
+//! where a failure means the plugin cannot run under that setting.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::SeqCst};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use cudarc::driver::{sys, CudaContext, LaunchConfig, PushKernelArg};
+use cudarc::nvrtc::Ptx;
+use nccl_net_zip::codec::{self, EncodeOptions};
+use nccl_net_zip::gpu::{backend_for, DeviceBuffer, Emulation, MappedHost};
+
+/// Spins until the 32-bit word at `flag` (host-mapped) is nonzero.
+const SPIN_PTX: &str = r#"
+.version 7.0
+.target sm_80
+.address_size 64
+
+.visible .entry nzc_test_spin(
+	.param .u64 flag
+)
+{
+	.reg .pred 	%p<2>;
+	.reg .b32 	%r<2>;
+	.reg .b64 	%rd<3>;
+
+	ld.param.u64 	%rd1, [flag];
+	cvta.to.global.u64 	%rd2, %rd1;
+SPIN:
+	ld.volatile.global.u32 	%r1, [%rd2];
+	setp.eq.s32 	%p1, %r1, 0;
+	@%p1 bra 	SPIN;
+	ret;
+}
+"#;
+
+const STEP_TIMEOUT: Duration = Duration::from_secs(20);
+const LANES: usize = 16;
+const CHUNK: usize = 256 << 10;
+
+fn context() -> Option<Arc<CudaContext>> {
+    if let Err(u) = nccl_net_zip::gpu::driver::driver_library_present() {
+        eprintln!("SKIP: {u}");
+        return None;
+    }
+    match nccl_net_zip::gpu::driver::guarded("context", || CudaContext::new(0)) {
+        Ok(Ok(c)) => Some(c),
+        Ok(Err(e)) => {
+            eprintln!("SKIP: no CUDA device ({e})");
+            None
+        }
+        Err(u) => {
+            eprintln!("SKIP: {u}");
+            None
+        }
+    }
+}
+
+/// bf16-like values (compressible) from a seed.
+fn data(seed: u64, n: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n / 2)
+        .flat_map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let e = 118 + (x % 7) as u8; // a narrow exponent range
+            [(x >> 8) as u8, (e << 7) | ((x >> 16) as u8 & 0x7F)]
+        })
+        .collect()
+}
+
+/// What the worker has done, for the watchdog.
+struct Progress {
+    steps: AtomicUsize,
+    current: Mutex<String>,
+    finished: AtomicBool,
+    log: Mutex<Vec<String>>,
+}
+
+impl Progress {
+    fn step<T>(&self, name: &str, f: impl FnOnce() -> T) -> T {
+        *self.current.lock().unwrap() = name.to_string();
+        let t0 = Instant::now();
+        let r = f();
+        self.log
+            .lock()
+            .unwrap()
+            .push(format!("{name}: {:?}", t0.elapsed()));
+        self.steps.fetch_add(1, SeqCst);
+        r
+    }
+}
+
+#[test]
+fn data_path_never_waits_for_other_streams_kernels() {
+    let Some(ctx) = context() else { return };
+    // SAFETY: this test uses no CudaSlice.
+    unsafe { ctx.disable_event_tracking() };
+    let max_wire = codec::max_compressed_size(CHUNK);
+    // Device buffers, filled before the spinner starts (synchronous copies on the
+    // legacy stream would wait for it by design).
+    let srcs: Vec<DeviceBuffer> = (0..LANES)
+        .map(|i| {
+            let b = DeviceBuffer::new(&ctx, CHUNK).unwrap();
+            b.write(0, &data(i as u64, CHUNK)).unwrap();
+            b
+        })
+        .collect();
+    let dsts: Vec<DeviceBuffer> = (0..2 * LANES)
+        .map(|_| {
+            let b = DeviceBuffer::new(&ctx, CHUNK).unwrap();
+            b.fill(0xEE).unwrap();
+            b
+        })
+        .collect();
+    let flag = MappedHost::new(&ctx, 64).unwrap();
+    let spin_mod = ctx.load_module(Ptx::from_src(SPIN_PTX)).unwrap();
+    let spin_fn = spin_mod.load_function("nzc_test_spin").unwrap();
+    let spin = ctx.new_stream().unwrap();
+    let cfg = LaunchConfig {
+        grid_dim: (1, 1, 1),
+        block_dim: (32, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let flag_dev = flag.dev_ptr();
+    for _ in 0..2 {
+        let mut b = spin.launch_builder(&spin_fn);
+        b.arg(&flag_dev);
+        // SAFETY: one pointer argument, to host-mapped memory that outlives the launch.
+        unsafe { b.launch(cfg) }.unwrap();
+    }
+    let ev = spin.record_event(None).unwrap();
+    // SAFETY: the legacy stream of the current (primary) context waits for the event.
+    unsafe { sys::cuStreamWaitEvent(std::ptr::null_mut(), ev.cu_event(), 0) }
+        .result()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(
+        // SAFETY: a plain query of a stream of this context.
+        unsafe { sys::cuStreamQuery(spin.cu_stream()) },
+        sys::CUresult::CUDA_ERROR_NOT_READY,
+        "the spinner is not running"
+    );
+
+    let progress = Arc::new(Progress {
+        steps: AtomicUsize::new(0),
+        current: Mutex::new(String::new()),
+        finished: AtomicBool::new(false),
+        log: Mutex::new(Vec::new()),
+    });
+    let srcs = Arc::new(srcs);
+    let dsts = Arc::new(dsts);
+    let worker = {
+        let (p, srcs, dsts, ctx) = (progress.clone(), srcs.clone(), dsts.clone(), ctx.clone());
+        std::thread::spawn(move || -> Result<(), String> {
+            static HELD: AtomicU64 = AtomicU64::new(0);
+            let r = (|| {
+                let b = p
+                    .step("open the device (module load, cuFuncLoad)", || {
+                        backend_for(srcs[0].ptr(), Emulation::Off)
+                    })
+                    .map_err(|e| e.to_string())?;
+                eprintln!("backend: {}", b.describe());
+                let mut lanes = Vec::new();
+                for i in 0..LANES {
+                    lanes.push(
+                        p.step(
+                            &format!("make lane {i} (pinned + device memory, stream)"),
+                            || b.lane(max_wire, &HELD),
+                        )
+                        .map_err(|e| e.to_string())?,
+                    );
+                }
+                let opts = EncodeOptions::default();
+                for (i, lane) in lanes.iter_mut().enumerate() {
+                    let (src, dst, dst2) =
+                        (srcs[i].ptr(), dsts[2 * i].ptr(), dsts[2 * i + 1].ptr());
+                    if lane.kernels() {
+                        let n = p
+                            .step(&format!("lane {i}: GPU encode"), || {
+                                lane.encode(src, CHUNK, &opts)
+                            })
+                            .map_err(|e| e.to_string())?;
+                        let m = p
+                            .step(&format!("lane {i}: GPU decode"), || {
+                                lane.decode(n, dst, CHUNK)
+                            })
+                            .map_err(|e| e.to_string())?;
+                        if m != CHUNK {
+                            return Err(format!("lane {i}: decoded {m} bytes, not {CHUNK}"));
+                        }
+                    } else {
+                        p.step(&format!("lane {i}: upload (no kernels)"), || {
+                            lane.download(src, CHUNK)?;
+                            lane.upload(dst, CHUNK)
+                        })
+                        .map_err(|e| e.to_string())?;
+                    }
+                    p.step(&format!("lane {i}: download"), || lane.download(src, CHUNK))
+                        .map_err(|e| e.to_string())?;
+                    p.step(&format!("lane {i}: upload"), || lane.upload(dst2, CHUNK))
+                        .map_err(|e| e.to_string())?;
+                }
+                // Allocations in between, each followed by lane work.
+                let _d = p
+                    .step("cuMemAlloc", || DeviceBuffer::new(&ctx, 1 << 20))
+                    .map_err(|e| e.to_string())?;
+                p.step("download after cuMemAlloc", || {
+                    lanes[0].download(srcs[0].ptr(), CHUNK)
+                })
+                .map_err(|e| e.to_string())?;
+                let _h = p
+                    .step("cuMemHostAlloc", || MappedHost::new(&ctx, 1 << 20))
+                    .map_err(|e| e.to_string())?;
+                p.step("download after cuMemHostAlloc", || {
+                    lanes[0].download(srcs[0].ptr(), CHUNK)
+                })
+                .map_err(|e| e.to_string())?;
+                if lanes[0].kernels() {
+                    p.step("GPU encode after the allocations", || {
+                        lanes[0].encode(srcs[0].ptr(), CHUNK, &opts)
+                    })
+                    .map_err(|e| e.to_string())?;
+                }
+                // Lanes (with their streams and memory) live for the process, as
+                // in the plugin's pools: dropping them would free memory, which
+                // synchronizes.
+                std::mem::forget(lanes);
+                Ok(())
+            })();
+            p.finished.store(true, SeqCst);
+            r
+        })
+    };
+
+    // Watchdog: a step without progress for STEP_TIMEOUT waits for the spinner.
+    let mut hung = None;
+    let (mut last, mut since) = (0, Instant::now());
+    while !progress.finished.load(SeqCst) {
+        let now = progress.steps.load(SeqCst);
+        if now != last {
+            (last, since) = (now, Instant::now());
+        } else if since.elapsed() > STEP_TIMEOUT {
+            hung = Some(progress.current.lock().unwrap().clone());
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // SAFETY: a plain query of a stream of this context.
+    let spinning = unsafe { sys::cuStreamQuery(spin.cu_stream()) };
+    // Release the spinner (NCCL's kernel gets its data).
+    // SAFETY: 4 bytes of the mapped allocation; the kernel only reads it.
+    unsafe { std::ptr::write_volatile(flag.host_ptr() as *mut u32, 1) };
+    let t0 = Instant::now();
+    while !progress.finished.load(SeqCst) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(120),
+            "step '{}' still stuck after the spinner was released",
+            progress.current.lock().unwrap()
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let result = worker.join().expect("worker panicked");
+    for l in progress.log.lock().unwrap().iter() {
+        eprintln!("  {l}");
+    }
+    spin.synchronize().unwrap();
+    ctx.synchronize().unwrap();
+    if let Some(step) = hung {
+        panic!(
+            "'{step}' made no progress in {STEP_TIMEOUT:?} while another stream's kernel spun: \
+             the plugin would deadlock NCCL there"
+        );
+    }
+    assert_eq!(
+        spinning,
+        sys::CUresult::CUDA_ERROR_NOT_READY,
+        "the spinner stopped before it was released (the test proved nothing)"
+    );
+    result.unwrap();
+    // The data arrived intact.
+    for i in 0..LANES {
+        let want = data(i as u64, CHUNK);
+        for d in [&dsts[2 * i], &dsts[2 * i + 1]] {
+            let mut got = vec![0u8; CHUNK];
+            d.read(0, &mut got).unwrap();
+            assert!(got == want, "lane {i}: device data differs");
+        }
+    }
+}
