@@ -72,7 +72,7 @@ TORCH_ARGS=()
 if [[ $DRYRUN == 1 ]]; then
   TORCH_ARGS=(--backend gloo --device cpu)
   NETNS=${NETNS:-0}
-  PLUGIN_DIR=$OUT # no plugin: gloo ignores every NCCL_* variable
+  PLUGIN_DIR=$OUT PLUGIN_REF=$OUT/libnccl-net-zip.so # no plugin: gloo ignores every NCCL_* variable
 else
   # The GPU machine has no Rust: there the plugin comes prebuilt (scripts/gpu_bundle.sh,
   # carried as .gpu-bundle), as for scripts/gpu_validate.sh.
@@ -85,12 +85,19 @@ else
     cargo build --release --lib --quiet || { log "build failed"; exit 1; }
     SO=${CARGO_TARGET_DIR:-$ROOT/target}/release/libnccl_net_zip.so
   fi
-  # NCCL_NET_PLUGIN is the plugin's absolute path, as a cluster install would set it
-  # (NCCL >= 2.2x opens a path as given; PyTorch's NCCL is newer). LD_LIBRARY_PATH
-  # also holds its folder, so an NCCL that only tries libnccl-net-<name>.so fails
-  # loudly (NCCL_NET=Zip is forced) rather than silently.
+  # NCCL_NET_PLUGIN is the plugin's absolute path, as a cluster install would set it.
+  # NCCL >= 2.21 dlopens that value as given, then tries libnccl-net-<value>.so;
+  # 2.20 and older only build libnccl-net-<value>.so (the 2.20.5 library has no other
+  # form), so there it is "zip", found through LD_LIBRARY_PATH, which holds the
+  # plugin's folder. Either way NCCL_NET=Zip is forced: a plugin that did not load
+  # is an error, never a silent fallback to NCCL's own transports.
   PLUGIN_DIR=$OUT
   cp "$SO" "$PLUGIN_DIR/libnccl-net-zip.so" || { log "no plugin at $SO"; exit 1; }
+  PLUGIN_REF=$PLUGIN_DIR/libnccl-net-zip.so
+  NCCL_VER=$("$PY" -c 'import torch; print("%d.%d.%d" % tuple(torch.cuda.nccl.version())[:3])' 2>/dev/null) || NCCL_VER=
+  if [[ -n $NCCL_VER && $(printf '%s\n' "$NCCL_VER" 2.21.0 | sort -V | head -1) != 2.21.0 ]]; then
+    PLUGIN_REF=zip
+  fi
 fi
 
 {
@@ -108,6 +115,7 @@ fi
     [[ -f /etc/nccl.conf ]] && sed 's/^/\/etc\/nccl.conf: /' /etc/nccl.conf
   fi
   echo "commit: $(git rev-parse --short HEAD 2>/dev/null)$(git diff --quiet HEAD -- src codec scripts 2>/dev/null || echo ' (modified)')"
+  [[ $DRYRUN == 1 ]] || echo "NCCL_NET_PLUGIN for the plugin runs: $PLUGIN_REF"
   [[ -n ${BUNDLE:-} ]] && sed 's/^/plugin bundle: /' "$BUNDLE/MANIFEST"
   echo "command: RATE=$RATE PARTS=$PARTS $0 $*"
 } >"$OUT/machine.txt" 2>&1
@@ -181,7 +189,7 @@ run() {
     CUBLAS_WORKSPACE_CONFIG=:4096:8 WORLD_SIZE=2 MASTER_ADDR="$MASTER" MASTER_PORT=$((29500 + RANDOM % 1000)))
   # NCCL_ZIP_GPU=on: GPU buffers through the GPU codec (the plugin's default is off
   # until this very run has validated that path).
-  local plugin=(NCCL_NET=Zip NCCL_ZIP_GPU="${NCCL_ZIP_GPU:-on}" NCCL_NET_PLUGIN="$PLUGIN_DIR/libnccl-net-zip.so" LD_LIBRARY_PATH="$PLUGIN_DIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}")
+  local plugin=(NCCL_NET=Zip NCCL_ZIP_GPU="${NCCL_ZIP_GPU:-on}" NCCL_NET_PLUGIN="$PLUGIN_REF" LD_LIBRARY_PATH="$PLUGIN_DIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}")
   case $transport in
     # NCCL_NET_PLUGIN=none: the baseline loads no external plugin at all (NCCL would
     # otherwise dlopen any libnccl-net.so on the library path, then skip it).
