@@ -8,7 +8,7 @@
 #   NZC_BUNDLE=.gpu-bundle scripts/gpu_validate.sh   (e2e.sh, demo_gpu.sh likewise)
 #
 # Contents: libnccl_net_zip.so, nccl-zip-perf, nccl-zip, the test binaries
-# gpu_codec, gpu_path, gpu_bench, gpu_load (cargo's test harness: pass
+# gpu_codec, gpu_path, gpu_hazards, gpu_bench, gpu_load (cargo's test harness: pass
 # --nocapture etc. directly), MANIFEST (commit, nvcc, sizes). Debug info is
 # stripped to keep it small (the device tool carries at most 64 MiB).
 set -euo pipefail
@@ -19,7 +19,7 @@ source scripts/lib/gpu.sh
 nzc_find_nvcc || { echo "gpu_bundle: no nvcc (scripts/setup_cuda.sh failed)" >&2; exit 1; }
 TD=${CARGO_TARGET_DIR:-$PWD/target}
 cargo build --release --lib --bins
-TESTS=(gpu_codec gpu_path gpu_bench gpu_load)
+TESTS=(gpu_codec gpu_path gpu_hazards gpu_bench gpu_load)
 json=$(mktemp)
 cargo test --release --no-run --message-format=json $(printf -- '--test %s ' "${TESTS[@]}") >"$json"
 rm -rf "$B" && mkdir -p "$B"

@@ -7,6 +7,8 @@
 #   2. host proof (tests/kernels_host.rs) and load tests (tests/gpu_load.rs)
 #   3. GPU tests (tests/gpu_codec.rs): vectors byte identity, decode, sweep, corrupt frames
 #   3b. the TCP data path with CUDA buffers through the GPU lanes (tests/gpu_path.rs)
+#   3c. no data-path CUDA step waits for another stream's spinning kernel (tests/gpu_hazards.rs),
+#       also with CUDA_DEVICE_MAX_CONNECTIONS=1
 #   4. the same GPU tests with NCCL_ZIP_GPU_FORCE_NVRTC=1 (the old-driver fallback)
 #   5. compute-sanitizer --tool memcheck (and racecheck on the vectors) over the GPU tests
 #   6. throughput benchmark (tests/gpu_bench.rs): 256 MiB (all SMs and capped), 128 KiB/512 KiB/1 MiB x 8 in flight
@@ -18,6 +20,9 @@
 # runs only the load test (the host proof needs g++ and ran in CI).
 set -uo pipefail
 cd "$(dirname "$0")/.."
+# NZC_VALIDATE: all (default) | core (steps 1-4 and 6) | sanitize (step 5)
+what=${NZC_VALIDATE:-all}
+case $what in core | sanitize | all) ;; *) echo "NZC_VALIDATE=$what: want core, sanitize or all" >&2; exit 2 ;; esac
 res=${OUT:-bench/results}/gpu_validate_$(date -u +%Y%m%dT%H%M%SZ)
 mkdir -p "$res"
 log=$res/summary.txt
@@ -35,7 +40,7 @@ step() { # step NAME CMD...: runs, logs to $res/NAME.log, records PASS/FAIL
   if [ $rc -eq 0 ]; then say "== $name: PASS ($((SECONDS - t0)) s)"; else say "== $name: FAIL rc=$rc ($((SECONDS - t0)) s)"; fails=$((fails + 1)); fi
 }
 
-say "command: $0 $*"
+say "command: $0 $* (NZC_VALIDATE=$what)"
 say "date: $(date -u)"
 say "git: $(git rev-parse HEAD 2>/dev/null) $(git status --porcelain 2>/dev/null | wc -l) dirty files"
 say "host: $(hostname) $(nproc) cores"
@@ -54,38 +59,53 @@ fi
 # tbin NAME: the test binary NAME (cargo's harness), built by cargo or from the bundle.
 tbin() {
   if [ -n "$BUNDLE" ]; then echo "$BUNDLE/$1"; else
-    cargo test --release --test "$1" --no-run 2>&1 | grep -o "/[^ )]*/deps/$1-[0-9a-f]*" | head -1
+    # cargo prints "Executable tests/X.rs (PATH)", PATH relative to here or absolute.
+    local p
+    p=$(cargo test --release --test "$1" --no-run 2>&1 | grep -o "([^ )]*/deps/$1-[0-9a-f]*)" | head -1 | tr -d '()')
+    case $p in /*) echo "$p" ;; ?*) echo "$PWD/$p" ;; esac
   fi
 }
 
-if [ -z "$BUNDLE" ]; then
-  step build cargo build --release --lib --tests
-  step host_proof cargo test --release --test kernels_host --test gpu_load -- --nocapture
-else
-  step load_test "$(tbin gpu_load)" --nocapture
-fi
-step gpu_tests "$(tbin gpu_codec)" --nocapture --test-threads=1
-if grep -q "SKIP:" "$res/gpu_tests.log"; then say "!! GPU tests SKIPPED: $(grep -m1 SKIP: "$res/gpu_tests.log")"; fails=$((fails + 1)); fi
-step gpu_path "$(tbin gpu_path)" --nocapture
-if grep -q "SKIP:" "$res/gpu_path.log"; then say "!! data-path GPU test SKIPPED: $(grep -m1 SKIP: "$res/gpu_path.log")"; fails=$((fails + 1)); fi
-# libnvrtc: the toolkit's, or the one PyTorch's wheels bring (nvidia-cuda-nvrtc).
-nvrtc_dirs=$(python3 -c 'import glob, os, nvidia; print(":".join(sorted({os.path.dirname(p) for d in nvidia.__path__ for p in glob.glob(d + "/**/libnvrtc.so*", recursive=True)})))' 2>/dev/null || true)
-say "extra libnvrtc dirs: ${nvrtc_dirs:-none}"
-step gpu_tests_nvrtc env NCCL_ZIP_GPU_FORCE_NVRTC=1 LD_LIBRARY_PATH="${nvrtc_dirs:+$nvrtc_dirs:}${LD_LIBRARY_PATH:-}" "$(tbin gpu_codec)" --nocapture --test-threads=1
-grep -q "kernels Nvrtc" "$res/gpu_tests_nvrtc.log" || say "!! NVRTC run did not report 'kernels Nvrtc' (libnvrtc missing?)"
+case $what in
+  core | all)
+    if [ -z "$BUNDLE" ]; then
+      step build cargo build --release --lib --tests
+      step host_proof cargo test --release --test kernels_host --test gpu_load -- --nocapture
+    else
+      step load_test "$(tbin gpu_load)" --nocapture
+    fi
+    step gpu_tests "$(tbin gpu_codec)" --nocapture --test-threads=1
+    if grep -q "SKIP:" "$res/gpu_tests.log"; then say "!! GPU tests SKIPPED: $(grep -m1 SKIP: "$res/gpu_tests.log")"; fails=$((fails + 1)); fi
+    step gpu_path "$(tbin gpu_path)" --nocapture
+    if grep -q "SKIP:" "$res/gpu_path.log"; then say "!! data-path GPU test SKIPPED: $(grep -m1 SKIP: "$res/gpu_path.log")"; fails=$((fails + 1)); fi
+    # Every data-path CUDA step while another stream's kernel spins (NCCL's case); then
+    # with one hardware queue (Megatron's CUDA_DEVICE_MAX_CONNECTIONS=1).
+    step hazards "$(tbin gpu_hazards)" --nocapture
+    if grep -q "SKIP:" "$res/hazards.log"; then say "!! hazards test SKIPPED: $(grep -m1 SKIP: "$res/hazards.log")"; fails=$((fails + 1)); fi
+    step hazards_1conn env CUDA_DEVICE_MAX_CONNECTIONS=1 "$(tbin gpu_hazards)" --nocapture
+    # libnvrtc: the toolkit's, or the one PyTorch's wheels bring (nvidia-cuda-nvrtc).
+    nvrtc_dirs=$(python3 -c 'import glob, os, nvidia; print(":".join(sorted({os.path.dirname(p) for d in nvidia.__path__ for p in glob.glob(d + "/**/libnvrtc.so*", recursive=True)})))' 2>/dev/null || true)
+    say "extra libnvrtc dirs: ${nvrtc_dirs:-none}"
+    step gpu_tests_nvrtc env NCCL_ZIP_GPU_FORCE_NVRTC=1 LD_LIBRARY_PATH="${nvrtc_dirs:+$nvrtc_dirs:}${LD_LIBRARY_PATH:-}" "$(tbin gpu_codec)" --nocapture --test-threads=1
+    grep -q "kernels Nvrtc" "$res/gpu_tests_nvrtc.log" || say "!! NVRTC run did not report 'kernels Nvrtc' (libnvrtc missing?)"
 
-# compute-sanitizer on the test binary (encode, decode, corrupt frames)
-cs=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
-bin=$(tbin gpu_codec)
-if [ -n "$cs" ] && [ -n "$bin" ]; then
-  export NZC_TEST_TIMEOUT_S=900
-  step memcheck "$cs" --tool memcheck --error-exitcode 99 --leak-check no "$bin" --nocapture --test-threads=1
-  step racecheck "$cs" --tool racecheck --error-exitcode 99 "$bin" --nocapture --test-threads=1 gpu_encode_frozen gpu_decode_frozen
-else
-  say "!! compute-sanitizer (${cs:-not found}) or test binary (${bin:-not found}) missing: memcheck NOT run"; fails=$((fails + 1))
-fi
-
-step bench "$(tbin gpu_bench)" --ignored --nocapture --test-threads=1
-grep -E "device:|lanes:|^ +[0-9]+ +[0-9]+ " "$res/bench.log" | tee "$res/bench_table.txt" | tee -a "$log"
+    step bench "$(tbin gpu_bench)" --ignored --nocapture --test-threads=1
+    grep -E "device:|lanes:|^ +[0-9]+ +[0-9]+ " "$res/bench.log" | tee "$res/bench_table.txt" | tee -a "$log"
+    ;;
+esac
+case $what in
+  sanitize | all)
+    # compute-sanitizer on the test binary (encode, decode, corrupt frames)
+    cs=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
+    bin=$(tbin gpu_codec)
+    if [ -n "$cs" ] && [ -n "$bin" ]; then
+      export NZC_TEST_TIMEOUT_S=900
+      step memcheck "$cs" --tool memcheck --error-exitcode 99 --leak-check no "$bin" --nocapture --test-threads=1
+      step racecheck "$cs" --tool racecheck --error-exitcode 99 "$bin" --nocapture --test-threads=1 gpu_encode_frozen gpu_decode_frozen
+    else
+      say "!! compute-sanitizer (${cs:-not found}) or test binary (${bin:-not found}) missing: memcheck NOT run"; fails=$((fails + 1))
+    fi
+    ;;
+esac
 say "results: $res ($fails failed steps)"
 exit $fails
