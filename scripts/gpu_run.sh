@@ -7,7 +7,8 @@
 # Device tool:   run(command="scripts/gpu_run.sh validate", carry=[".gpu-bundle"])
 #                run(command="scripts/gpu_run.sh e2e-check,demo-gpu", ...)
 # Parts (in order of priority):
-#   validate     scripts/gpu_validate.sh: kernels vs CPU, memcheck, data path, bench
+#   validate     scripts/gpu_validate.sh core: kernels vs CPU, data path, hazards, NVRTC, bench
+#   sanitize     scripts/gpu_validate.sh sanitize: compute-sanitizer memcheck + racecheck
 #   e2e-check    scripts/e2e.sh PARTS=check (collectives bitwise vs Socket, 3 protocols)
 #   e2e-bench    scripts/e2e.sh PARTS=bench (bus bandwidth vs Socket and off; PNG)
 #   e2e-train    scripts/e2e.sh PARTS=train (DDP GPT losses vs Socket)
@@ -21,7 +22,7 @@
 # (exit 124) and what it wrote so far is packed all the same.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
-parts=${1:?usage: gpu_run.sh PART[,PART...] (validate|e2e-check|e2e-bench|e2e-train|demo-gpu)}
+parts=${1:?usage: gpu_run.sh PART[,PART...] (validate|sanitize|e2e-check|e2e-bench|e2e-train|demo-gpu)}
 dest=${OUT:-$PWD/bench/results}
 mkdir -p "$dest"
 # LO_SHAPE=1: the GPU VM is ours alone, so e2e.sh may shape lo if namespaces fail.
@@ -31,7 +32,8 @@ worst=0
 
 run_part() { # part work
   case $1 in
-    validate) OUT=$2 scripts/gpu_validate.sh ;;
+    validate) OUT=$2 NZC_VALIDATE=core scripts/gpu_validate.sh ;;
+    sanitize) OUT=$2 NZC_VALIDATE=sanitize scripts/gpu_validate.sh ;;
     e2e-check) OUT=$2/e2e PARTS=check scripts/e2e.sh ;;
     e2e-bench) OUT=$2/e2e PARTS=bench scripts/e2e.sh ;;
     e2e-train) OUT=$2/e2e PARTS=train scripts/e2e.sh ;;
