@@ -245,6 +245,7 @@ impl Backend for CudaBackend {
                 stream,
                 batch,
                 staging,
+                wedged: false,
                 _charge: Charge::new(counter, max_wire as u64),
             }) as Box<dyn Lane + 'a>)
         })
@@ -257,10 +258,23 @@ struct CudaLane<'a> {
     stream: Arc<CudaStream>,
     batch: Option<GpuBatch>,
     staging: MappedHost,
+    /// Set when a kernel did not finish within [`KERNEL_TIMEOUT`]: the stream may
+    /// never drain, so every later operation fails at once instead of queueing
+    /// behind it (a stream sync there would hang the I/O thread for good).
+    wedged: bool,
     _charge: Charge<'a>,
 }
 
 impl CudaLane<'_> {
+    fn usable(&self, what: &str) -> Result<()> {
+        if self.wedged {
+            return Err(Error::Cuda(format!(
+                "{what}: this GPU lane's stream is stuck (a kernel ran past {KERNEL_TIMEOUT:?})"
+            )));
+        }
+        Ok(())
+    }
+
     fn check_len(&self, len: usize) -> Result<()> {
         if len > self.staging.len() {
             return Err(Error::Internal(format!(
@@ -273,6 +287,7 @@ impl CudaLane<'_> {
 
     /// Runs one stream operation and waits for the stream.
     fn sync_op(&self, what: &str, op: impl FnOnce(sys::CUstream) -> sys::CUresult) -> Result<()> {
+        self.usable(what)?;
         guarded(what, || {
             let e = cuda_err(what);
             self.ctx.bind_to_thread().map_err(&e)?;
@@ -290,17 +305,27 @@ impl CudaLane<'_> {
             &mut GpuBatch,
         ) -> std::result::Result<(), super::GpuError>,
     ) -> Result<std::result::Result<u64, Status>> {
+        self.usable(what)?;
         let (Some(codec), Some(batch)) = (self.codec.as_deref(), self.batch.as_mut()) else {
             return Err(Error::Internal(format!("{what} on a lane without kernels")));
         };
         let stream = &self.stream;
-        guarded(what, || {
+        let mut timed_out = false;
+        let r = guarded(what, || {
             launch(codec, stream, batch).map_err(|e| Error::Cuda(format!("{what}: {e}")))?;
-            let out = batch
-                .wait(KERNEL_TIMEOUT)
-                .map_err(|e| Error::Cuda(format!("{what}: {e}")))?;
+            let out = batch.wait(KERNEL_TIMEOUT).map_err(|e| {
+                timed_out = matches!(e, super::GpuError::Timeout);
+                Error::Cuda(format!("{what}: {e}"))
+            })?;
             Ok(out[0])
-        })
+        });
+        if timed_out {
+            self.wedged = true;
+            tracing::warn!(
+                "{what}: kernel still running after {KERNEL_TIMEOUT:?}; this GPU lane is disabled and its comm fails"
+            );
+        }
+        r
     }
 }
 
