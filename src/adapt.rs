@@ -16,9 +16,17 @@
 //!    So the policy runs epochs of [`EPOCH_CHUNKS`] chunks in one mode and measures
 //!    the rate at which the sender takes raw bytes. In steady state that is the
 //!    pipeline's throughput, backpressure from a slow receiver or link included.
-//!    The faster mode runs. One epoch in [`EXPLORE_EPOCHS`] runs the other mode (one
-//!    in four times that when it measured more than 1.5x slower), so that a change
-//!    in the link, the data or the load is noticed. An epoch that
+//!    The faster mode runs. The first epoch is raw (the uncompressed baseline,
+//!    never slower than `off`), the second compressed. Then one epoch in
+//!    [`EXPLORE_EPOCHS`] runs the other mode, so that a change in the link, the
+//!    data or the load is noticed; each exploration that confirms the choice
+//!    doubles that interval, up to [`MAX_EXPLORE_EPOCHS`] when the other mode
+//!    measured more than [`ABORT_GAP`] slower (else up to four times the base).
+//!    An epoch whose mode is already [`ABORT_GAP`] slower than the other mode's
+//!    measurement after [`ABORT_AFTER`] chunks ends there: the early rate only
+//!    flatters a mode just switched to (socket buffers still absorb, or still
+//!    drain the other mode's bytes), so an early verdict of "slower" is safe, and a
+//!    CPU-bound codec costs 16 chunks per exploration instead of 64. An epoch that
 //!    spans an idle gap (no chunk for [`IDLE`]) measures the application, not us,
 //!    and is discarded.
 
@@ -39,8 +47,16 @@ pub const COST_MARGIN: f64 = 1.25;
 /// Chunks per measurement epoch (16 MiB at 256 KiB chunks: larger than what socket
 /// buffers absorb, so an epoch measures the pipeline, not a buffer).
 pub const EPOCH_CHUNKS: u32 = 64;
-/// One epoch in this many runs the mode that measured slower.
+/// One epoch in this many runs the mode that measured slower (at first).
 pub const EXPLORE_EPOCHS: u32 = 12;
+/// Longest interval between explorations, reached by doubling while explorations
+/// keep confirming a choice with a gap over [`ABORT_GAP`] (256 epochs of 64
+/// chunks of 256 KiB: 4 GiB, a few seconds at the link rates where that happens).
+pub const MAX_EXPLORE_EPOCHS: u32 = 256;
+/// An epoch ends early once its mode measures this much slower than the other's.
+pub const ABORT_GAP: f64 = 1.5;
+/// Chunks an epoch runs before it may end early.
+pub const ABORT_AFTER: u32 = 16;
 /// Raw must measure this much faster than compression to take over.
 pub const RAW_MARGIN: f64 = 1.1;
 /// A gap this long between two chunks means the application paused.
@@ -83,6 +99,10 @@ struct Epoch {
     thr: [Option<f64>; 2],
     /// Epochs of the faster mode before the next exploration.
     until_explore: u32,
+    /// The current interval between explorations (doubles while confirmed).
+    interval: u32,
+    /// The mode chosen before the running exploration, when this epoch explores.
+    exploring: Option<Mode>,
 }
 
 #[derive(Debug)]
@@ -138,12 +158,12 @@ impl Policy {
             s.bypass_left -= 1;
             return Decision::RawBypass;
         }
-        if !Self::pays(s.ratio, s.codec_bps * self.parallel, self.link_bps) {
+        if !self.pays_now(&s) {
             s.bypass_left = REPROBE_EVERY;
             return Decision::RawBypass;
         }
         let e = s.epoch.get_or_insert_with(|| Epoch {
-            mode: Mode::Compressed,
+            mode: Mode::Raw,
             left: EPOCH_CHUNKS,
             start: now,
             last: now,
@@ -151,12 +171,14 @@ impl Policy {
             idle: false,
             thr: [None, None],
             until_explore: EXPLORE_EPOCHS,
+            interval: EXPLORE_EPOCHS,
+            exploring: None,
         });
         if now.saturating_duration_since(e.last) > IDLE {
             e.idle = true;
         }
         e.last = now;
-        if e.left == 0 {
+        if e.left == 0 || Self::losing(e, now) {
             Self::next_epoch(e, now);
         }
         e.left -= 1;
@@ -165,6 +187,17 @@ impl Policy {
             Mode::Compressed => Decision::Compress,
             Mode::Raw => Decision::RawBypass,
         }
+    }
+
+    /// True when the running epoch has gone [`ABORT_AFTER`] chunks and its rate so
+    /// far is [`ABORT_GAP`] below the other mode's measurement.
+    fn losing(e: &Epoch, now: Instant) -> bool {
+        let done = EPOCH_CHUNKS - e.left;
+        let Some(other) = e.thr[e.mode.other() as usize] else {
+            return false;
+        };
+        let secs = now.saturating_duration_since(e.start).as_secs_f64();
+        done >= ABORT_AFTER && !e.idle && secs > 0.0 && e.bytes as f64 / secs * ABORT_GAP < other
     }
 
     /// Closes the current epoch's measurement and picks the next epoch's mode.
@@ -176,8 +209,8 @@ impl Policy {
             *m = Some(m.map_or(t, |old| old + ALPHA * (t - old)));
         }
         e.mode = match e.thr {
-            [None, _] => Mode::Compressed,
             [_, None] => Mode::Raw,
+            [None, _] => Mode::Compressed,
             [Some(c), Some(r)] => {
                 // Hysteresis: the static model already said compression can pay, so
                 // raw must measure clearly faster to take over; a noisy epoch
@@ -187,15 +220,24 @@ impl Policy {
                 } else {
                     Mode::Raw
                 };
-                if e.until_explore == 0 {
-                    // Exploring a mode that measured far slower is expensive: do it
-                    // less often (it is still done, so a change is noticed).
-                    let gap = c.max(r) / c.min(r).max(1.0);
-                    e.until_explore = if gap > 1.5 {
-                        4 * EXPLORE_EPOCHS
+                let gap = c.max(r) / c.min(r).max(1.0);
+                if let Some(before) = e.exploring.take() {
+                    // An exploration ended: a confirmed choice is explored less
+                    // often, a changed one as often as at first.
+                    e.interval = if best == before {
+                        let cap = if gap > ABORT_GAP {
+                            MAX_EXPLORE_EPOCHS
+                        } else {
+                            4 * EXPLORE_EPOCHS
+                        };
+                        (e.interval * 2).min(cap)
                     } else {
                         EXPLORE_EPOCHS
                     };
+                    e.until_explore = e.interval;
+                }
+                if e.until_explore == 0 {
+                    e.exploring = Some(best);
                     best.other()
                 } else {
                     e.until_explore -= 1;
@@ -207,6 +249,11 @@ impl Policy {
         e.start = now;
         e.bytes = 0;
         e.idle = false;
+    }
+
+    /// The static gate with the current estimates.
+    fn pays_now(&self, s: &State) -> bool {
+        Self::pays(s.ratio, s.codec_bps * self.parallel, self.link_bps)
     }
 
     /// `codec_bps`: aggregate codec throughput; `link_bps`: the link's.
@@ -268,11 +315,39 @@ mod tests {
             share > 0.85 && share < 1.0,
             "link-bound: compressed share {share}"
         );
-        // CPU-bound (the codec is the bottleneck): raw is 2.5x faster. It flips.
-        let share = simulate(&p, &mut t, 0.5e9, 1.25e9, 64 * 120, 64 * 60);
+        // CPU-bound (the codec is the bottleneck): raw is 2.5x faster. It flips,
+        // and explorations of compression end after ABORT_AFTER chunks and grow
+        // rarer, but never stop.
+        let share = simulate(&p, &mut t, 0.5e9, 1.25e9, 64 * 60, 64 * 30);
+        assert!(share < 0.02, "cpu-bound: compressed share {share}");
+        let long = 64 * (MAX_EXPLORE_EPOCHS as usize + 8);
+        let share = simulate(&p, &mut t, 0.5e9, 1.25e9, long, long);
         assert!(
-            share > 0.0 && share < 0.15,
-            "cpu-bound: compressed share {share}"
+            share > 0.0 && share < 0.005,
+            "cpu-bound, steady: compressed share {share}"
+        );
+        // The link slows down (or the data gets more compressible): an exploration
+        // notices, and compression takes over again.
+        let share = simulate(&p, &mut t, 1.5e9, 0.5e9, long, 64 * 40);
+        assert!(share > 0.85, "link-bound again: compressed share {share}");
+    }
+
+    #[test]
+    fn learning_starts_raw_and_a_slow_codec_costs_little() {
+        // A fast link and a CPU-bound codec (the host path on 100 Gbit/s, or the
+        // unshaped demo): from a fresh policy, the first epoch is raw, the first
+        // compressed epoch ends after ABORT_AFTER chunks, and over 2048 chunks
+        // (512 MiB) few chunks are compressed.
+        let p = Policy::new(CompressMode::Auto, 10 * GBIT, 4);
+        let mut t = Instant::now();
+        let first = simulate(&p, &mut t, 0.8e9, 2.2e9, EPOCH_CHUNKS as usize, 64);
+        assert_eq!(first, 0.0, "the first epoch is raw");
+        let share = simulate(&p, &mut t, 0.8e9, 2.2e9, 2048 - 64, 2048 - 64);
+        // Whole 64-chunk learning epochs gave 6.5% here (two of them).
+        let most = 0.03;
+        assert!(
+            share > 0.0 && share <= most,
+            "cpu-bound from the start: compressed share {share} (at most {most})"
         );
     }
 
@@ -307,24 +382,27 @@ mod tests {
     #[test]
     fn incompressible_data_is_bypassed_then_reprobed() {
         let p = Policy::new(CompressMode::Auto, 2 * GBIT, 4);
-        assert_eq!(p.decide(1 << 20), Decision::Compress);
+        let mut t = Instant::now();
+        // Link-bound and compressible: compression runs.
+        let share = simulate(&p, &mut t, 1.5e9, 1.0e9, 64 * 4, 64);
+        assert!(share > 0.9, "compressible: compressed share {share}");
         for _ in 0..20 {
             p.record(1 << 20, (1 << 20) + 24, 200_000);
         }
-        assert_eq!(p.decide(1 << 20), Decision::RawBypass);
+        assert_eq!(p.decide_at(1 << 20, t), Decision::RawBypass);
         let raw = (0..REPROBE_EVERY)
-            .filter(|_| p.decide(1 << 20) == Decision::RawBypass)
+            .filter(|_| p.decide_at(1 << 20, t) == Decision::RawBypass)
             .count();
         assert_eq!(raw as u32, REPROBE_EVERY);
         // The ratio estimate stays low, so the re-probe keeps bypassing until data changes.
-        assert_eq!(p.decide(1 << 20), Decision::RawBypass);
+        assert_eq!(p.decide_at(1 << 20, t), Decision::RawBypass);
         for _ in 0..REPROBE_EVERY {
-            p.decide(1 << 20);
+            p.decide_at(1 << 20, t);
         }
         for _ in 0..20 {
             p.record(1 << 20, 700_000, 200_000);
         }
-        assert_eq!(p.decide(1 << 20), Decision::Compress);
+        assert_eq!(p.decide_at(1 << 20, t), Decision::Compress);
     }
 
     #[test]
@@ -343,13 +421,14 @@ mod tests {
                 p.record(1 << 20, 700_000, 1_310_000); // 0.8 GB/s
             }
         }
-        assert_eq!(one.decide(1 << 20), Decision::RawBypass);
-        assert_eq!(two.decide(1 << 20), Decision::Compress);
+        assert!(!one.pays_now(&one.state.lock()));
+        assert!(two.pays_now(&two.state.lock()));
         // A slow codec loses even on a modest link.
         let p = Policy::new(CompressMode::Auto, 100 * GBIT, 1);
         for _ in 0..20 {
             p.record(1 << 20, 700_000, 5_000_000); // 0.2 GB/s
         }
+        assert!(!p.pays_now(&p.state.lock()));
         assert_eq!(p.decide(1 << 20), Decision::RawBypass);
     }
 }
