@@ -17,7 +17,10 @@ run_pair() {
   local setting=$1 transport=$2 size=$3 total=$4
   local n=$(($(bytes_of "$size") > 0 ? total / $(bytes_of "$size") : 100))
   ((n < 64)) && n=64
-  local h=$WORK/handle.$RANDOM
+  # A fresh name per run, removed after it: a handle file left by an earlier run
+  # under the same name would send the sender to a port nobody listens on.
+  local h
+  h=$(mktemp -u "$WORK/handle.XXXXXXXX")
   local args=(--handle-file "$h" --sizes "$size" --count "$n" --warmup 16 --bench
     --data "$DATA" --timeout 120 --plugin "$SO")
   [[ $transport == tcp ]] && args+=(--baseline tcp)
@@ -32,8 +35,10 @@ run_pair() {
     echo "sender failed ($setting $transport $size):" >&2; cat "$WORK/s.err" >&2
   fi
   if ! wait "$rpid"; then
+    rm -f "$h"
     echo "receiver failed ($setting $transport $size):" >&2; cat "$WORK/r.err" >&2; return 1
   fi
+  rm -f "$h"
   echo "$(grep '^BENCH' "$WORK/r.out" | head -1) $(grep '^WIRE' "$WORK/r.out" | head -1)"
 }
 
