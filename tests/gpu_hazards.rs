@@ -57,21 +57,9 @@ const LANES: usize = 16;
 const CHUNK: usize = 256 << 10;
 
 fn context() -> Option<Arc<CudaContext>> {
-    if let Err(u) = nccl_net_zip::gpu::driver::driver_library_present() {
-        eprintln!("SKIP: {u}");
-        return None;
-    }
-    match nccl_net_zip::gpu::driver::guarded("context", || CudaContext::new(0)) {
-        Ok(Ok(c)) => Some(c),
-        Ok(Err(e)) => {
-            eprintln!("SKIP: no CUDA device ({e})");
-            None
-        }
-        Err(u) => {
-            eprintln!("SKIP: {u}");
-            None
-        }
-    }
+    nccl_net_zip::gpu::driver::open_context(0)
+        .map_err(|u| eprintln!("SKIP: {u}"))
+        .ok()
 }
 
 /// bf16-like values (compressible) from a seed.

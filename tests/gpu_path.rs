@@ -15,21 +15,9 @@ use nccl_net_zip::gpu::{backend_for, DeviceBuffer, Emulation};
 use nccl_net_zip::proto::slots::Slot;
 
 fn context() -> Option<Arc<CudaContext>> {
-    if let Err(u) = nccl_net_zip::gpu::driver::driver_library_present() {
-        eprintln!("SKIP: {u}");
-        return None;
-    }
-    match nccl_net_zip::gpu::driver::guarded("context", || CudaContext::new(0)) {
-        Ok(Ok(c)) => Some(c),
-        Ok(Err(e)) => {
-            eprintln!("SKIP: no CUDA device ({e})");
-            None
-        }
-        Err(u) => {
-            eprintln!("SKIP: {u}");
-            None
-        }
-    }
+    nccl_net_zip::gpu::driver::open_context(0)
+        .map_err(|u| eprintln!("SKIP: {u}"))
+        .ok()
 }
 
 fn wait(slot: *const Slot, what: &str) -> usize {

@@ -63,6 +63,15 @@ pub fn guarded<T>(what: &str, f: impl FnOnce() -> T) -> Result<T, Unavailable> {
     })
 }
 
+/// Device `ordinal`'s primary context, or why there is none (no driver library,
+/// no device, a cudarc panic): for the GPU tests and tools, which skip with the
+/// reason.
+pub fn open_context(ordinal: usize) -> Result<Arc<CudaContext>, Unavailable> {
+    driver_library_present()?;
+    guarded("CudaContext::new", || CudaContext::new(ordinal))?
+        .map_err(|e| Unavailable::NoDevice(e.to_string()))
+}
+
 /// Driver facts printed by tests and the benchmark.
 #[derive(Clone, Debug)]
 pub struct DeviceInfo {
