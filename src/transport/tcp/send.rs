@@ -14,8 +14,8 @@ use socket2::Socket;
 use tracing::info;
 
 use super::core::{spawn_io, Core};
-use super::sock::{configure_data_socket, send_all, unacked_bytes};
-use crate::adapt::{Backlog, Policy};
+use super::sock::{configure_data_socket, send_all};
+use crate::adapt::Policy;
 use crate::codec::EncodeOptions;
 use crate::codec_glue::Coder;
 use crate::config::Config;
@@ -73,18 +73,15 @@ impl SendComm {
             ..EncodeOptions::default()
         };
         // Host and device chunks run at different codec speeds: one policy each.
-        // Both see the sockets' backlog, which the I/O threads keep current.
-        let backlog = Arc::new(Backlog::new(n));
         let coders = Arc::new(Coders {
             host: Coder {
-                policy: Policy::new(cfg.compress, link_mbps, n).with_backlog(backlog.clone()),
+                policy: Policy::new(cfg.compress, link_mbps, n),
                 opts,
             },
             dev: Coder {
-                policy: Policy::new(cfg.compress, link_mbps, n).with_backlog(backlog.clone()),
+                policy: Policy::new(cfg.compress, link_mbps, n),
                 opts,
             },
-            backlog,
         });
         let max_wire = crate::codec_glue::max_wire(cfg.max_chunk);
         let lanes = cfg.gpu_lanes;
@@ -164,8 +161,6 @@ pub const STATS_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
 struct Coders {
     host: Coder,
     dev: Coder,
-    /// Undelivered bytes per stream, for the policies' rate measurements.
-    backlog: Arc<Backlog>,
 }
 
 fn send_loop(
@@ -254,9 +249,6 @@ fn send_loop(
                     },
                     1,
                 );
-                if let Some(q) = unacked_bytes(sock) {
-                    coders.backlog.set(stream, q);
-                }
                 slot.chunk_sent();
                 core.maybe_report();
             }

@@ -25,16 +25,6 @@ pub fn configure_data_socket(s: &Socket, peer_timeout: Duration) -> io::Result<(
     Ok(())
 }
 
-/// Bytes written to `s` that the peer has not acknowledged yet (unsent plus in
-/// flight: Linux `SIOCOUTQ`); `None` where the kernel does not say.
-pub fn unacked_bytes(s: &Socket) -> Option<u64> {
-    use std::os::fd::AsRawFd;
-    let mut v: libc::c_int = 0;
-    // SAFETY: TIOCOUTQ (= SIOCOUTQ) writes one int through the pointer.
-    let r = unsafe { libc::ioctl(s.as_raw_fd(), libc::TIOCOUTQ, &mut v as *mut libc::c_int) };
-    (r == 0 && v >= 0).then_some(v as u64)
-}
-
 /// Writes every byte of `bufs`. MSG_NOSIGNAL: a dead peer is an error, not a SIGPIPE
 /// that would kill the training job.
 pub fn send_all(s: &Socket, mut bufs: &mut [IoSlice<'_>]) -> io::Result<()> {
