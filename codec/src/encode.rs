@@ -868,27 +868,10 @@ mod avx2 {
         keys: &[u8; SEG_ELEMS],
         dst: *mut u8,
     ) -> usize {
-        let mut acc = 0u64;
-        let mut nb = 0u32;
-        let mut pos = 0usize;
-        let bp = dst;
-        // Appends `len` (<= 56) bits; afterwards at most 7 bits are pending.
-        macro_rules! put {
-            ($c:expr, $len:expr) => {{
-                acc |= ($c) << nb;
-                nb += $len;
-                bp.add(pos).cast::<u64>().write_unaligned(acc);
-                pos += (nb >> 3) as usize;
-                acc >>= nb & 56;
-                nb &= 7;
-            }};
-        }
+        let mut w = Bits::new(dst);
         let c23 = _mm256_set1_epi8(23);
         let czero = _mm256_set1_epi8(ZERO as i8);
         let zero = _mm256_setzero_si256();
-        let ones16 = _mm256_set1_epi16(1);
-        let m16 = _mm256_set1_epi32(0xFFFF);
-        let m32 = _mm256_set1_epi64x(0xFFFF_FFFF);
         for g in 0..SEG_ELEMS / 32 {
             let kv = _mm256_loadu_si256(keys.as_ptr().add(32 * g) as *const __m256i);
             let d = _mm256_sub_epi8(t.anchor, kv);
@@ -899,10 +882,7 @@ mod avx2 {
             let esc = _mm256_min_epu8(kv, far);
             if _mm256_testz_si256(esc, esc) == 0 {
                 // Rare: an escape. Scalar, same bits.
-                for &k in &keys[32 * g..32 * g + 32] {
-                    let c = lut[k as usize];
-                    put!((c & 0xFF_FFFF) as u64, c >> 24);
-                }
+                w.put_scalar(lut, &keys[32 * g..32 * g + 32]);
                 continue;
             }
             let is_zero = _mm256_cmpeq_epi8(kv, zero);
@@ -920,22 +900,9 @@ mod avx2 {
                 } else {
                     (_mm256_unpackhi_epi8(lo, hi), _mm256_unpackhi_epi8(ln, zero))
                 };
-                // pairs: c0 | c1 << l0 (<= 24 bits), l0 + l1
-                let pv = _mm256_or_si256(
-                    _mm256_and_si256(c16, m16),
-                    _mm256_sllv_epi32(_mm256_srli_epi32(c16, 16), _mm256_and_si256(l16, m16)),
-                );
-                let pl = _mm256_madd_epi16(l16, ones16);
-                // quads: p0 | p1 << lp0 (<= 48 bits), lp0 + lp1; 64-bit lanes hold
-                // elements 0-3, 4-7 | 8-11, 12-15 of this half.
-                let q = _mm256_or_si256(
-                    _mm256_and_si256(pv, m32),
-                    _mm256_sllv_epi64(_mm256_srli_epi64(pv, 32), _mm256_and_si256(pl, m32)),
-                );
-                let lq = _mm256_and_si256(_mm256_add_epi32(pl, _mm256_srli_epi64(pl, 32)), m32);
-                // octets in lanes 0 and 2 (exact when their length is <= 64)
-                let o = _mm256_or_si256(q, _mm256_sllv_epi64(_mm256_srli_si256(q, 8), lq));
-                let lo8 = _mm256_add_epi64(lq, _mm256_srli_si256(lq, 8));
+                // 4- and 8-element chunks (codes of at most 12 bits: quads of at
+                // most 48 bits, octets exact when at most 64)
+                let [q, lq, o, lo8] = merge16(c16, l16);
                 // the 16-element chunk (exact when its length is <= 64)
                 let o_lo = _mm256_castsi256_si128(o);
                 let o_hi = _mm256_extracti128_si256(o, 1);
@@ -944,7 +911,7 @@ mod avx2 {
                 let s = _mm_or_si128(o_lo, _mm_sllv_epi64(o_hi, l_lo));
                 let ls = _mm_cvtsi128_si64(_mm_add_epi64(l_lo, l_hi)) as u32;
                 if !WIDE && ls <= 56 {
-                    put!(_mm_cvtsi128_si64(s) as u64, ls);
+                    w.put(_mm_cvtsi128_si64(s) as u64, ls);
                 } else {
                     let mut qv = [0u64; 4];
                     let mut ql = [0u64; 4];
@@ -956,20 +923,90 @@ mod avx2 {
                     _mm256_storeu_si256(ol.as_mut_ptr() as *mut __m256i, lo8);
                     for j in [0, 2] {
                         if ol[j] <= 56 {
-                            put!(ov[j], ol[j] as u32);
+                            w.put(ov[j], ol[j] as u32);
                         } else {
-                            put!(qv[j], ql[j] as u32);
-                            put!(qv[j + 1], ql[j + 1] as u32);
+                            w.put(qv[j], ql[j] as u32);
+                            w.put(qv[j + 1], ql[j + 1] as u32);
                         }
                     }
                 }
             }
         }
-        if nb > 0 {
-            *bp.add(pos) = acc as u8;
-            pos += 1;
+        w.finish()
+    }
+
+    /// The segment coders' bit writer: little-endian, each append one unaligned
+    /// 8-byte store at `dst + pos`, at most 7 bits pending afterwards.
+    struct Bits {
+        dst: *mut u8,
+        pos: usize,
+        acc: u64,
+        nb: u32,
+    }
+
+    impl Bits {
+        #[inline(always)]
+        fn new(dst: *mut u8) -> Bits {
+            Bits {
+                dst,
+                pos: 0,
+                acc: 0,
+                nb: 0,
+            }
         }
-        pos
+        /// Appends `len` (<= 56) bits of `c`.
+        ///
+        /// # Safety
+        /// `dst + pos` must be valid for an 8-byte write.
+        #[inline(always)]
+        unsafe fn put(&mut self, c: u64, len: u32) {
+            self.acc |= c << self.nb;
+            self.nb += len;
+            self.dst
+                .add(self.pos)
+                .cast::<u64>()
+                .write_unaligned(self.acc);
+            self.pos += (self.nb >> 3) as usize;
+            self.acc >>= self.nb & 56;
+            self.nb &= 7;
+        }
+        /// Appends `len` (<= 64) bits of `c`.
+        ///
+        /// # Safety
+        /// As [`Bits::put`], twice.
+        #[inline(always)]
+        unsafe fn put64(&mut self, c: u64, len: u32) {
+            if len <= 56 {
+                self.put(c, len);
+            } else {
+                self.put(c & 0xFFFF_FFFF, 32);
+                self.put(c >> 32, len - 32);
+            }
+        }
+        /// Appends the scalar code of each key (`lut`: code in bits 0..24, length
+        /// in bits 24..32).
+        ///
+        /// # Safety
+        /// As [`Bits::put`], once per key.
+        #[inline(always)]
+        unsafe fn put_scalar(&mut self, lut: &[u32; 256], keys: &[u8]) {
+            for &k in keys {
+                let c = lut[k as usize];
+                self.put((c & 0xFF_FFFF) as u64, c >> 24);
+            }
+        }
+        /// Flushes the pending bits; returns the byte length written.
+        ///
+        /// # Safety
+        /// `dst + pos` must be valid for a 1-byte write.
+        #[inline(always)]
+        unsafe fn finish(mut self) -> usize {
+            if self.nb > 0 {
+                *self.dst.add(self.pos) = self.acc as u8;
+                self.pos += 1;
+            }
+            self.pos
+        }
     }
 
     /// The 4-element chunks (64-bit lanes: elements 0-3, 4-7 | 8-11, 12-15) and
@@ -1019,33 +1056,7 @@ mod avx2 {
         keys: &[u8; SEG_ELEMS],
         dst: *mut u8,
     ) -> usize {
-        let mut acc = 0u64;
-        let mut nb = 0u32;
-        let mut pos = 0usize;
-        let bp = dst;
-        // Appends `len` (<= 56) bits; afterwards at most 7 bits are pending.
-        macro_rules! put {
-            ($c:expr, $len:expr) => {{
-                acc |= ($c) << nb;
-                nb += $len;
-                bp.add(pos).cast::<u64>().write_unaligned(acc);
-                pos += (nb >> 3) as usize;
-                acc >>= nb & 56;
-                nb &= 7;
-            }};
-        }
-        // Appends `len` (<= 64) bits.
-        macro_rules! put64 {
-            ($c:expr, $len:expr) => {{
-                let (c, len): (u64, u32) = ($c, $len);
-                if len <= 56 {
-                    put!(c, len);
-                } else {
-                    put!(c & 0xFFFF_FFFF, 32);
-                    put!(c >> 32, len - 32);
-                }
-            }};
-        }
+        let mut w = Bits::new(dst);
         let zero = _mm256_setzero_si256();
         let m1f = _mm256_set1_epi8(0x1F);
         let m03 = _mm256_set1_epi8(0x03);
@@ -1074,10 +1085,7 @@ mod avx2 {
             let ln = lookup!(t.len);
             if _mm256_testz_si256(ln, m80) == 0 {
                 // Rare: an escape. Scalar, same bits.
-                for &k in &keys[32 * g..32 * g + 32] {
-                    let c = lut[k as usize];
-                    put!((c & 0xFF_FFFF) as u64, c >> 24);
-                }
+                w.put_scalar(lut, &keys[32 * g..32 * g + 32]);
                 continue;
             }
             let lo = lookup!(t.lo);
@@ -1115,14 +1123,14 @@ mod avx2 {
                     _mm256_storeu_si256(ol.as_mut_ptr() as *mut __m256i, lo8);
                     for j in [0, 2] {
                         if ol[j] <= 64 {
-                            put64!(ov[j], ol[j] as u32);
+                            w.put64(ov[j], ol[j] as u32);
                         } else {
                             let mut qv = [0u64; 4];
                             let mut ql = [0u64; 4];
                             _mm256_storeu_si256(qv.as_mut_ptr() as *mut __m256i, q);
                             _mm256_storeu_si256(ql.as_mut_ptr() as *mut __m256i, lq);
-                            put64!(qv[j], ql[j] as u32);
-                            put64!(qv[j + 1], ql[j + 1] as u32);
+                            w.put64(qv[j], ql[j] as u32);
+                            w.put64(qv[j + 1], ql[j + 1] as u32);
                         }
                     }
                 }};
@@ -1130,11 +1138,7 @@ mod avx2 {
             emit!(w0, l0);
             emit!(w1, l1);
         }
-        if nb > 0 {
-            *bp.add(pos) = acc as u8;
-            pos += 1;
-        }
-        pos
+        w.finish()
     }
 
     const _: () = assert!(ESC == 25 && ZERO == 24);
