@@ -240,19 +240,6 @@ proptest! {
     }
 }
 
-/// The vector encoders produce exactly the scalar reference's bytes.
-fn same_as_scalar(src: &[u8], opts: &EncodeOptions) {
-    let mut a = vec![0u8; max_compressed_size(src.len())];
-    let mut b = vec![0u8; max_compressed_size(src.len())];
-    let na = compress(src, &mut a, opts).unwrap();
-    let nb = compress_scalar(src, &mut b, opts).unwrap();
-    assert!(
-        na == nb && a[..na] == b[..nb],
-        "vector and scalar encoders differ (n = {}, {opts:?})",
-        src.len()
-    );
-}
-
 /// Values whose exponents straddle the anchor by more than a code covers, so that
 /// escapes (above and far below the anchor, and wrapping) and zeros mix in one step.
 fn escape_heavy(ty: Ty, n: usize, seed: u64) -> Vec<u8> {

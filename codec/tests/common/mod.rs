@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 use half::{bf16, f16};
+use nccl_zip_codec::{compress, compress_scalar, max_compressed_size, EncodeOptions};
 
 pub struct Rng(u64);
 
@@ -137,4 +138,20 @@ pub fn int_counters(nbytes: usize, seed: u64) -> Vec<u8> {
     }
     out.truncate(nbytes);
     out
+}
+
+/// Compresses `src` with the vector and the scalar encoder, asserts the frames are
+/// byte-identical, and returns the frame.
+pub fn same_as_scalar(src: &[u8], opts: &EncodeOptions) -> Vec<u8> {
+    let mut a = vec![0u8; max_compressed_size(src.len())];
+    let mut b = vec![0u8; max_compressed_size(src.len())];
+    let na = compress(src, &mut a, opts).unwrap();
+    let nb = compress_scalar(src, &mut b, opts).unwrap();
+    assert!(
+        na == nb && a[..na] == b[..nb],
+        "vector and scalar encoders differ (n = {}, {opts:?})",
+        src.len()
+    );
+    a.truncate(na);
+    a
 }
