@@ -299,39 +299,54 @@ fn all_sizes_every_qp_count_and_schedule() {
     }
 }
 
+/// Posts one 64 KiB message of `src` (receive and send buffers on `rdev` and
+/// `sdev`), runs QPs 3, 2, 1 to completion before QP 0, so every chunk except
+/// those on QP 0 lands before the info record and chunk 0, checks that nothing
+/// completed, runs `early` (more checks at that point), then lands QP 0 and checks
+/// the message arrived whole.
+fn land_before_chunk_zero(
+    mut pair: Pair,
+    mut src: Vec<u8>,
+    rdev: Dev,
+    sdev: Dev,
+    early: impl FnOnce(),
+) -> Pair {
+    let mut dst = vec![0u8; src.len()];
+    let (smr, rmr) = (reg(&mut pair.fs, &mut src), reg(&mut pair.fr, &mut dst));
+    pair.irecv_on(&mut dst, &rmr, rdev);
+    pair.isend_on(&mut src, &smr, sdev);
+    let mut ev = Vec::new();
+    pair.r.progress(&mut pair.fr, &mut ev).unwrap();
+    while pair.net.step(1, 0) {} // the CTS
+    pair.s.progress(&mut pair.fs, &mut ev).unwrap();
+    for qp in [3, 2, 1] {
+        while pair.net.step(0, qp) {}
+    }
+    pair.r.progress(&mut pair.fr, &mut ev).unwrap();
+    assert!(ev.is_empty(), "complete before chunk 0 landed: {ev:?}");
+    early();
+    while pair.net.step(0, 0) {}
+    pair.settle();
+    pair.recvd.extend(ev.iter().filter_map(|e| match e {
+        Event::RecvDone { seq, size } => Some((*seq, *size)),
+        _ => None,
+    }));
+    assert_eq!(pair.recvd, vec![(0, src.len())]);
+    assert!(dst == src);
+    pair
+}
+
 #[test]
 fn chunks_before_chunk_zero_wait_for_the_info_record() {
-    // Small chunks on 4 QPs; run QPs 3, 2, 1 to completion before QP 0, so every
-    // chunk except those on QP 0 lands before the info record and chunk 0.
+    // Small chunks on 4 QPs, host memory, raw and compressed.
     let p = Params {
         max_chunk: 4096,
         min_chunk: 4096,
         ..Params::default()
     };
     for mode in [CompressMode::Off, CompressMode::On] {
-        let mut src = bf16_data(64 << 10, 7);
-        let mut dst = vec![0u8; 64 << 10];
-        let mut pair = Pair::new(4, p.clone(), mode, 0);
-        let (smr, rmr) = (reg(&mut pair.fs, &mut src), reg(&mut pair.fr, &mut dst));
-        pair.irecv(&mut dst, &rmr);
-        pair.isend(&mut src, &smr);
-        let mut ev = Vec::new();
-        pair.r.progress(&mut pair.fr, &mut ev).unwrap();
-        while pair.net.step(1, 0) {} // the CTS
-        pair.s.progress(&mut pair.fs, &mut ev).unwrap();
-        for qp in [3, 2, 1] {
-            while pair.net.step(0, qp) {}
-        }
-        pair.r.progress(&mut pair.fr, &mut ev).unwrap();
-        assert!(ev.is_empty(), "complete before chunk 0 landed: {ev:?}");
-        while pair.net.step(0, 0) {}
-        pair.settle();
-        pair.recvd.extend(ev.iter().filter_map(|e| match e {
-            Event::RecvDone { seq, size } => Some((*seq, *size)),
-            _ => None,
-        }));
-        assert_eq!(pair.recvd, vec![(0, 64 << 10)]);
-        assert!(dst == src);
+        let pair = Pair::new(4, p.clone(), mode, 0);
+        land_before_chunk_zero(pair, bf16_data(64 << 10, 7), None, None, || {});
     }
 }
 
@@ -876,34 +891,14 @@ fn device_chunks_before_chunk_zero_wait_for_the_info_record() {
     };
     let (rb, rc) = counting(Emulation::Kernels);
     let (sb, sc) = counting(Emulation::Kernels);
-    let mut src = bf16_data(64 << 10, 8);
-    let mut dst = vec![0u8; 64 << 10];
-    let mut pair = Pair::new(4, p, CompressMode::On, 0);
-    let (smr, rmr) = (reg(&mut pair.fs, &mut src), reg(&mut pair.fr, &mut dst));
-    pair.irecv_on(&mut dst, &rmr, Some(rb));
-    pair.isend_on(&mut src, &smr, Some(sb));
-    let mut ev = Vec::new();
-    pair.r.progress(&mut pair.fr, &mut ev).unwrap();
-    while pair.net.step(1, 0) {}
-    pair.s.progress(&mut pair.fs, &mut ev).unwrap();
-    for qp in [3, 2, 1] {
-        while pair.net.step(0, qp) {}
-    }
-    pair.r.progress(&mut pair.fr, &mut ev).unwrap();
-    assert!(ev.is_empty(), "complete before chunk 0 landed: {ev:?}");
-    assert_eq!(
-        rc.get(&rc.decode),
-        0,
-        "nothing decoded before the info record"
-    );
-    while pair.net.step(0, 0) {}
-    pair.settle();
-    pair.recvd.extend(ev.iter().filter_map(|e| match e {
-        Event::RecvDone { seq, size } => Some((*seq, *size)),
-        _ => None,
-    }));
-    assert_eq!(pair.recvd, vec![(0, 64 << 10)]);
-    assert!(dst == src);
+    let pair = Pair::new(4, p, CompressMode::On, 0);
+    let pair = land_before_chunk_zero(pair, bf16_data(64 << 10, 8), Some(rb), Some(sb), || {
+        assert_eq!(
+            rc.get(&rc.decode),
+            0,
+            "nothing decoded before the info record"
+        )
+    });
     let cs = pair.r.stats.chunks_compressed.load(Relaxed);
     assert!(cs >= 12, "{cs} of 16 chunks compressed");
     assert_eq!(rc.get(&rc.decode) as u64, cs);
