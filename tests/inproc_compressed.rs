@@ -5,15 +5,14 @@ mod inproc_util;
 
 use std::sync::atomic::Ordering::Relaxed;
 
-use inproc_util::{bf16_gaussian, pair, pattern, transfer_and_check};
+use inproc_util::{mixed_messages, pair, transfer_and_check};
 
 #[test]
 fn compressed_transfers_are_bit_exact_and_smaller() {
     std::env::set_var("NCCL_ZIP_COMPRESS", "on");
     std::env::set_var("NCCL_ZIP_CHECKSUM", "1");
     let (s, r) = pair();
-    let mut msgs = Vec::new();
-    for (i, n) in [
+    let msgs = mixed_messages(&[
         0usize,
         1,
         3,
@@ -24,14 +23,7 @@ fn compressed_transfers_are_bit_exact_and_smaller() {
         524288 + 3,
         1 << 20,
         4 << 20,
-    ]
-    .into_iter()
-    .enumerate()
-    {
-        msgs.push(bf16_gaussian(i as u64, n, 0.02));
-        msgs.push(pattern(100 + i as u64, n));
-        msgs.push(vec![0u8; n]);
-    }
+    ]);
     transfer_and_check(&s, &r, &msgs, 4 << 20);
     let st = r.stats();
     let (raw, wire) = (st.raw_bytes.load(Relaxed), st.wire_bytes.load(Relaxed));

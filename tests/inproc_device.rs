@@ -8,12 +8,11 @@ mod inproc_util;
 
 use std::sync::atomic::Ordering::Relaxed;
 
-use inproc_util::{bf16_gaussian, pair, pattern, transfer_and_check_on};
+use inproc_util::{mixed_messages, pair, transfer_and_check_on};
 use nccl_net_zip::gpu::{backend_for, Emulation};
 
 fn messages() -> Vec<Vec<u8>> {
-    let mut msgs = Vec::new();
-    for (i, n) in [
+    mixed_messages(&[
         0usize,
         1,
         3,
@@ -28,15 +27,7 @@ fn messages() -> Vec<Vec<u8>> {
         524288 + 3,
         1 << 20,
         3 << 20,
-    ]
-    .into_iter()
-    .enumerate()
-    {
-        msgs.push(bf16_gaussian(i as u64, n, 0.02));
-        msgs.push(pattern(100 + i as u64, n));
-        msgs.push(vec![0u8; n]);
-    }
-    msgs
+    ])
 }
 
 #[test]

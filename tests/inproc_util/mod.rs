@@ -59,6 +59,17 @@ pub fn bf16_gaussian(seed: u64, n: usize, sigma: f32) -> Vec<u8> {
     out
 }
 
+/// For each size: Gaussian bf16, a byte pattern, and zeros (seeded by position).
+pub fn mixed_messages(sizes: &[usize]) -> Vec<Vec<u8>> {
+    let mut msgs = Vec::new();
+    for (i, &n) in sizes.iter().enumerate() {
+        msgs.push(bf16_gaussian(i as u64, n, 0.02));
+        msgs.push(pattern(100 + i as u64, n));
+        msgs.push(vec![0u8; n]);
+    }
+    msgs
+}
+
 /// Sends every message and receives it into a fresh buffer, 8 in flight, tests in
 /// posting order, and checks bytes and reported sizes.
 pub fn transfer_and_check(s: &SendComm, r: &RecvComm, msgs: &[Vec<u8>], cap: usize) {
