@@ -5,10 +5,13 @@
 //! device buffers (GPUDirect RDMA) on the emulated GPU backend, and iflush.
 //! No RDMA hardware is involved: this is the main evidence for the comm layer.
 
+mod inproc_util;
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use inproc_util::pattern;
 use nccl_net_zip::config::{CompressMode, DtypeHint};
 use nccl_net_zip::error::Error;
 use nccl_net_zip::gpu::{backend_for, Backend, Emulation, Lane};
@@ -76,31 +79,9 @@ fn pair(cfg: Arc<IbConfig>) -> (IbSendComm, IbRecvComm) {
     (s.unwrap(), r.unwrap())
 }
 
-fn pattern(seed: u64, n: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
-
 /// Gaussian-ish bf16 values: compressible to about 0.67.
 fn bf16(seed: u64, n: usize) -> Vec<u8> {
-    let u = pattern(seed, n * 2 + 8);
-    let mut out = Vec::with_capacity(n + 2);
-    for c in u.chunks(4) {
-        let s: f32 = c.iter().map(|&b| b as f32 / 255.0 - 0.5).sum::<f32>() * 0.02;
-        out.extend_from_slice(&((s.to_bits() >> 16) as u16).to_le_bytes());
-        if out.len() >= n {
-            break;
-        }
-    }
-    out.truncate(n);
-    out
+    inproc_util::bf16_gaussian(seed, n, 0.02)
 }
 
 fn wait(slot: *const Slot, what: &str) -> Result<usize, Error> {
