@@ -5,51 +5,19 @@
 //! `cargo bench -p nccl-zip-codec --bench throughput`
 
 use criterion::{black_box, criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use half::{bf16, f16};
 use nccl_zip_codec::{compress, decompress, max_compressed_size, EncodeOptions};
 
-/// Deterministic Gaussian values (Box–Muller over an xorshift stream).
-fn gaussian(n: usize, sigma: f64, seed: u64) -> Vec<f64> {
-    let mut x = seed | 1;
-    let mut next = move || {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        ((x >> 11) as f64 + 0.5) / (1u64 << 53) as f64
-    };
-    (0..n)
-        .map(|_| {
-            let (u, v) = (next(), next());
-            sigma * (-2.0 * u.ln()).sqrt() * (std::f64::consts::TAU * v).cos()
-        })
-        .collect()
-}
+#[path = "../tests/common/mod.rs"]
+mod common;
+use common::{gaussian, Rng, Ty};
 
+/// One message of `bytes` bytes: Gaussian (sigma 0.02) of the type, or random bytes.
 fn data(kind: &str, bytes: usize) -> Vec<u8> {
     match kind {
-        "bf16" => gaussian(bytes / 2, 0.02, 1)
-            .iter()
-            .flat_map(|&v| bf16::from_f64(v).to_le_bytes())
-            .collect(),
-        "fp16" => gaussian(bytes / 2, 0.02, 2)
-            .iter()
-            .flat_map(|&v| f16::from_f64(v).to_le_bytes())
-            .collect(),
-        "fp32" => gaussian(bytes / 4, 0.02, 3)
-            .iter()
-            .flat_map(|&v| (v as f32).to_le_bytes())
-            .collect(),
-        _ => {
-            let mut x = 0x9E37_79B9_7F4A_7C15u64;
-            (0..bytes)
-                .map(|_| {
-                    x ^= x << 13;
-                    x ^= x >> 7;
-                    x ^= x << 17;
-                    x as u8
-                })
-                .collect()
-        }
+        "bf16" => gaussian(Ty::Bf16, bytes, 0.02, 1),
+        "fp16" => gaussian(Ty::Fp16, bytes, 0.02, 2),
+        "fp32" => gaussian(Ty::Fp32, bytes, 0.02, 3),
+        _ => Rng::new(4).bytes(bytes),
     }
 }
 
