@@ -78,21 +78,20 @@ pub fn device_count() -> std::result::Result<i32, String> {
     .map_err(|e| e.to_string())
 }
 
+/// One 32-bit pointer attribute of `ptr`.
+fn pointer_attr(ptr: u64, attr: sys::CUpointer_attribute) -> std::result::Result<u32, DriverError> {
+    let mut v: u32 = 0;
+    // SAFETY: the attributes asked for are 32-bit values, written into `v`; the
+    // driver validates `ptr` itself (unified addressing: no current context needed).
+    unsafe { sys::cuPointerGetAttribute(&mut v as *mut u32 as *mut c_void, attr, ptr) }
+        .result()
+        .map(|()| v)
+}
+
 /// The CUDA ordinal owning device memory at `ptr` (an error for any other memory).
 fn pointer_ordinal(ptr: u64) -> Result<i32> {
     use sys::CUpointer_attribute::*;
-    let mut mem_type: u32 = 0;
-    // SAFETY: the attribute is a 32-bit value written into a valid location; the
-    // driver validates `ptr` itself (unified addressing: no current context needed).
-    unsafe {
-        sys::cuPointerGetAttribute(
-            &mut mem_type as *mut u32 as *mut c_void,
-            CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
-            ptr,
-        )
-    }
-    .result()
-    .map_err(|e| {
+    let mem_type = pointer_attr(ptr, CU_POINTER_ATTRIBUTE_MEMORY_TYPE).map_err(|e| {
         Error::InvalidArgument(format!(
             "regMr(NCCL_PTR_CUDA) of {ptr:#x}: not CUDA memory ({e})"
         ))
@@ -102,18 +101,9 @@ fn pointer_ordinal(ptr: u64) -> Result<i32> {
             "regMr(NCCL_PTR_CUDA) of {ptr:#x}: CUDA memory type {mem_type}, not device memory"
         )));
     }
-    let mut ordinal: i32 = -1;
-    // SAFETY: as above.
-    unsafe {
-        sys::cuPointerGetAttribute(
-            &mut ordinal as *mut i32 as *mut c_void,
-            CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
-            ptr,
-        )
-    }
-    .result()
-    .map_err(cuda_err("cuPointerGetAttribute(DEVICE_ORDINAL)"))?;
-    Ok(ordinal)
+    let ordinal = pointer_attr(ptr, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL)
+        .map_err(cuda_err("cuPointerGetAttribute(DEVICE_ORDINAL)"))?;
+    Ok(ordinal as i32)
 }
 
 /// The backend of the device that owns `ptr`, opened on first use.
