@@ -13,6 +13,8 @@ mod bench;
 mod cli;
 #[path = "nccl-zip-perf/data.rs"]
 mod data;
+#[path = "nccl-zip-perf/latency.rs"]
+mod latency;
 #[path = "nccl-zip-perf/mem.rs"]
 mod mem;
 #[path = "nccl-zip-perf/net.rs"]
@@ -53,6 +55,7 @@ fn main() -> ExitCode {
     };
     let code = match o.role {
         Role::Stranger => stranger(&o),
+        _ if o.latency && o.baseline_tcp => baseline_latency(&o),
         _ if o.baseline_tcp => baseline(&o),
         _ => run_plugin(&o),
     };
@@ -376,6 +379,10 @@ fn drive<'a>(
         ms_since(t)
     );
     let _ = std::io::stdout().flush();
+    if o.latency {
+        latency::plugin(o, net, st.send_comm, st.recv_comm)?;
+        return Ok(());
+    }
 
     if want_send {
         st.send = Some(Pipe::new(
@@ -456,6 +463,31 @@ fn baseline(o: &Opts) -> u8 {
                 w.report(if o.role == Role::Send { "send" } else { "recv" }, payload);
             }
             println!("OK {summary}");
+            0
+        }
+        Err(Fail::Timeout(p)) => {
+            eprintln!("nccl-zip-perf: FAIL: timed out while {p}");
+            EXIT_TIMEOUT
+        }
+        Err(e) => {
+            eprintln!("nccl-zip-perf: FAIL: {e}");
+            EXIT_FAIL
+        }
+    }
+}
+
+fn baseline_latency(o: &Opts) -> u8 {
+    let ip: IpAddr = match o.bind.as_deref().map(str::parse) {
+        Some(Ok(ip)) => ip,
+        Some(Err(_)) => {
+            eprintln!("nccl-zip-perf: --bind: not an IP address");
+            return EXIT_USAGE;
+        }
+        None => iface_ipv4().unwrap_or(Ipv4Addr::LOCALHOST).into(),
+    };
+    match latency::baseline(o, ip) {
+        Ok(_) => {
+            println!("OK baseline latency over {ip}");
             0
         }
         Err(Fail::Timeout(p)) => {

@@ -32,6 +32,9 @@ Plugin driving:
   --inflight N           requests in flight, 1..32                                 [8]
   --poll-sleep-us N      sleep when a poll made no progress (0: yield)             [0]
 Benchmark:
+  --latency              loop role: one message in flight, isend to recv done, per size
+                         (p50/p10/p99 us over --count); with --baseline tcp, one non-blocking
+                         socket pair polled by the same thread (NCCL Socket without helper threads)
   --bench                per-size throughput (GB/s, Gbit/s); sizes from --sizes
   --warmup N             untimed messages before each size                         [8]
   --baseline tcp         single-socket TCP (4-byte size + payload, TCP_NODELAY) instead of the plugin
@@ -107,6 +110,7 @@ pub struct Opts {
     pub inflight: usize,
     pub poll_sleep_us: u64,
     pub bench: bool,
+    pub latency: bool,
     pub warmup: usize,
     pub baseline_tcp: bool,
     pub bind: Option<String>,
@@ -175,6 +179,7 @@ impl Opts {
             inflight: 8,
             poll_sleep_us: 0,
             bench: false,
+            latency: false,
             warmup: 8,
             baseline_tcp: false,
             bind: None,
@@ -260,6 +265,7 @@ impl Opts {
                 "--inflight" => o.inflight = num(val()?)? as usize,
                 "--poll-sleep-us" => o.poll_sleep_us = num(val()?)?,
                 "--bench" => o.bench = true,
+                "--latency" => o.latency = true,
                 "--warmup" => o.warmup = num(val()?)? as usize,
                 "--baseline" => match val()?.as_str() {
                     "tcp" => o.baseline_tcp = true,
@@ -299,7 +305,13 @@ impl Opts {
         if o.bench && (o.sizes.is_none() || o.warmup == 0) {
             return Err("--bench needs --sizes and --warmup of at least 1".into());
         }
-        if o.baseline_tcp && o.role == Role::Loop {
+        if o.latency && (o.role != Role::Loop || o.sizes.is_none() || o.bench || o.count == 0) {
+            return Err("--latency needs the loop role, --sizes and a --count of at least 1, and excludes --bench".into());
+        }
+        if o.latency && o.mem != MemKind::Host {
+            return Err("--latency measures host memory only".into());
+        }
+        if o.baseline_tcp && o.role == Role::Loop && !o.latency {
             return Err("--baseline tcp needs separate recv and send processes".into());
         }
         if o.baseline_tcp && o.mem != MemKind::Host {
