@@ -66,15 +66,20 @@ impl Coder {
     }
 
     /// [`Coder::encode_into`] a per-thread staging buffer that grows to the largest
-    /// chunk (TCP). Returns the frame.
+    /// chunk (TCP). `decided`: the policy was already asked and said compress.
+    /// Returns the frame.
     pub fn encode_chunk<'s>(
         &self,
         src: &[u8],
         staging: &'s mut Staging<'_>,
         stats: &Stats,
+        decided: bool,
     ) -> Option<&'s [u8]> {
+        if !decided && !self.wants(src.len(), stats) {
+            return None;
+        }
         let out = staging.get(codec::max_compressed_size(src.len()));
-        let n = self.encode_into(src, out, stats)?;
+        let n = self.compress(src, out, stats)?;
         Some(&out[..n])
     }
 }

@@ -53,6 +53,10 @@ pub struct Config {
     pub max_chunk: usize,
     /// Messages below this are never split (`NCCL_ZIP_MIN_CHUNK`).
     pub min_chunk: usize,
+    /// Host messages up to this size that go raw are written and read by NCCL's
+    /// thread on the inline stream (`NCCL_ZIP_INLINE_MAX`; 0: never). At most
+    /// `max_chunk`.
+    pub inline_max: usize,
     /// How long a half-open incoming connection may sit before it is dropped
     /// (`NCCL_ZIP_HANDSHAKE_TIMEOUT_MS`).
     pub handshake_timeout: Duration,
@@ -101,6 +105,7 @@ impl Default for Config {
             nstreams: 4,
             max_chunk: 256 << 10,
             min_chunk: 32 << 10,
+            inline_max: 64 << 10,
             handshake_timeout: Duration::from_secs(30),
             peer_timeout: Duration::from_secs(10),
             socket_ifname: None,
@@ -205,7 +210,11 @@ impl Config {
                     .map_err(|_| bad("NCCL_IB_GID_INDEX", &v, "a number in 0..=255"))?,
             );
         }
+        if let Some(n) = num("NCCL_ZIP_INLINE_MAX", 0, MAX_CHUNK_LIMIT)? {
+            c.inline_max = n;
+        }
         c.min_chunk = c.min_chunk.min(c.max_chunk);
+        c.inline_max = c.inline_max.min(c.max_chunk);
         c.socket_ifname = get("NCCL_SOCKET_IFNAME").filter(|s| !s.is_empty());
         if let Some(v) = get("NCCL_SOCKET_FAMILY") {
             c.socket_family = match v.as_str() {

@@ -14,6 +14,9 @@ pub struct Stats {
     pub chunks_raw: AtomicU64,
     /// Chunks the adaptive policy sent raw because compression was not paying.
     pub bypassed: AtomicU64,
+    /// Messages that went whole on the inline stream (written and read by NCCL's
+    /// thread; counted in `chunks_raw` too).
+    pub chunks_inline: AtomicU64,
     /// Chunks staged through a device lane (CUDA buffers).
     pub chunks_device: AtomicU64,
     /// Time spent in the codec, nanoseconds.
@@ -36,7 +39,7 @@ impl Stats {
             1.0
         };
         format!(
-            "messages {} raw {} B wire {} B ratio {:.3} chunks compressed {} raw {} (bypass {}, device {}) codec {:.1} ms staging {} KiB",
+            "messages {} raw {} B wire {} B ratio {:.3} chunks compressed {} raw {} (bypass {}, inline {}, device {}) codec {:.1} ms staging {} KiB",
             self.messages.load(Relaxed),
             raw,
             wire,
@@ -44,6 +47,7 @@ impl Stats {
             self.chunks_compressed.load(Relaxed),
             self.chunks_raw.load(Relaxed),
             self.bypassed.load(Relaxed),
+            self.chunks_inline.load(Relaxed),
             self.chunks_device.load(Relaxed),
             self.codec_ns.load(Relaxed) as f64 / 1e6,
             self.staging_bytes.load(Relaxed) >> 10

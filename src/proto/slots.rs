@@ -7,6 +7,7 @@
 //! is expected to abort the comm).
 
 use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering::*};
+use std::sync::OnceLock;
 
 use parking_lot::{Condvar, Mutex};
 
@@ -22,6 +23,20 @@ const FAILED: u8 = 3;
 /// Size not yet known (a receive before its first chunk arrived).
 const UNKNOWN: usize = usize::MAX;
 
+/// What `test` runs before it looks at a request: its comm's progress for work
+/// done on NCCL's thread (the TCP inline stream). `f(data)` must stay valid for
+/// as long as the ring: `data` is the comm that owns it.
+#[derive(Clone, Copy)]
+pub struct Hook {
+    pub data: *const (),
+    pub f: unsafe fn(*const ()),
+}
+
+// SAFETY: a hook only carries the address of its comm, which is Sync, and a plain
+// function; it is called from whichever thread tests a request.
+unsafe impl Send for Hook {}
+unsafe impl Sync for Hook {}
+
 /// One in-flight request.
 pub struct Slot {
     state: AtomicU8,
@@ -35,6 +50,7 @@ pub struct Slot {
     buf: AtomicUsize,
     cap: AtomicUsize,
     error: Mutex<Option<Error>>,
+    hook: OnceLock<Hook>,
 }
 
 impl Slot {
@@ -47,6 +63,15 @@ impl Slot {
             buf: AtomicUsize::new(0),
             cap: AtomicUsize::new(0),
             error: Mutex::new(None),
+            hook: OnceLock::new(),
+        }
+    }
+
+    /// Runs the comm's progress hook, if it has one.
+    fn poke(&self) {
+        if let Some(h) = self.hook.get() {
+            // SAFETY: `Ring::set_hook`'s contract: `h.data` lives as long as the ring.
+            unsafe { (h.f)(h.data) }
         }
     }
 
@@ -110,8 +135,12 @@ impl Slot {
     }
 
     /// NCCL's `test`: `Ok(None)` while in flight, `Ok(Some(size))` once (then the
-    /// slot is free), or the error that failed it.
+    /// slot is free), or the error that failed it. Runs the comm's progress hook
+    /// first.
     pub fn test(&self) -> Result<Option<usize>> {
+        if self.state.load(Acquire) == PENDING {
+            self.poke();
+        }
         match self.state.load(Acquire) {
             PENDING => Ok(None),
             DONE => {
@@ -193,6 +222,16 @@ impl Ring {
             self.posted_cv.notify_all();
         }
         Some((seq, slot))
+    }
+
+    /// Installs the progress hook that `test` runs on every request of this ring.
+    ///
+    /// # Safety
+    /// `h.data` must stay valid, and `h.f` callable on it, until the ring is dropped.
+    pub unsafe fn set_hook(&self, h: Hook) {
+        for s in self.slots.iter() {
+            let _ = s.hook.set(h);
+        }
     }
 
     /// The seq the next `post` will take, if its slot is free (only the progress

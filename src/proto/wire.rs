@@ -110,7 +110,9 @@ pub fn stage_set(b: &mut [u8; HANDLE_SIZE], ptr: Option<usize>) {
     b[STAGE_OFFSET + 8..STAGE_OFFSET + 16].copy_from_slice(&p.to_le_bytes());
 }
 
-pub const PROTOCOL_VERSION: u16 = 1;
+/// v2: a TCP connection has one more stream than its data streams, the last one:
+/// the inline stream (`transport::tcp::inline`).
+pub const PROTOCOL_VERSION: u16 = 2;
 
 /// First bytes on every stream of a connection: proves the connector read our
 /// handle (secret) and says which connection and stream this socket belongs to.
@@ -165,8 +167,8 @@ impl Hello {
         if h.secret != secret {
             return Err(Error::Remote("hello with the wrong secret".into()));
         }
-        if h.nstreams == 0
-            || h.nstreams as usize > crate::config::MAX_STREAMS
+        if h.nstreams < 2
+            || h.nstreams as usize > crate::config::MAX_STREAMS + 1
             || h.stream >= h.nstreams
         {
             return Err(Error::Remote(format!(

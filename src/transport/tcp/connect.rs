@@ -32,10 +32,11 @@ pub struct ConnectState {
 }
 
 impl ConnectState {
-    /// Starts `cfg.nstreams` non-blocking connects to the listener in `handle`.
+    /// Starts `cfg.nstreams` + 1 non-blocking connects to the listener in `handle`:
+    /// the data streams, then the inline stream.
     pub fn start(handle: &Handle, link_mbps: u64, cfg: Arc<Config>) -> Result<ConnectState> {
         let conn_id: u64 = rand::random();
-        let n = cfg.nstreams;
+        let n = cfg.nstreams + 1;
         let mut socks = Vec::with_capacity(n);
         let mut hello = Vec::with_capacity(n);
         for i in 0..n {

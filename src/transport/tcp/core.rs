@@ -10,20 +10,43 @@ use parking_lot::Mutex;
 use socket2::Socket;
 use tracing::{info, warn};
 
+use super::inline::Inline;
 use crate::error::{Error, Result};
-use crate::proto::slots::Ring;
+use crate::gpu::Backend;
+use crate::proto::slots::{Hook, Ring, NSLOTS};
 use crate::stats::{Stats, HELD};
+
+/// Per request slot of a receiver: the device whose memory the posted buffer is.
+/// Written by `irecv` before the slot is published, read after.
+pub type Devs = [Mutex<Option<std::sync::Arc<dyn Backend>>>; NSLOTS];
+
+/// What a receiver's inline stream needs to know of its peer.
+#[derive(Clone, Copy, Debug)]
+pub struct RxLimits {
+    /// The sender's chunk size: the largest inline message.
+    pub max_chunk: usize,
+    /// Lane staging size and lane pool size, for messages into device memory.
+    pub max_wire: usize,
+    pub lanes: usize,
+}
 
 pub struct Core {
     pub ring: Ring,
+    /// The data streams, one I/O thread each.
     pub socks: Vec<Socket>,
+    /// The inline stream, driven by NCCL's thread.
+    pub inline: Inline,
+    /// Receivers: the limits of inline messages (None: this is a sender).
+    pub rx: Option<RxLimits>,
+    /// Receivers: the device of each posted buffer.
+    pub devs: Devs,
     pub peer: SocketAddr,
     pub stats: Stats,
     error: Mutex<Option<Error>>,
     broken: AtomicBool,
     closing: AtomicBool,
-    /// Receive side: streams that ended cleanly.
-    pub eofs: AtomicUsize,
+    /// Receive side: streams that ended cleanly (see [`Core::stream_ended`]).
+    eofs: AtomicUsize,
     /// `NCCL_ZIP_STATS=1`: an INFO line with the counters at most this often.
     report_every: Option<Duration>,
     born: Instant,
@@ -34,16 +57,32 @@ pub struct Core {
 }
 
 impl Core {
+    /// `socks`: the data streams, then the inline stream (at least two in all).
+    /// `rx`: receivers only. The core is returned in an `Arc` with the ring's
+    /// progress hook pointing at it.
     pub fn new(
-        socks: Vec<Socket>,
+        mut socks: Vec<Socket>,
         peer: SocketAddr,
         direction: &'static str,
         report_every: Option<Duration>,
-    ) -> Core {
+        rx: Option<RxLimits>,
+    ) -> Result<std::sync::Arc<Core>> {
+        let inline = match socks.len() {
+            0 | 1 => {
+                return Err(Error::Internal(format!(
+                    "a comm needs at least one data stream and the inline stream, got {} sockets",
+                    socks.len()
+                )))
+            }
+            _ => Inline::new(socks.pop().expect("two or more"))?,
+        };
         HELD.comms.fetch_add(1, Relaxed);
-        Core {
+        let core = std::sync::Arc::new(Core {
             ring: Ring::default(),
             socks,
+            inline,
+            rx,
+            devs: std::array::from_fn(|_| Mutex::new(None)),
             peer,
             stats: Stats::default(),
             error: Mutex::new(None),
@@ -54,6 +93,47 @@ impl Core {
             born: Instant::now(),
             last_report_ms: AtomicU64::new(0),
             direction,
+        });
+        // SAFETY: the hook's data is this core, and the ring is inside it: the hook
+        // cannot outlive what it points to.
+        unsafe {
+            core.ring.set_hook(Hook {
+                data: std::sync::Arc::as_ptr(&core) as *const (),
+                f: Core::poke_raw,
+            })
+        };
+        Ok(core)
+    }
+
+    /// The ring's progress hook: moves the inline stream along (from `test`).
+    ///
+    /// # Safety
+    /// `p` is a live `Core`.
+    unsafe fn poke_raw(p: *const ()) {
+        (*(p as *const Core)).poke();
+    }
+
+    /// Moves the inline stream along: writes what the sender has queued, or reads
+    /// what has arrived for the receiver. Never blocks.
+    pub fn poke(&self) {
+        match self.rx {
+            None => self.inline.progress_tx(self),
+            Some(lim) => self.inline.progress_rx(self, lim, |seq| {
+                self.devs[seq as usize % NSLOTS].lock().clone()
+            }),
+        }
+    }
+
+    /// Receive side: one stream (data or inline) ended cleanly between messages.
+    /// Once all have, nothing more can arrive: whatever is still posted will never
+    /// complete, so the comm fails with a remote error. (The inline stream may
+    /// still hold messages when the data streams end, and the other way round.)
+    pub fn stream_ended(&self) {
+        if self.eofs.fetch_add(1, AcqRel) + 1 == self.socks.len() + 1 && !self.closing() {
+            self.fail(Error::Remote(format!(
+                "{} closed the connection",
+                self.peer
+            )));
         }
     }
 
@@ -127,7 +207,7 @@ impl Core {
     }
 
     pub fn shutdown(&self) {
-        for s in &self.socks {
+        for s in self.socks.iter().chain([self.inline.socket()]) {
             let _ = s.shutdown(Shutdown::Both);
         }
     }

@@ -1,8 +1,10 @@
 //! Multi-stream TCP: every comm has several sockets, each driven by its own I/O
-//! thread; any stream may carry any chunk of any message.
+//! thread, plus the inline stream that NCCL's thread drives itself for small
+//! messages; any stream may carry any chunk of any message.
 
 mod connect;
 mod core;
+mod inline;
 mod listen;
 mod recv;
 mod send;

@@ -7,14 +7,13 @@
 //! unexpected fails the comm at once.
 
 use std::net::SocketAddr;
-use std::sync::atomic::Ordering::AcqRel;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use socket2::Socket;
 use tracing::info;
 
-use super::core::{spawn_io, Core};
+use super::core::{spawn_io, Core, RxLimits};
 use super::sock::{configure_data_socket, recv_exact, recv_exact_or_eof};
 use crate::config::Config;
 use crate::devpath::DevSide;
@@ -25,7 +24,6 @@ use crate::proto::slots::Slot;
 use crate::proto::slots::NSLOTS;
 use crate::proto::wire::{ChunkHeader, CHUNK_HEADER_SIZE};
 use crate::stats::Staging;
-use parking_lot::Mutex;
 
 pub struct RecvComm {
     core: Arc<Core>,
@@ -33,16 +31,11 @@ pub struct RecvComm {
     max_wire: usize,
     lanes: usize,
     threads: Vec<JoinHandle<()>>,
-    /// The device of each posted receive (`seq % NSLOTS`); `None`: host memory.
-    devs: Arc<Devs>,
 }
 
-/// Per request slot: the device whose memory the posted buffer is. Written by
-/// `irecv` before the slot is published, read by the I/O thread after.
-type Devs = [Mutex<Option<Arc<dyn Backend>>>; NSLOTS];
-
 impl RecvComm {
-    /// `max_chunk` is the sender's (from its hello); it bounds a compressed chunk.
+    /// `socks`: the data streams, then the inline stream. `max_chunk` is the
+    /// sender's (from its hello); it bounds a chunk and an inline message.
     pub fn new(
         socks: Vec<Socket>,
         peer: SocketAddr,
@@ -53,30 +46,33 @@ impl RecvComm {
             configure_data_socket(s, cfg.peer_timeout)
                 .map_err(|e| Error::io("configure socket", e))?;
         }
-        let n = socks.len();
-        let core = Arc::new(Core::new(
+        let max_wire = crate::codec_glue::max_wire(max_chunk);
+        let lanes = cfg.gpu_lanes;
+        let core = Core::new(
             socks,
             peer,
             "recv from",
             cfg.stats.then_some(super::send::STATS_EVERY),
-        ));
-        let max_wire = crate::codec_glue::max_wire(max_chunk);
-        let lanes = cfg.gpu_lanes;
-        let devs: Arc<Devs> = Arc::new(std::array::from_fn(|_| Mutex::new(None)));
+            Some(RxLimits {
+                max_chunk,
+                max_wire,
+                lanes,
+            }),
+        )?;
+        let n = core.socks.len();
         let mut threads = Vec::with_capacity(n);
         for i in 0..n {
-            let (c, d) = (core.clone(), devs.clone());
+            let c = core.clone();
             threads.push(spawn_io(format!("zip-recv{i}"), core.clone(), move || {
-                recv_loop(&c, &d, i, max_wire, lanes)
+                recv_loop(&c, i, max_wire, lanes)
             })?);
         }
-        info!("recv comm from {peer}: {n} streams");
+        info!("recv comm from {peer}: {n} streams and the inline stream");
         Ok(RecvComm {
             core,
             max_wire,
             lanes,
             threads,
-            devs,
         })
     }
 
@@ -98,28 +94,25 @@ impl RecvComm {
         };
         // The slot is free, so no I/O thread reads this entry until `post` below
         // publishes the request (the ring's lock orders the two).
-        *self.devs[seq as usize % NSLOTS].lock() = dev;
-        Ok(ring
+        *self.core.devs[seq as usize % NSLOTS].lock() = dev;
+        let slot = ring
             .post(None, 0, Some((buf as usize, cap)))
-            .map(|(_, s)| s))
+            .map(|(_, s)| s);
+        // A small message may already wait on the inline stream.
+        self.core.poke();
+        Ok(slot)
     }
 }
 
-fn recv_loop(core: &Core, devs: &Devs, stream: usize, max_wire: usize, lanes: usize) {
-    if let Err(e) = recv_chunks(core, devs, stream, max_wire, lanes) {
+fn recv_loop(core: &Core, stream: usize, max_wire: usize, lanes: usize) {
+    if let Err(e) = recv_chunks(core, stream, max_wire, lanes) {
         if !core.closing() {
             core.fail(e);
         }
     }
 }
 
-fn recv_chunks(
-    core: &Core,
-    devs: &Devs,
-    stream: usize,
-    max_wire: usize,
-    lanes: usize,
-) -> Result<()> {
+fn recv_chunks(core: &Core, stream: usize, max_wire: usize, lanes: usize) -> Result<()> {
     let sock = &core.socks[stream];
     let peer = core.peer;
     let io_err = |e| Error::io(format!("receive from {peer} (stream {stream})"), e);
@@ -136,11 +129,8 @@ fn recv_chunks(
     loop {
         let mut hb = [0u8; CHUNK_HEADER_SIZE];
         if !recv_exact_or_eof(sock, &mut hb).map_err(io_err)? {
-            // Clean end between chunks. When the last stream ends, nothing more can
-            // arrive: whatever is still posted will never complete.
-            if core.eofs.fetch_add(1, AcqRel) + 1 == core.socks.len() && !core.closing() {
-                core.fail(Error::Remote(format!("{peer} closed the connection")));
-            }
+            // Clean end between chunks.
+            core.stream_ended();
             return Ok(());
         }
         let h = ChunkHeader::decode(&hb, max_wire)?;
@@ -156,7 +146,7 @@ fn recv_chunks(
             )));
         }
         slot.learn_size(h.total as usize)?;
-        let dev = devs[h.seq as usize % NSLOTS].lock().clone();
+        let dev = core.devs[h.seq as usize % NSLOTS].lock().clone();
         if let Some(b) = dev {
             dev_side.receive(
                 &b,

@@ -38,12 +38,15 @@ struct Task {
     offset: u32,
     len: u32,
     dev: Option<Arc<dyn Backend>>,
+    /// The adaptive policy already chose to compress this chunk (in `isend`).
+    compress: bool,
 }
 
 pub struct SendComm {
     core: Arc<Core>,
     tx: Option<Sender<Task>>,
     threads: Vec<JoinHandle<()>>,
+    coders: Arc<Coders>,
     cfg: Arc<Config>,
 }
 
@@ -59,13 +62,14 @@ impl SendComm {
             configure_data_socket(s, cfg.peer_timeout)
                 .map_err(|e| Error::io("configure socket", e))?;
         }
-        let n = socks.len();
-        let core = Arc::new(Core::new(
+        let core = Core::new(
             socks,
             peer,
             "send to",
             cfg.stats.then_some(STATS_EVERY),
-        ));
+            None,
+        )?;
+        let n = core.socks.len();
         let (tx, rx) = crossbeam_channel::unbounded::<Task>();
         let opts = EncodeOptions {
             dtype: cfg.dtype,
@@ -93,13 +97,14 @@ impl SendComm {
             })?);
         }
         info!(
-            "send comm to {peer}: {n} streams, compress={:?}, link {link_mbps} Mbps",
-            cfg.compress
+            "send comm to {peer}: {n} streams and the inline stream (messages up to {} B), compress={:?}, link {link_mbps} Mbps",
+            cfg.inline_max, cfg.compress
         );
         Ok(SendComm {
             core,
             tx: Some(tx),
             threads,
+            coders,
             cfg,
         })
     }
@@ -120,6 +125,23 @@ impl SendComm {
         }
         if data.is_null() && size > 0 {
             return Err(Error::InvalidArgument("isend with a NULL buffer".into()));
+        }
+        // A small host message the policy sends raw goes whole on the inline
+        // stream, written from this thread (see `inline`); one it compresses goes
+        // to the I/O threads with that decision.
+        let mut compress = false;
+        if dev.is_none() && size <= self.cfg.inline_max {
+            compress = self.coders.host.wants(size, &self.core.stats);
+            if !compress {
+                let Some((seq, slot)) = self.core.ring.post(Some(size), 1, None) else {
+                    return Ok(None);
+                };
+                let st = &self.core.stats;
+                st.add(&st.messages, 1);
+                st.add(&st.raw_bytes, size as u64);
+                self.core.inline.send(&self.core, seq, data, size);
+                return Ok(Some(slot));
+            }
         }
         let chunk = plan::chunk_size(
             size,
@@ -143,6 +165,7 @@ impl SendComm {
                 offset: offset as u32,
                 len: len as u32,
                 dev: dev.clone(),
+                compress,
             };
             tx.send(t)
                 .map_err(|_| Error::Internal("send queue closed".into()))?;
@@ -203,7 +226,10 @@ fn send_loop(
                     }
                 };
                 Ok(
-                    match coders.host.encode_chunk(payload, &mut staging, &core.stats) {
+                    match coders
+                        .host
+                        .encode_chunk(payload, &mut staging, &core.stats, t.compress)
+                    {
                         Some(frame) => (true, Wire::Host(frame)),
                         None => (false, Wire::Host(payload)),
                     },
