@@ -485,7 +485,7 @@ fn baseline_latency(o: &Opts) -> u8 {
         }
         None => iface_ipv4().unwrap_or(Ipv4Addr::LOCALHOST).into(),
     };
-    match latency::baseline(o, ip) {
+    match latency::baseline(o, ip, o.one_write) {
         Ok(_) => {
             println!("OK baseline latency over {ip}");
             0

@@ -34,7 +34,8 @@ Plugin driving:
 Benchmark:
   --latency              loop role: one message in flight, isend to recv done, per size
                          (p50/p10/p99 us over --count); with --baseline tcp, one non-blocking
-                         socket pair polled by the same thread (NCCL Socket without helper threads)
+                         socket pair polled by the same thread (NCCL Socket without helper threads:
+                         size, then payload); --baseline tcp-onewrite: both in one write and one read
   --bench                per-size throughput (GB/s, Gbit/s); sizes from --sizes
   --warmup N             untimed messages before each size                         [8]
   --baseline tcp         single-socket TCP (4-byte size + payload, TCP_NODELAY) instead of the plugin
@@ -113,6 +114,8 @@ pub struct Opts {
     pub latency: bool,
     pub warmup: usize,
     pub baseline_tcp: bool,
+    /// `--baseline tcp-onewrite` (latency only).
+    pub one_write: bool,
     pub bind: Option<String>,
     pub wire_iface: Option<String>,
     pub check_leaks: bool,
@@ -182,6 +185,7 @@ impl Opts {
             latency: false,
             warmup: 8,
             baseline_tcp: false,
+            one_write: false,
             bind: None,
             wire_iface: None,
             check_leaks: false,
@@ -269,7 +273,8 @@ impl Opts {
                 "--warmup" => o.warmup = num(val()?)? as usize,
                 "--baseline" => match val()?.as_str() {
                     "tcp" => o.baseline_tcp = true,
-                    b => return Err(format!("--baseline {b}: only 'tcp' exists")),
+                    "tcp-onewrite" => (o.baseline_tcp, o.one_write) = (true, true),
+                    b => return Err(format!("--baseline {b}: expected tcp|tcp-onewrite")),
                 },
                 "--bind" => o.bind = Some(val()?),
                 "--wire-iface" => o.wire_iface = Some(val()?),
@@ -307,6 +312,9 @@ impl Opts {
         }
         if o.latency && (o.role != Role::Loop || o.sizes.is_none() || o.bench || o.count == 0) {
             return Err("--latency needs the loop role, --sizes and a --count of at least 1, and excludes --bench".into());
+        }
+        if o.one_write && !o.latency {
+            return Err("--baseline tcp-onewrite is for --latency".into());
         }
         if o.latency && o.mem != MemKind::Host {
             return Err("--latency measures host memory only".into());

@@ -142,8 +142,10 @@ fn step(r: std::io::Result<usize>, left: &mut usize, what: &str) -> Result<bool,
 }
 
 /// The baseline: one TCP connection over `ip`, 4-byte size then payload, both ends
-/// non-blocking and driven by this thread.
-pub fn baseline(o: &Opts, ip: std::net::IpAddr) -> Result<Vec<String>, Fail> {
+/// non-blocking and driven by this thread. `one_write`: size and payload leave in
+/// one write and are read as one buffer (a floor for any socket transport; NCCL
+/// itself moves them in two operations each).
+pub fn baseline(o: &Opts, ip: std::net::IpAddr, one_write: bool) -> Result<Vec<String>, Fail> {
     let io = |what: &'static str| move |e: std::io::Error| Fail::Check(format!("{what}: {e}"));
     let l = TcpListener::bind((ip, 0)).map_err(io("bind"))?;
     let addr = l.local_addr().map_err(io("local_addr"))?;
@@ -160,31 +162,63 @@ pub fn baseline(o: &Opts, ip: std::net::IpAddr) -> Result<Vec<String>, Fail> {
     for &size in &sizes {
         let want = payload(o, size, size as u64);
         let mut s = Vec::with_capacity(o.count);
-        let mut out = Vec::with_capacity(4 + size);
-        out.extend_from_slice(&(size as u32).to_le_bytes());
-        out.extend_from_slice(&want);
+        let szb = (size as u32).to_le_bytes();
+        let whole: Vec<u8> = szb.iter().chain(&want).copied().collect();
         let mut inb = vec![0u8; 4 + size];
         for i in 0..o.warmup + o.count {
             inb.fill(0xA5);
             let t = Instant::now();
-            // Size and payload go out and come in from this one thread, interleaved
-            // so that a message larger than the socket buffers cannot stall it.
-            let (mut wl, mut rl) = (out.len(), inb.len());
+            // As NCCL's Socket transport does per request: the 4-byte size, then
+            // the payload, each its own socket operation, on both sides; writes
+            // and reads interleaved so that a message larger than the socket
+            // buffers cannot stall this one thread.
+            let (mut wl0, mut wl1, mut rl0, mut rl1) = (4usize, size, 4usize, size);
             let (mut wmore, mut rmore) = (true, true);
-            while wmore || rmore {
+            while one_write && (wmore || rmore) {
+                let before = rl1;
                 if wmore {
-                    let off = out.len() - wl;
-                    wmore = step(tx.write(&out[off..]), &mut wl, "write")?;
+                    let off = whole.len() - wl1 - wl0;
+                    let mut left = wl0 + wl1;
+                    wmore = step(tx.write(&whole[off..]), &mut left, "write")?;
+                    (wl0, wl1) = (0, left);
                 }
                 if rmore {
-                    let off = inb.len() - rl;
-                    rmore = step(rx.read(&mut inb[off..]), &mut rl, "read")?;
+                    let mut left = rl0 + rl1;
+                    let off = inb.len() - left;
+                    rmore = step(rx.read(&mut inb[off..]), &mut left, "read")?;
+                    (rl0, rl1) = (0, left);
                 }
                 if Instant::now() > dl {
                     return Err(Fail::Timeout(format!("baseline latency at {size} bytes")));
                 }
-                if rmore {
+                if rmore && rl1 == before {
                     crate::idle(o);
+                }
+            }
+            while wmore || rmore {
+                let before = rl0 + rl1;
+                if wmore {
+                    wmore = if wl0 > 0 {
+                        step(tx.write(&szb[4 - wl0..]), &mut wl0, "write size")?;
+                        true
+                    } else {
+                        size > 0 && step(tx.write(&want[size - wl1..]), &mut wl1, "write")?
+                    };
+                }
+                if rmore {
+                    rmore = if rl0 > 0 {
+                        step(rx.read(&mut inb[4 - rl0..4]), &mut rl0, "read size")?;
+                        true
+                    } else {
+                        let off = 4 + size - rl1;
+                        size > 0 && step(rx.read(&mut inb[off..]), &mut rl1, "read")?
+                    };
+                }
+                if Instant::now() > dl {
+                    return Err(Fail::Timeout(format!("baseline latency at {size} bytes")));
+                }
+                if rmore && rl0 + rl1 == before {
+                    crate::idle(o); // nothing arrived: NCCL's test returns here
                 }
             }
             let n = u32::from_le_bytes(inb[..4].try_into().expect("4 bytes")) as usize;
@@ -199,7 +233,7 @@ pub fn baseline(o: &Opts, ip: std::net::IpAddr) -> Result<Vec<String>, Fail> {
             }
         }
         s.sort_by(f64::total_cmp);
-        let line = Samples(s).line("tcp", size);
+        let line = Samples(s).line(if one_write { "tcp1w" } else { "tcp" }, size);
         println!("{line}");
         lines.push(line);
     }
