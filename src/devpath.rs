@@ -87,14 +87,28 @@ impl Lanes {
         self.pool.is_some()
     }
 
-    /// A lane of `b` for one chunk (back to the pool when dropped); `stop` ends a
-    /// wait for one.
-    pub fn take(&mut self, b: &Arc<dyn Backend>, stop: &dyn Fn() -> bool) -> Result<LaneGuard> {
+    /// A lane of `b` if one is free now, without waiting (`None`: all busy). A new
+    /// lane is made only when the pool has none at all (never prewarmed).
+    pub fn try_take(&mut self, b: &Arc<dyn Backend>) -> Result<Option<LaneGuard>> {
+        let p = self.pool_of(b);
+        if p.made() == 0 {
+            return p.acquire(&|| false).map(Some);
+        }
+        Ok(p.try_acquire())
+    }
+
+    fn pool_of(&mut self, b: &Arc<dyn Backend>) -> Arc<LanePool> {
         let id = Arc::as_ptr(b) as *const () as usize;
         if self.pool.as_ref().map(|p| p.0) != Some(id) {
             self.pool = Some((id, pool(b, self.dir, self.max_wire, self.cap)));
         }
-        self.pool.as_ref().expect("set above").1.acquire(stop)
+        self.pool.as_ref().expect("set above").1.clone()
+    }
+
+    /// A lane of `b` for one chunk (back to the pool when dropped); `stop` ends a
+    /// wait for one.
+    pub fn take(&mut self, b: &Arc<dyn Backend>, stop: &dyn Fn() -> bool) -> Result<LaneGuard> {
+        self.pool_of(b).acquire(stop)
     }
 }
 

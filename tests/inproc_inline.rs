@@ -151,3 +151,136 @@ fn inline_and_threaded_messages_interleave_bit_exact() {
     assert_eq!(s.stats().chunks_inline.load(Relaxed) - si, want);
     assert_eq!(r.stats().chunks_inline.load(Relaxed) - ri, want);
 }
+
+#[test]
+fn empty_message_with_a_null_buffer_goes_inline() {
+    setup();
+    let (s, r) = pair();
+    let sq = s.isend(std::ptr::null(), 0, None).unwrap().expect("slot") as *const Slot;
+    let mut b = [0xEEu8; 4];
+    let rq = r.irecv(b.as_mut_ptr(), 4, None).unwrap().expect("slot") as *const Slot;
+    // SAFETY: slots live in the comms' rings.
+    let (sq, rq) = unsafe { (&*sq, &*rq) };
+    let t0 = std::time::Instant::now();
+    let (mut sent, mut got) = (None, None);
+    while sent.is_none() || got.is_none() {
+        if sent.is_none() {
+            sent = sq.test().unwrap();
+        }
+        if got.is_none() {
+            got = rq.test().unwrap();
+        }
+        assert!(t0.elapsed().as_secs() < 10, "0-byte message stuck");
+    }
+    assert_eq!((sent, got), (Some(0), Some(0)));
+    assert_eq!(b, [0xEE; 4]);
+    assert_eq!(s.stats().chunks_inline.load(Relaxed), 1);
+}
+
+/// A peer made by hand: the data streams and the inline stream of one connection.
+fn raw_peer() -> (
+    nccl_net_zip::transport::tcp::RecvComm,
+    Vec<std::net::TcpStream>,
+) {
+    use nccl_net_zip::plugin;
+    use nccl_net_zip::proto::wire::{Handle, Hello, HANDLE_SIZE};
+    use std::io::Write;
+    std::env::set_var("NCCL_SOCKET_IFNAME", "lo");
+    let p = plugin::init().unwrap();
+    let mut handle = [0u8; HANDLE_SIZE];
+    let mut l = p.listen(0, &mut handle).unwrap();
+    let h = Handle::decode(&handle).unwrap();
+    let n = 3u16; // two data streams, then the inline stream
+    let conn_id: u64 = 0x5EED;
+    let socks: Vec<std::net::TcpStream> = (0..n)
+        .map(|i| {
+            let mut s = std::net::TcpStream::connect(h.addr).unwrap();
+            let hello = Hello {
+                secret: h.secret,
+                conn_id,
+                stream: i,
+                nstreams: n,
+                max_chunk: 1 << 20,
+            };
+            s.write_all(&hello.encode()).unwrap();
+            s
+        })
+        .collect();
+    let t0 = std::time::Instant::now();
+    loop {
+        if let Some(r) = plugin::accept(&mut l).unwrap() {
+            return (r, socks);
+        }
+        assert!(t0.elapsed().as_secs() < 10, "accept did not finish");
+    }
+}
+
+#[test]
+fn peer_that_dies_with_a_later_message_on_the_inline_stream_fails_the_receive() {
+    use nccl_net_zip::proto::wire::ChunkHeader;
+    use std::io::Write;
+    setup();
+    let (r, mut socks) = raw_peer();
+    let mut b = vec![0u8; 64];
+    let rq = r.irecv(b.as_mut_ptr(), 64, None).unwrap().expect("slot") as *const Slot;
+    // SAFETY: the slot lives in the comm's ring.
+    let rq = unsafe { &*rq };
+    // Message 1 arrives on the inline stream; message 0, which the posted receive
+    // waits for, was to come on a data stream and never will.
+    let hdr = ChunkHeader {
+        flags: 0,
+        seq: 1,
+        total: 4,
+        offset: 0,
+        raw_len: 4,
+        wire_len: 4,
+    }
+    .encode();
+    socks[2].write_all(&hdr).unwrap();
+    socks[2].write_all(&[1, 2, 3, 4]).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    assert_eq!(rq.test().unwrap(), None);
+    drop(socks); // the peer dies, cleanly closing every stream
+    let t0 = std::time::Instant::now();
+    let err = loop {
+        match rq.test() {
+            Ok(None) => {}
+            Ok(Some(n)) => panic!("a receive completed with {n} bytes that never came"),
+            Err(e) => break e,
+        }
+        assert!(
+            t0.elapsed().as_secs() < 10,
+            "the receive hangs after its peer closed"
+        );
+        std::thread::yield_now();
+    };
+    assert!(
+        matches!(err, nccl_net_zip::error::Error::Remote(_)),
+        "want a remote error, got {err}"
+    );
+}
+
+#[test]
+fn inline_messages_land_in_device_memory() {
+    use nccl_net_zip::gpu::{backend_for, Emulation};
+    setup();
+    let (s, r) = pair();
+    let dev = backend_for(0, Emulation::Kernels).unwrap();
+    let sizes = [1usize, 4096, 65536 + 3, INLINE_MAX, 0, 777];
+    let msgs: Vec<Vec<u8>> = sizes
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| pattern(500 + i as u64, n))
+        .collect();
+    let (i0, d0) = (
+        r.stats().chunks_inline.load(Relaxed),
+        r.stats().chunks_device.load(Relaxed),
+    );
+    inproc_util::transfer_and_check_on(&s, &r, &msgs, INLINE_MAX, None, Some(dev));
+    assert_eq!(
+        r.stats().chunks_inline.load(Relaxed) - i0,
+        sizes.len() as u64
+    );
+    let nonempty = sizes.iter().filter(|&&n| n > 0).count() as u64;
+    assert_eq!(r.stats().chunks_device.load(Relaxed) - d0, nonempty);
+}

@@ -130,6 +130,12 @@ impl LanePool {
         }
     }
 
+    /// A free lane, if there is one now; never waits and never makes one.
+    pub fn try_acquire(self: &Arc<Self>) -> Option<LaneGuard> {
+        let l = self.state.lock().free.pop()?;
+        Some(self.guard(l))
+    }
+
     /// Makes lanes for `n` more concurrent users: until the sum of every `n` asked
     /// for so far (at most `cap`) exist. Called when NCCL registers a comm's CUDA
     /// buffers (`regMr`, during connection setup), so that the data path never

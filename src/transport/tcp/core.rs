@@ -45,8 +45,10 @@ pub struct Core {
     error: Mutex<Option<Error>>,
     broken: AtomicBool,
     closing: AtomicBool,
-    /// Receive side: streams that ended cleanly (see [`Core::stream_ended`]).
+    /// Receive side: data streams that ended cleanly (see [`Core::stream_ended`]).
     eofs: AtomicUsize,
+    /// Receive side: the inline stream ended cleanly.
+    inline_ended: AtomicBool,
     /// `NCCL_ZIP_STATS=1`: an INFO line with the counters at most this often.
     report_every: Option<Duration>,
     born: Instant,
@@ -89,6 +91,7 @@ impl Core {
             broken: AtomicBool::new(false),
             closing: AtomicBool::new(false),
             eofs: AtomicUsize::new(0),
+            inline_ended: AtomicBool::new(false),
             report_every,
             born: Instant::now(),
             last_report_ms: AtomicU64::new(0),
@@ -124,17 +127,31 @@ impl Core {
         }
     }
 
-    /// Receive side: one stream (data or inline) ended cleanly between messages.
-    /// Once all have, nothing more can arrive: whatever is still posted will never
-    /// complete, so the comm fails with a remote error. (The inline stream may
-    /// still hold messages when the data streams end, and the other way round.)
-    pub fn stream_ended(&self) {
-        if self.eofs.fetch_add(1, AcqRel) + 1 == self.socks.len() + 1 && !self.closing() {
+    /// Receive side: a data stream (`inline` false) or the inline stream ended
+    /// cleanly between messages. Once all have, nothing more can arrive: whatever
+    /// is still posted will never complete, so the comm fails with a remote error.
+    /// (The inline stream may still hold messages when the data streams end, and
+    /// the other way round.)
+    pub fn stream_ended(&self, inline: bool) {
+        // SeqCst: when the last data stream and the inline stream end at once,
+        // on two threads, at least one of them sees the other's end.
+        let all = if inline {
+            self.inline_ended.store(true, SeqCst);
+            self.eofs.load(SeqCst) >= self.socks.len()
+        } else {
+            self.eofs.fetch_add(1, SeqCst) + 1 == self.socks.len() && self.inline_ended.load(SeqCst)
+        };
+        if all && !self.closing() {
             self.fail(Error::Remote(format!(
                 "{} closed the connection",
                 self.peer
             )));
         }
+    }
+
+    /// Receive side: every data stream has ended cleanly.
+    pub fn data_ended(&self) -> bool {
+        self.eofs.load(Acquire) >= self.socks.len()
     }
 
     /// Logs the counters if a periodic report is due. One relaxed load when it is not.

@@ -128,7 +128,11 @@ impl Inline {
             let total = CHUNK_HEADER_SIZE + o.len;
             // SAFETY: NCCL keeps the buffer alive and unchanged until `test`
             // reports this request done, which happens only after the last byte.
-            let payload = unsafe { std::slice::from_raw_parts(o.data as *const u8, o.len) };
+            let payload: &[u8] = if o.len == 0 {
+                &[] // the buffer may be NULL
+            } else {
+                unsafe { std::slice::from_raw_parts(o.data as *const u8, o.len) }
+            };
             let (h, p) = if o.done < CHUNK_HEADER_SIZE {
                 (&o.hdr[o.done..], payload)
             } else {
@@ -138,6 +142,10 @@ impl Inline {
                 &[IoSlice::new(h), IoSlice::new(p)],
                 libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT,
             );
+            let r = match r {
+                Ok(0) if o.done < total => Err(io::ErrorKind::WriteZero.into()),
+                r => r,
+            };
             match r {
                 Ok(n) => o.done += n,
                 Err(e) if would_block(&e) => return,
@@ -204,7 +212,7 @@ impl Inline {
                         Ok(0) if at == 0 => {
                             // Closed between messages.
                             st.ended = true;
-                            core.stream_ended();
+                            core.stream_ended(true);
                             return Ok(());
                         }
                         Ok(0) => {
@@ -233,6 +241,15 @@ impl Inline {
                 let slot = match core.ring.lookup(h.seq) {
                     Lookup::Ready(s) => s,
                     // Not posted yet: the header waits, and so does the socket.
+                    // Unless the data streams have all ended: then a pending
+                    // receive (its seq is below this one) can come from nowhere.
+                    Lookup::NotYet if core.data_ended() && !core.ring.idle() => {
+                        return Err(Error::Remote(format!(
+                            "{peer} closed the connection before sending message {} (the next one, {}, came on the inline stream)",
+                            h.seq.saturating_sub(1),
+                            h.seq
+                        )))
+                    }
                     Lookup::NotYet => return Ok(()),
                     Lookup::Stale => {
                         return Err(Error::Remote(format!(
@@ -307,8 +324,14 @@ impl Inline {
                     let lanes = st
                         .lanes
                         .get_or_insert_with(|| Lanes::new(Dir::Recv, lim.max_wire, lim.lanes));
-                    let mut lane = lanes.take(&b, &|| core.stopped())?;
-                    lane.upload_from(buf as u64, &st.bounce[..len])?;
+                    // Never wait for a lane, nor make one, on NCCL's thread (the pool
+                    // was prewarmed for this reader): all busy, try on the next call.
+                    let Some(mut lane) = lanes.try_take(&b)? else {
+                        st.cur.as_mut().expect("set above").got = got;
+                        return Ok(());
+                    };
+                    lane.staging(len)?.copy_from_slice(&st.bounce[..len]);
+                    lane.upload(buf as u64, len)?;
                     core.stats.add(&core.stats.chunks_device, 1);
                 }
             }

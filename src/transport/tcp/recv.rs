@@ -130,7 +130,7 @@ fn recv_chunks(core: &Core, stream: usize, max_wire: usize, lanes: usize) -> Res
         let mut hb = [0u8; CHUNK_HEADER_SIZE];
         if !recv_exact_or_eof(sock, &mut hb).map_err(io_err)? {
             // Clean end between chunks.
-            core.stream_ended();
+            core.stream_ended(false);
             return Ok(());
         }
         let h = ChunkHeader::decode(&hb, max_wire)?;
@@ -202,7 +202,7 @@ impl RecvComm {
     /// `regMr`, so that receives never allocate).
     pub fn prewarm_device(&self, b: &Arc<dyn Backend>) -> Result<()> {
         crate::gpu::pool::pool(b, Dir::Recv, self.max_wire, self.lanes)
-            .prewarm(self.core.socks.len())
+            .prewarm(self.core.socks.len() + 1) // + 1: the inline stream's reader
     }
 
     /// This comm's counters.

@@ -130,7 +130,12 @@ impl SendComm {
         // stream, written from this thread (see `inline`); one it compresses goes
         // to the I/O threads with that decision.
         let mut compress = false;
-        if dev.is_none() && size <= self.cfg.inline_max {
+        if dev.is_none() && self.cfg.inline_max > 0 && size <= self.cfg.inline_max {
+            // Ask the policy only once the request can be posted: a refused isend
+            // is retried by NCCL and must not count twice.
+            if self.core.ring.next_free().is_none() {
+                return Ok(None);
+            }
             compress = self.coders.host.wants(size, &self.core.stats);
             if !compress {
                 let Some((seq, slot)) = self.core.ring.post(Some(size), 1, None) else {
