@@ -13,7 +13,8 @@ use tracing::{info, warn};
 use super::inline::Inline;
 use crate::error::{Error, Result};
 use crate::gpu::Backend;
-use crate::proto::slots::{Hook, Ring, NSLOTS};
+use crate::proto::slots::{Hook, Ring, Slot, NSLOTS};
+use crate::proto::wire::ChunkHeader;
 use crate::stats::{Stats, HELD};
 
 /// Per request slot of a receiver: the device whose memory the posted buffer is.
@@ -147,6 +148,20 @@ impl Core {
                 self.peer
             )));
         }
+    }
+
+    /// Receive side: checks that the message of chunk `h` fits the receive posted
+    /// for it, records its size, and returns that receive's buffer address.
+    pub fn admit(&self, slot: &Slot, h: &ChunkHeader) -> Result<usize> {
+        let (buf, cap) = slot.recv_buffer();
+        if h.total as usize > cap {
+            return Err(Error::InvalidUsage(format!(
+                "message {} from {} is {} bytes but the posted receive holds only {cap} bytes",
+                h.seq, self.peer, h.total
+            )));
+        }
+        slot.learn_size(h.total as usize)?;
+        Ok(buf)
     }
 
     /// Receive side: every data stream has ended cleanly.

@@ -258,14 +258,7 @@ impl Inline {
                         )))
                     }
                 };
-                let (_, cap) = slot.recv_buffer();
-                if h.total as usize > cap {
-                    return Err(Error::InvalidUsage(format!(
-                        "message {} from {peer} is {} bytes but the posted receive holds only {cap} bytes",
-                        h.seq, h.total
-                    )));
-                }
-                slot.learn_size(h.total as usize)?;
+                core.admit(slot, &h)?;
                 st.hdr_got = 0;
                 st.cur = Some(In {
                     hdr: h,

@@ -138,14 +138,7 @@ fn recv_chunks(core: &Core, stream: usize, max_wire: usize, lanes: usize) -> Res
             None => return Ok(()),
             Some(r) => r?,
         };
-        let (buf, cap) = slot.recv_buffer();
-        if h.total as usize > cap {
-            return Err(Error::InvalidUsage(format!(
-                "message {} from {peer} is {} bytes but the posted receive holds only {cap} bytes",
-                h.seq, h.total
-            )));
-        }
-        slot.learn_size(h.total as usize)?;
+        let buf = core.admit(slot, &h)?;
         let dev = core.devs[h.seq as usize % NSLOTS].lock().clone();
         if let Some(b) = dev {
             dev_side.receive(
