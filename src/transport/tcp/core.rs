@@ -138,7 +138,7 @@ impl Core {
         // on two threads, at least one of them sees the other's end.
         let all = if inline {
             self.inline_ended.store(true, SeqCst);
-            self.eofs.load(SeqCst) >= self.socks.len()
+            self.data_ended()
         } else {
             self.eofs.fetch_add(1, SeqCst) + 1 == self.socks.len() && self.inline_ended.load(SeqCst)
         };
@@ -164,9 +164,14 @@ impl Core {
         Ok(buf)
     }
 
+    /// Receive side: the inline stream has ended cleanly.
+    pub fn inline_ended(&self) -> bool {
+        self.inline_ended.load(SeqCst)
+    }
+
     /// Receive side: every data stream has ended cleanly.
     pub fn data_ended(&self) -> bool {
-        self.eofs.load(Acquire) >= self.socks.len()
+        self.eofs.load(SeqCst) >= self.socks.len()
     }
 
     /// Logs the counters if a periodic report is due. One relaxed load when it is not.

@@ -60,8 +60,6 @@ struct RxState {
     /// then copied up through a lane. At most the sender's chunk size.
     bounce: Vec<u8>,
     lanes: Option<Lanes>,
-    /// The peer closed this stream between messages.
-    ended: bool,
 }
 
 // SAFETY: `In::slot` points into the comm's own ring, which outlives this state.
@@ -183,7 +181,7 @@ impl Inline {
         let Some(mut st) = self.rx.try_lock() else {
             return;
         };
-        if st.ended || core.stopped() {
+        if core.inline_ended() || core.stopped() {
             return;
         }
         if let Err(e) = self.rx_step(&mut st, core, lim, &dev_of) {
@@ -211,7 +209,6 @@ impl Inline {
                     match read_some(&self.sock, &mut st.hdr[at..]) {
                         Ok(0) if at == 0 => {
                             // Closed between messages.
-                            st.ended = true;
                             core.stream_ended(true);
                             return Ok(());
                         }

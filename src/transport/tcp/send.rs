@@ -129,35 +129,35 @@ impl SendComm {
         // A small host message the policy sends raw goes whole on the inline
         // stream, written from this thread (see `inline`); one it compresses goes
         // to the I/O threads with that decision.
-        let mut compress = false;
-        if dev.is_none() && self.cfg.inline_max > 0 && size <= self.cfg.inline_max {
-            // Ask the policy only once the request can be posted: a refused isend
-            // is retried by NCCL and must not count twice.
-            if self.core.ring.next_free().is_none() {
-                return Ok(None);
-            }
-            compress = self.coders.host.wants(size, &self.core.stats);
-            if !compress {
-                let Some((seq, slot)) = self.core.ring.post(Some(size), 1, None) else {
-                    return Ok(None);
-                };
-                let st = &self.core.stats;
-                st.add(&st.messages, 1);
-                st.add(&st.raw_bytes, size as u64);
-                self.core.inline.send(&self.core, seq, data, size);
-                return Ok(Some(slot));
-            }
+        let small = dev.is_none() && self.cfg.inline_max > 0 && size <= self.cfg.inline_max;
+        // Ask the policy only once the request can be posted: a refused isend is
+        // retried by NCCL and must not count twice.
+        if small && self.core.ring.next_free().is_none() {
+            return Ok(None);
         }
+        let compress = small && self.coders.host.wants(size, &self.core.stats);
+        let inline = small && !compress;
         let chunk = plan::chunk_size(
             size,
             self.core.socks.len(),
             self.cfg.min_chunk,
             self.cfg.max_chunk,
         );
-        let nchunks = plan::chunks(size, chunk).count();
+        let nchunks = if inline {
+            1
+        } else {
+            plan::chunks(size, chunk).count()
+        };
         let Some((seq, slot)) = self.core.ring.post(Some(size), nchunks, None) else {
             return Ok(None);
         };
+        let st = &self.core.stats;
+        st.add(&st.messages, 1);
+        st.add(&st.raw_bytes, size as u64);
+        if inline {
+            self.core.inline.send(&self.core, seq, data, size);
+            return Ok(Some(slot));
+        }
         let tx = self
             .tx
             .as_ref()
@@ -175,9 +175,6 @@ impl SendComm {
             tx.send(t)
                 .map_err(|_| Error::Internal("send queue closed".into()))?;
         }
-        let st = &self.core.stats;
-        st.add(&st.messages, 1);
-        st.add(&st.raw_bytes, size as u64);
         Ok(Some(slot))
     }
 }
