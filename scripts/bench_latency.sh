@@ -14,7 +14,7 @@
 #   off        the plugin, NCCL_ZIP_COMPRESS=off
 #   threads    the plugin with NCCL_ZIP_INLINE_MAX=0: every message through the
 #              I/O threads (the path all messages took before the inline stream)
-# Each cell: median over REPS rounds of each round's p50 (and of its p99), in us.
+# Each cell: median (the lower middle for an even REPS) over REPS rounds of each round's p50 (and of its p99), in us.
 # Prints a markdown table and writes it to bench/results/latency-<date>.md.
 #
 # Env: REPS (5), COUNT (2000 timed messages per size and round), SIZES
@@ -32,6 +32,8 @@ TD=${CARGO_TARGET_DIR:-$ROOT/target}
 BIN=$TD/release/nccl-zip-perf
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
+source "$ROOT/scripts/lib/pair.sh" # bytes_of, median
+source "$ROOT/scripts/lib/results.sh"
 
 VARIANTS=(tcp tcp1w auto off threads)
 run() { # VARIANT → LAT lines
@@ -55,7 +57,7 @@ done
 # cell VARIANT SIZE FIELD → median over rounds
 cell() {
   awk -v v="$1" -v s="$2" -v f="$3" '$2 == v && $4 == s { for (i = 5; i < NF; i += 2) if ($i == f) print $(i + 1) }' "$WORK/all" |
-    sort -g | awk '{a[NR] = $1} END {if (NR == 0) print "-"; else if (NR % 2) print a[(NR + 1) / 2]; else printf "%.2f\n", (a[NR / 2] + a[NR / 2 + 1]) / 2}'
+    median | grep . || echo -
 }
 
 DATE=$(date -u +%Y-%m-%d)
@@ -64,8 +66,8 @@ mkdir -p "$ROOT/bench/results"
 {
   echo "# Small-message latency: plugin vs NCCL Socket-style single socket ($DATE)"
   echo
-  echo "- Machine: $(lscpu | sed -n 's/^Model name: *//p' | head -1), $(nproc) cores, kernel $(uname -r); loopback"
-  echo "- Commit: $(git -C "$ROOT" rev-parse --short HEAD)$(git -C "$ROOT" diff --quiet HEAD -- src || echo ' (src/ modified)')"
+  echo "- Machine: $(machine_desc); loopback"
+  echo "- Commit: $(commit_desc "$ROOT")"
   echo "- Command: \`$CMD\` (REPS=$REPS COUNT=$COUNT SIZES=$SIZES)"
   echo "- Plugin settings: $(env | grep '^NCCL_ZIP_' | tr '\n' ' ' || true)(unset = defaults)"
   echo "- One message in flight, isend to receive done, one polling thread (nccl-zip-perf loop --latency);"
@@ -77,7 +79,7 @@ mkdir -p "$ROOT/bench/results"
   echo "| size | tcp | tcp1w | auto | off | threads | auto/tcp | auto/tcp1w | threads/tcp |"
   echo "|---|---|---|---|---|---|---|---|---|"
   for s in ${SIZES//,/ }; do
-    b=$(case $s in *K) echo $((${s%K} << 10)) ;; *M) echo $((${s%M} << 20)) ;; *) echo "$s" ;; esac)
+    b=$(bytes_of "$s")
     row="| $s"
     for v in "${VARIANTS[@]}"; do
       row+=" | $(cell "$v" "$b" p50_us) ($(cell "$v" "$b" p99_us))"

@@ -36,6 +36,7 @@ cleanup() { "$ROOT/scripts/netns.sh" down >/dev/null 2>&1 || true; rm -rf "$WORK
 trap cleanup EXIT
 
 source "$ROOT/scripts/lib/pair.sh"
+source "$ROOT/scripts/lib/results.sh"
 
 ROWS=()
 measure() { # SETTING BYTES
@@ -80,8 +81,8 @@ mkdir -p "$ROOT/bench/results"
 {
   echo "# TCP transport: plugin vs single-socket TCP ($DATE)"
   echo
-  echo "- Machine: $(lscpu | sed -n 's/^Model name: *//p' | head -1), $(nproc) cores, kernel $(uname -r)"
-  echo "- Commit: $(git -C "$ROOT" rev-parse --short HEAD)$(git -C "$ROOT" diff --quiet HEAD -- src || echo ' (src/ modified)')"
+  echo "- Machine: $(machine_desc)"
+  echo "- Commit: $(commit_desc "$ROOT")"
   echo "- Command: \`$CMD\` (REPS=$REPS BYTES_LO=$BYTES_LO BYTES_NS=$BYTES_NS NETNS_SOCKBUF=$SOCKBUF DATA=$DATA)"
   echo "- Plugin settings: $(env | grep '^NCCL_ZIP_' | tr '\n' ' ' || true)(unset = defaults)"
   echo "- Throughput: receiver side, GB/s = 1e9 B/s, median of $REPS runs; 16 untimed warm-up messages per run."
