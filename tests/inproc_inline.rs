@@ -8,7 +8,7 @@ mod inproc_util;
 
 use std::sync::atomic::Ordering::Relaxed;
 
-use inproc_util::{pair, pattern, transfer_and_check};
+use inproc_util::{pair, pattern, raw_peer, transfer_and_check};
 use nccl_net_zip::proto::slots::Slot;
 
 const INLINE_MAX: usize = 2 << 20;
@@ -175,44 +175,6 @@ fn empty_message_with_a_null_buffer_goes_inline() {
     assert_eq!((sent, got), (Some(0), Some(0)));
     assert_eq!(b, [0xEE; 4]);
     assert_eq!(s.stats().chunks_inline.load(Relaxed), 1);
-}
-
-/// A peer made by hand: the data streams and the inline stream of one connection.
-fn raw_peer() -> (
-    nccl_net_zip::transport::tcp::RecvComm,
-    Vec<std::net::TcpStream>,
-) {
-    use nccl_net_zip::plugin;
-    use nccl_net_zip::proto::wire::{Handle, Hello, HANDLE_SIZE};
-    use std::io::Write;
-    std::env::set_var("NCCL_SOCKET_IFNAME", "lo");
-    let p = plugin::init().unwrap();
-    let mut handle = [0u8; HANDLE_SIZE];
-    let mut l = p.listen(0, &mut handle).unwrap();
-    let h = Handle::decode(&handle).unwrap();
-    let n = 3u16; // two data streams, then the inline stream
-    let conn_id: u64 = 0x5EED;
-    let socks: Vec<std::net::TcpStream> = (0..n)
-        .map(|i| {
-            let mut s = std::net::TcpStream::connect(h.addr).unwrap();
-            let hello = Hello {
-                secret: h.secret,
-                conn_id,
-                stream: i,
-                nstreams: n,
-                max_chunk: 1 << 20,
-            };
-            s.write_all(&hello.encode()).unwrap();
-            s
-        })
-        .collect();
-    let t0 = std::time::Instant::now();
-    loop {
-        if let Some(r) = plugin::accept(&mut l).unwrap() {
-            return (r, socks);
-        }
-        assert!(t0.elapsed().as_secs() < 10, "accept did not finish");
-    }
 }
 
 #[test]

@@ -161,6 +161,22 @@ impl Slot {
     }
 }
 
+/// What a stream that feeds a receiver is doing (see [`Ring::with_producers`]):
+/// reading (or about to), ended, or holding a chunk header for `seq`, which is not
+/// posted yet.
+const ACTIVE: u64 = u64::MAX;
+const ENDED: u64 = u64::MAX - 1;
+
+/// How [`Ring::wait_posted`] ended.
+pub enum Wait<'a> {
+    Posted(&'a Slot),
+    /// `stop()` said to give up.
+    Stopped,
+    /// Every stream has ended or waits for a receive that is not posted, while the
+    /// receive of message `seq` is pending: it can no longer complete.
+    Stalled(u64),
+}
+
 /// What the I/O side learns when it looks up the request for an incoming seq.
 pub enum Lookup<'a> {
     Ready(&'a Slot),
@@ -174,22 +190,97 @@ pub enum Lookup<'a> {
 pub struct Ring {
     slots: Box<[Slot]>,
     next_seq: AtomicU64,
+    /// Taken by `post` and by the producers' waits, so that a stall is judged on
+    /// one consistent picture of what is posted and who waits for what.
     posted: Mutex<()>,
     posted_cv: Condvar,
+    /// Receivers: per stream that feeds the ring, ACTIVE, ENDED or the seq it
+    /// waits for. Written under `posted`; read anywhere.
+    producers: Box<[AtomicU64]>,
 }
 
 impl Default for Ring {
+    /// A ring whose stalls nobody tracks (senders, and IB's receivers).
     fn default() -> Self {
+        Ring::with_producers(0)
+    }
+}
+
+impl Ring {
+    /// A receiver's ring fed by `n` streams, each of which delivers its chunks in
+    /// ascending message order. The ring can then tell when a pending receive can
+    /// no longer complete although not every stream has ended: the streams that
+    /// have not ended all hold the header of a later message whose receive is not
+    /// posted (a peer that closed after starting message k + 1 on one stream but
+    /// before finishing message k on another).
+    pub fn with_producers(n: usize) -> Ring {
         Ring {
             slots: (0..NSLOTS).map(|_| Slot::new()).collect(),
             next_seq: AtomicU64::new(0),
             posted: Mutex::new(()),
             posted_cv: Condvar::new(),
+            producers: (0..n).map(|_| AtomicU64::new(ACTIVE)).collect(),
         }
     }
-}
 
-impl Ring {
+    /// With `posted` held: the lowest pending seq if no pending receive can
+    /// complete any more (see [`Ring::with_producers`]).
+    fn stalled(&self) -> Option<u64> {
+        if self.producers.is_empty() {
+            return None;
+        }
+        let next = self.next_seq.load(Relaxed);
+        let stuck = self.producers.iter().all(|p| match p.load(Acquire) {
+            ENDED => true,
+            ACTIVE => false,
+            // Waiting for a receive that is still not posted.
+            seq => seq >= next,
+        });
+        if !stuck {
+            return None;
+        }
+        self.slots
+            .iter()
+            .filter(|s| s.state.load(Acquire) == PENDING)
+            .map(|s| s.tag.load(Acquire).saturating_sub(1))
+            .min()
+    }
+
+    /// Producer `who` ended cleanly. Returns (every producer has ended, the seq of
+    /// a pending receive that can no longer complete).
+    pub fn producer_ended(&self, who: usize) -> (bool, Option<u64>) {
+        let _g = self.posted.lock();
+        self.producers[who].store(ENDED, Release);
+        let all = self.producers.iter().all(|p| p.load(Acquire) == ENDED);
+        (all, self.stalled())
+    }
+
+    /// Producer `who` ended cleanly (a load, no lock).
+    pub fn producer_has_ended(&self, who: usize) -> bool {
+        self.producers[who].load(Acquire) == ENDED
+    }
+
+    /// Producer `who`, which does not block in [`Ring::wait_posted`], now holds a
+    /// header for `waits_for` (not posted) or, with None, no longer waits.
+    /// Returns the seq of a pending receive that can no longer complete.
+    pub fn producer_waits(&self, who: usize, waits_for: Option<u64>) -> Option<u64> {
+        let p = &self.producers[who];
+        match waits_for {
+            // The common case, lock-free: it was not waiting either.
+            None if p.load(Acquire) == ACTIVE => None,
+            None => {
+                let _g = self.posted.lock();
+                p.store(ACTIVE, Release);
+                None
+            }
+            Some(seq) => {
+                let _g = self.posted.lock();
+                p.store(seq, Release);
+                self.stalled()
+            }
+        }
+    }
+
     /// Posts the next request: a send of `size` bytes in `chunks` chunks, or (with
     /// `recv = Some((buf, cap))`) a receive. `None` when the slot for the next seq is
     /// still busy: NCCL then retries ("NULL request").
@@ -260,25 +351,32 @@ impl Ring {
         }
     }
 
-    /// Waits until `seq` is posted, or `stop()` says to give up (checked every 50 ms
-    /// and whenever [`Ring::wake_all`] is called).
-    pub fn wait_posted(&self, seq: u64, stop: impl Fn() -> bool) -> Option<Result<&Slot>> {
+    /// Producer `who` waits until `seq` is posted, until `stop()` says to give up
+    /// (checked every 50 ms and whenever [`Ring::wake_all`] is called), or until
+    /// the ring is stalled.
+    pub fn wait_posted(&self, seq: u64, who: usize, stop: impl Fn() -> bool) -> Result<Wait<'_>> {
         let mut g = self.posted.lock();
-        loop {
+        let out = loop {
             match self.lookup(seq) {
-                Lookup::Ready(s) => return Some(Ok(s)),
+                Lookup::Ready(s) => break Ok(Wait::Posted(s)),
                 Lookup::Stale => {
-                    return Some(Err(Error::Remote(format!(
+                    break Err(Error::Remote(format!(
                         "corrupt stream: chunk for message {seq}, which is not expected"
-                    ))))
+                    )))
                 }
-                Lookup::NotYet if stop() => return None,
+                Lookup::NotYet if stop() => break Ok(Wait::Stopped),
                 Lookup::NotYet => {
+                    self.producers[who].store(seq, Release);
+                    if let Some(p) = self.stalled() {
+                        break Ok(Wait::Stalled(p));
+                    }
                     self.posted_cv
                         .wait_for(&mut g, std::time::Duration::from_millis(50));
                 }
             }
-        }
+        };
+        self.producers[who].store(ACTIVE, Release);
+        out
     }
 
     pub fn wake_all(&self) {
@@ -380,17 +478,60 @@ mod tests {
     fn wait_posted_wakes_on_post_and_on_stop() {
         use std::sync::atomic::AtomicBool;
         use std::sync::Arc;
-        let r = Arc::new(Ring::default());
+        let r = Arc::new(Ring::with_producers(2));
         let r2 = r.clone();
-        let t = std::thread::spawn(move || r2.wait_posted(0, || false).map(|x| x.is_ok()));
+        let t = std::thread::spawn(move || {
+            matches!(r2.wait_posted(0, 0, || false), Ok(Wait::Posted(_)))
+        });
         std::thread::sleep(std::time::Duration::from_millis(20));
         r.post(None, 0, Some((1, 1)));
-        assert_eq!(t.join().unwrap(), Some(true));
+        assert!(t.join().unwrap());
         let stop = Arc::new(AtomicBool::new(false));
         let (r3, s3) = (r.clone(), stop.clone());
-        let t = std::thread::spawn(move || r3.wait_posted(5, || s3.load(Relaxed)).is_none());
+        let t = std::thread::spawn(move || {
+            matches!(r3.wait_posted(5, 0, || s3.load(Relaxed)), Ok(Wait::Stopped))
+        });
         stop.store(true, Relaxed);
         r.wake_all();
         assert!(t.join().unwrap());
+    }
+
+    #[test]
+    fn a_pending_receive_stalls_only_when_no_stream_can_feed_it() {
+        let r = Ring::with_producers(3);
+        let (_, s0) = r.post(None, 0, Some((1, 64))).unwrap();
+        // Stream 2 (say the inline stream) holds message 1, not posted: streams 0
+        // and 1 may still bring message 0.
+        assert_eq!(r.producer_waits(2, Some(1)), None);
+        assert_eq!(r.producer_ended(0), (false, None));
+        // The last stream that could bring message 0 ends: stalled on 0.
+        assert_eq!(r.producer_ended(1), (false, Some(0)));
+        assert!(r.producer_has_ended(1) && !r.producer_has_ended(2));
+        // Once message 0 is done and message 1 posted, the waiting stream can
+        // deliver it: not stalled.
+        s0.learn_size(0).unwrap();
+        assert!(s0.bytes_placed(0));
+        assert_eq!(s0.test().unwrap(), Some(0));
+        assert_eq!(r.producer_waits(2, Some(1)), None, "nothing pending");
+        r.post(None, 0, Some((1, 64))).unwrap();
+        assert_eq!(r.producer_waits(2, Some(1)), None, "message 1 is posted");
+        // A receive nobody holds data for, after stream 2 moved on to message 3.
+        assert_eq!(r.producer_waits(2, None), None);
+        assert_eq!(r.producer_waits(2, Some(3)), Some(1));
+        assert_eq!(r.producer_ended(2), (true, Some(1)));
+    }
+
+    #[test]
+    fn a_blocked_producer_reports_the_stall() {
+        let r = Ring::with_producers(2);
+        r.post(None, 0, Some((1, 64))).unwrap();
+        assert_eq!(r.producer_ended(1), (false, None));
+        // Producer 0 holds message 1's header while message 0 is pending and
+        // nobody else can bring it.
+        assert!(matches!(r.wait_posted(1, 0, || false), Ok(Wait::Stalled(0))));
+        // Without producers (IB), nothing is ever judged stalled.
+        let r = Ring::default();
+        r.post(None, 0, Some((1, 64))).unwrap();
+        assert!(r.stalled().is_none());
     }
 }

@@ -32,6 +32,44 @@ pub fn pair() -> (SendComm, RecvComm) {
     panic!("connect/accept did not finish");
 }
 
+/// A peer made by hand: the data streams and the inline stream of one connection.
+pub fn raw_peer() -> (
+    nccl_net_zip::transport::tcp::RecvComm,
+    Vec<std::net::TcpStream>,
+) {
+    use nccl_net_zip::plugin;
+    use nccl_net_zip::proto::wire::{Handle, Hello, HANDLE_SIZE};
+    use std::io::Write;
+    std::env::set_var("NCCL_SOCKET_IFNAME", "lo");
+    let p = plugin::init().unwrap();
+    let mut handle = [0u8; HANDLE_SIZE];
+    let mut l = p.listen(0, &mut handle).unwrap();
+    let h = Handle::decode(&handle).unwrap();
+    let n = 3u16; // two data streams, then the inline stream
+    let conn_id: u64 = 0x5EED;
+    let socks: Vec<std::net::TcpStream> = (0..n)
+        .map(|i| {
+            let mut s = std::net::TcpStream::connect(h.addr).unwrap();
+            let hello = Hello {
+                secret: h.secret,
+                conn_id,
+                stream: i,
+                nstreams: n,
+                max_chunk: 1 << 20,
+            };
+            s.write_all(&hello.encode()).unwrap();
+            s
+        })
+        .collect();
+    let t0 = std::time::Instant::now();
+    loop {
+        if let Some(r) = plugin::accept(&mut l).unwrap() {
+            return (r, socks);
+        }
+        assert!(t0.elapsed().as_secs() < 10, "accept did not finish");
+    }
+}
+
 pub fn pattern(seed: u64, n: usize) -> Vec<u8> {
     let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
     (0..n)

@@ -2,7 +2,7 @@
 //! both directions: the request ring, the sockets, and how the comm fails.
 
 use std::net::{Shutdown, SocketAddr};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -46,10 +46,6 @@ pub struct Core {
     error: Mutex<Option<Error>>,
     broken: AtomicBool,
     closing: AtomicBool,
-    /// Receive side: data streams that ended cleanly (see [`Core::stream_ended`]).
-    eofs: AtomicUsize,
-    /// Receive side: the inline stream ended cleanly.
-    inline_ended: AtomicBool,
     /// `NCCL_ZIP_STATS=1`: an INFO line with the counters at most this often.
     report_every: Option<Duration>,
     born: Instant,
@@ -80,8 +76,13 @@ impl Core {
             _ => Inline::new(socks.pop().expect("two or more"))?,
         };
         HELD.comms.fetch_add(1, Relaxed);
+        // A receiver's ring is fed by the data streams and the inline stream.
+        let ring = match rx {
+            Some(_) => Ring::with_producers(socks.len() + 1),
+            None => Ring::default(),
+        };
         let core = std::sync::Arc::new(Core {
-            ring: Ring::default(),
+            ring,
             socks,
             inline,
             rx,
@@ -91,8 +92,6 @@ impl Core {
             error: Mutex::new(None),
             broken: AtomicBool::new(false),
             closing: AtomicBool::new(false),
-            eofs: AtomicUsize::new(0),
-            inline_ended: AtomicBool::new(false),
             report_every,
             born: Instant::now(),
             last_report_ms: AtomicU64::new(0),
@@ -128,26 +127,43 @@ impl Core {
         }
     }
 
-    /// Receive side: a data stream (`inline` false) or the inline stream ended
-    /// cleanly between messages. Once all have, nothing more can arrive: whatever
-    /// is still posted will never complete, so the comm fails with a remote error.
-    /// (The inline stream may still hold messages when the data streams end, and
-    /// the other way round.)
-    pub fn stream_ended(&self, inline: bool) {
-        // SeqCst: when the last data stream and the inline stream end at once,
-        // on two threads, at least one of them sees the other's end.
-        let all = if inline {
-            self.inline_ended.store(true, SeqCst);
-            self.data_ended()
-        } else {
-            self.eofs.fetch_add(1, SeqCst) + 1 == self.socks.len() && self.inline_ended.load(SeqCst)
-        };
-        if all && !self.closing() {
+    /// Receive side: the producer index of the inline stream (data streams are
+    /// 0..n, in the ring and in the sockets).
+    pub fn inline_producer(&self) -> usize {
+        self.socks.len()
+    }
+
+    /// Receive side: stream `who` (a data stream, or [`Core::inline_producer`])
+    /// ended cleanly between messages. Once all have, nothing more can arrive and
+    /// the comm fails with a remote error (quietly if nothing is pending). It fails
+    /// earlier if a pending receive can no longer complete: see [`Core::stalled`].
+    pub fn stream_ended(&self, who: usize) {
+        let (all, stalled) = self.ring.producer_ended(who);
+        if self.closing() {
+            return;
+        }
+        if all {
             self.fail(Error::Remote(format!(
                 "{} closed the connection",
                 self.peer
             )));
+        } else if let Some(seq) = stalled {
+            self.fail(self.stalled(seq));
         }
+    }
+
+    /// The error of a receive, for message `seq`, that can no longer complete: the
+    /// streams that have not ended all hold a later message, not posted yet.
+    pub fn stalled(&self, seq: u64) -> Error {
+        Error::Remote(format!(
+            "{} closed the connection before sending all of message {seq} (a later message already arrived)",
+            self.peer
+        ))
+    }
+
+    /// Receive side: the inline stream has ended cleanly.
+    pub fn inline_ended(&self) -> bool {
+        self.ring.producer_has_ended(self.inline_producer())
     }
 
     /// Receive side: checks that the message of chunk `h` fits the receive posted
@@ -162,16 +178,6 @@ impl Core {
         }
         slot.learn_size(h.total as usize)?;
         Ok(buf)
-    }
-
-    /// Receive side: the inline stream has ended cleanly.
-    pub fn inline_ended(&self) -> bool {
-        self.inline_ended.load(SeqCst)
-    }
-
-    /// Receive side: every data stream has ended cleanly.
-    pub fn data_ended(&self) -> bool {
-        self.eofs.load(SeqCst) >= self.socks.len()
     }
 
     /// Logs the counters if a periodic report is due. One relaxed load when it is not.

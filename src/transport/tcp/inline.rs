@@ -209,7 +209,7 @@ impl Inline {
                     match read_some(&self.sock, &mut st.hdr[at..]) {
                         Ok(0) if at == 0 => {
                             // Closed between messages.
-                            core.stream_ended(true);
+                            core.stream_ended(core.inline_producer());
                             return Ok(());
                         }
                         Ok(0) => {
@@ -235,19 +235,20 @@ impl Inline {
                         h.raw_len
                     )));
                 }
+                let me = core.inline_producer();
                 let slot = match core.ring.lookup(h.seq) {
-                    Lookup::Ready(s) => s,
-                    // Not posted yet: the header waits, and so does the socket.
-                    // Unless the data streams have all ended: then a pending
-                    // receive (its seq is below this one) can come from nowhere.
-                    Lookup::NotYet if core.data_ended() && !core.ring.idle() => {
-                        return Err(Error::Remote(format!(
-                            "{peer} closed the connection before sending message {} (the next one, {}, came on the inline stream)",
-                            h.seq.saturating_sub(1),
-                            h.seq
-                        )))
+                    Lookup::Ready(s) => {
+                        core.ring.producer_waits(me, None);
+                        s
                     }
-                    Lookup::NotYet => return Ok(()),
+                    // Not posted yet: the header waits, and so does the socket,
+                    // unless no other stream can bring the pending receives.
+                    Lookup::NotYet => {
+                        return match core.ring.producer_waits(me, Some(h.seq)) {
+                            Some(seq) => Err(core.stalled(seq)),
+                            None => Ok(()),
+                        }
+                    }
                     Lookup::Stale => {
                         return Err(Error::Remote(format!(
                             "corrupt stream: inline message {}, which is not expected",

@@ -3,8 +3,9 @@
 //! that it fits, and reads the payload straight into NCCL's buffer.
 //!
 //! A stream that ends cleanly between chunks is a peer that closed; once every
-//! stream has ended, pending receives fail with a remote error. Anything else
-//! unexpected fails the comm at once.
+//! stream has ended, or the streams left all hold later messages than a pending
+//! receive, pending receives fail with a remote error. Anything else unexpected
+//! fails the comm at once.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -20,7 +21,7 @@ use crate::devpath::DevSide;
 use crate::error::{Error, Result};
 use crate::gpu::pool::Dir;
 use crate::gpu::Backend;
-use crate::proto::slots::Slot;
+use crate::proto::slots::{Slot, Wait};
 use crate::proto::slots::NSLOTS;
 use crate::proto::wire::{ChunkHeader, CHUNK_HEADER_SIZE};
 use crate::stats::Staging;
@@ -130,13 +131,14 @@ fn recv_chunks(core: &Core, stream: usize, max_wire: usize, lanes: usize) -> Res
         let mut hb = [0u8; CHUNK_HEADER_SIZE];
         if !recv_exact_or_eof(sock, &mut hb).map_err(io_err)? {
             // Clean end between chunks.
-            core.stream_ended(false);
+            core.stream_ended(stream);
             return Ok(());
         }
         let h = ChunkHeader::decode(&hb, max_wire)?;
-        let slot = match core.ring.wait_posted(h.seq, || core.stopped()) {
-            None => return Ok(()),
-            Some(r) => r?,
+        let slot = match core.ring.wait_posted(h.seq, stream, || core.stopped())? {
+            Wait::Posted(s) => s,
+            Wait::Stopped => return Ok(()),
+            Wait::Stalled(seq) => return Err(core.stalled(seq)),
         };
         let buf = core.admit(slot, &h)?;
         let dev = core.devs[h.seq as usize % NSLOTS].lock().clone();
