@@ -15,7 +15,7 @@
 #   threads    the plugin with NCCL_ZIP_INLINE_MAX=0: every message through the
 #              I/O threads (the path all messages took before the inline stream)
 # Each cell: median (the lower middle for an even REPS) over REPS rounds of each round's p50 (and of its p99), in us.
-# Prints a markdown table and writes it to bench/results/latency-<date>.md.
+# Prints a markdown table and writes it to bench/results/latency-<date>.md (or $OUT).
 #
 # Env: REPS (5), COUNT (2000 timed messages per size and round), SIZES
 #      (8,1K,4K,16K,64K,256K), plus any NCCL_ZIP_* variable for every plugin variant.
@@ -61,7 +61,7 @@ cell() {
 }
 
 DATE=$(date -u +%Y-%m-%d)
-OUTF=$ROOT/bench/results/latency-$DATE.md
+OUTF=${OUT:-$ROOT/bench/results/latency-$DATE.md}
 mkdir -p "$ROOT/bench/results"
 {
   echo "# Small-message latency: plugin vs NCCL Socket-style single socket ($DATE)"

@@ -76,7 +76,7 @@ measure "netns 4 Gbit/s, TCP buffers <= $SOCKBUF B" "$BYTES_NS"
 "$ROOT/scripts/netns.sh" down >&2
 
 DATE=$(date -u +%Y-%m-%d)
-OUTF=$ROOT/bench/results/tcp-$DATE.md
+OUTF=${OUT:-$ROOT/bench/results/tcp-$DATE.md}
 mkdir -p "$ROOT/bench/results"
 {
   echo "# TCP transport: plugin vs single-socket TCP ($DATE)"

@@ -119,8 +119,9 @@ fn inline_messages_beyond_the_socket_buffers_resume_and_arrive_whole() {
 fn inline_and_threaded_messages_interleave_bit_exact() {
     setup();
     let (s, r) = pair();
-    // Around the inline limit: at most INLINE_MAX inline, above it the I/O threads
-    // (several chunks over several streams), in every order.
+    // Around the inline limit: at most INLINE_MAX always inline; above a chunk
+    // (4 MiB here) always the I/O threads (several chunks over several streams); in
+    // between, whichever the inline stream's backlog chose; in every order.
     let sizes = [
         0usize,
         INLINE_MAX + 1,
@@ -128,7 +129,7 @@ fn inline_and_threaded_messages_interleave_bit_exact() {
         3 << 20,
         INLINE_MAX,
         65536,
-        4 << 20,
+        (4 << 20) + 5,
         1,
         INLINE_MAX - 1,
         (3 << 20) + 3,
@@ -146,10 +147,74 @@ fn inline_and_threaded_messages_interleave_bit_exact() {
         s.stats().chunks_inline.load(Relaxed),
         r.stats().chunks_inline.load(Relaxed),
     );
-    transfer_and_check(&s, &r, &msgs, 4 << 20);
-    let want = msgs.iter().filter(|m| m.len() <= INLINE_MAX).count() as u64;
-    assert_eq!(s.stats().chunks_inline.load(Relaxed) - si, want);
-    assert_eq!(r.stats().chunks_inline.load(Relaxed) - ri, want);
+    transfer_and_check(&s, &r, &msgs, 5 << 20);
+    let small = msgs.iter().filter(|m| m.len() <= INLINE_MAX).count() as u64;
+    let sent = s.stats().chunks_inline.load(Relaxed) - si;
+    assert!(
+        (small..=msgs.len() as u64 - 3).contains(&sent),
+        "{sent} inline messages: want all {small} small ones and none above a chunk"
+    );
+    assert_eq!(r.stats().chunks_inline.load(Relaxed) - ri, sent);
+}
+
+#[test]
+fn larger_messages_go_inline_only_while_the_inline_stream_is_idle() {
+    setup();
+    let (s, r) = pair();
+    let big = 3 << 20; // above INLINE_MAX, within a chunk
+    let inline = || s.stats().chunks_inline.load(Relaxed);
+    // Alone: nothing queued on the inline stream, so it goes there.
+    let i0 = inline();
+    transfer_and_check(&s, &r, &[pattern(1, big)], big);
+    assert_eq!(inline() - i0, 1, "a lone message up to a chunk goes inline");
+    // Behind 16 MiB of inline messages that no receive has taken yet, the inline
+    // socket is backed up: the same size goes to the I/O threads.
+    let mut msgs: Vec<Vec<u8>> = (0..8).map(|i| pattern(10 + i, INLINE_MAX)).collect();
+    msgs.push(pattern(99, big));
+    let i0 = inline();
+    let sends: Vec<&Slot> = msgs
+        .iter()
+        .map(|m| {
+            let q = s.isend(m.as_ptr(), m.len(), None).unwrap().expect("slot");
+            // SAFETY: slots live in the comm's ring, which outlives this test body.
+            unsafe { &*(q as *const Slot) }
+        })
+        .collect();
+    let mut bufs: Vec<Vec<u8>> = msgs.iter().map(|_| vec![0xEEu8; big]).collect();
+    let recvs: Vec<&Slot> = bufs
+        .iter_mut()
+        .map(|b| {
+            let q = r.irecv(b.as_mut_ptr(), big, None).unwrap().expect("slot");
+            // SAFETY: as for the sends.
+            unsafe { &*(q as *const Slot) }
+        })
+        .collect();
+    let mut sent = vec![None; sends.len()];
+    let t0 = std::time::Instant::now();
+    for (i, rq) in recvs.iter().enumerate() {
+        let got = loop {
+            for (k, q) in sends.iter().enumerate() {
+                if sent[k].is_none() {
+                    sent[k] = q.test().unwrap();
+                }
+            }
+            if let Some(n) = rq.test().unwrap() {
+                break n;
+            }
+            assert!(t0.elapsed().as_secs() < 60, "receive {i} stuck");
+        };
+        assert_eq!(got, msgs[i].len());
+        assert!(bufs[i][..got] == msgs[i][..], "message {i} differs");
+    }
+    while sent.iter().any(Option::is_none) {
+        for (k, q) in sends.iter().enumerate() {
+            if sent[k].is_none() {
+                sent[k] = q.test().unwrap();
+            }
+        }
+        assert!(t0.elapsed().as_secs() < 60, "sends stuck");
+    }
+    assert_eq!(inline() - i0, 8, "only the eight small ones went inline");
 }
 
 #[test]

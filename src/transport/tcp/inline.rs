@@ -117,6 +117,12 @@ impl Inline {
         self.progress_tx(core);
     }
 
+    /// Sender: nothing is queued (every message so far is in the socket). False
+    /// while another thread is writing.
+    pub fn tx_idle(&self) -> bool {
+        self.tx.try_lock().is_some_and(|q| q.is_empty())
+    }
+
     /// Sender: writes queued messages until the socket is full.
     pub fn progress_tx(&self, core: &Core) {
         let Some(mut q) = self.tx.try_lock() else {

@@ -128,8 +128,15 @@ impl SendComm {
         }
         // A small host message the policy sends raw goes whole on the inline
         // stream, written from this thread (see `inline`); one it compresses goes
-        // to the I/O threads with that decision.
-        let small = dev.is_none() && self.cfg.inline_max > 0 && size <= self.cfg.inline_max;
+        // to the I/O threads with that decision. So does a larger one, up to a
+        // chunk, while the inline stream has nothing queued: a lone message then
+        // costs no thread wake-up on either side, and once the inline socket backs
+        // up (the link is slower than this thread fills it), the next messages
+        // spread over the data streams.
+        let small = dev.is_none()
+            && self.cfg.inline_max > 0
+            && (size <= self.cfg.inline_max
+                || (size <= self.cfg.max_chunk && self.core.inline.tx_idle()));
         // Ask the policy only once the request can be posted: a refused isend is
         // retried by NCCL and must not count twice.
         if small && self.core.ring.next_free().is_none() {
