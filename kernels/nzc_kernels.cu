@@ -30,21 +30,17 @@ struct DevExec {
         if (threadIdx.x == 0) f();
         __syncthreads();
     }
+    // Early exit one round (blockDim items) at a time: every thread takes the same
+    // branch after each __syncthreads_or, and no shared flag is written and read
+    // without a barrier between them (which racecheck reports as a hazard).
     template <class F>
     __device__ bool any(u64 n, F f) {
-        if (threadIdx.x == 0) s->sc[SC_FLAG] = 0;
-        __syncthreads();
-        int found = 0;
-        volatile u32* flag = &s->sc[SC_FLAG];
-        for (u64 i = threadIdx.x; i < n; i += blockDim.x) {
-            if (*flag) break;
-            if (f(i)) {
-                found = 1;
-                *flag = 1;
-                break;
-            }
+        for (u64 base = 0; base < n; base += blockDim.x) {
+            u64 i = base + threadIdx.x;
+            int hit = (i < n) && f(i);
+            if (__syncthreads_or(hit)) return true;
         }
-        return __syncthreads_or(found) != 0;
+        return false;
     }
     // Ascending store rounds: round r covers units [r*blockDim, (r+1)*blockDim); its
     // stores are fenced before any thread starts round r+1.

@@ -80,6 +80,11 @@ pub trait Lane: Send {
     /// Decodes the frame in `staging[..frame_len]` into `cap` bytes at `dst`,
     /// returning the decoded length.
     fn decode(&mut self, frame_len: usize, dst: u64, cap: usize) -> Result<usize>;
+    /// The lane's stream failed or never drained: every operation on it fails, and
+    /// its pool parks it instead of handing it out again.
+    fn wedged(&self) -> bool {
+        false
+    }
 }
 
 /// A device the data path can stage through.

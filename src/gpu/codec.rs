@@ -509,6 +509,12 @@ impl GpuBatch {
         std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
         Ok(self.outcomes())
     }
+    /// Forgets the last launch, whose kernel is known to have finished (its stream
+    /// drained) without publishing every result: the batch is reusable at once
+    /// instead of reporting [`GpuError::Busy`] for good.
+    pub fn forget_launch(&mut self) {
+        self.njobs = 0;
+    }
     /// Results of the last launch (meaningful once [`GpuBatch::poll`] is true).
     pub fn outcomes(&self) -> Vec<JobOutcome> {
         (0..self.njobs)

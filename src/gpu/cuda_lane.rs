@@ -1,7 +1,16 @@
-//! The CUDA [`Backend`]: lanes with a stream, a one-job kernel batch and a pinned,
-//! device-mapped staging buffer. Everything goes through cudarc, loaded at run
-//! time; every driver call runs under [`driver::guarded`], so a missing library or
-//! symbol is an error, never a panic across the FFI boundary.
+//! The CUDA [`Backend`]: lanes with a stream, a one-job kernel batch, a pinned,
+//! device-mapped staging buffer (what the socket reads and writes) and a device
+//! scratch buffer (what the kernels read and write: frames are moved between the
+//! two by the copy engine, so the kernels' byte-granular accesses stay in device
+//! memory instead of crossing PCIe one by one; `NCCL_ZIP_GPU_ZEROCOPY=1` makes the
+//! kernels use the mapped staging directly, for comparison). Everything goes
+//! through cudarc, loaded at run time; every driver call runs under
+//! [`driver::guarded`], so a missing library or symbol is an error, never a panic
+//! across the FFI boundary.
+//!
+//! Waiting is always a poll of `cuStreamQuery`, never `cuStreamSynchronize`: it
+//! never blocks, never synchronizes the context, returns a kernel's sticky error at
+//! once, and lets every wait have a deadline ([`KERNEL_TIMEOUT`]).
 //!
 //! Status: compiled and reviewed, not yet run on a GPU (no GPU was lent when it was
 //! written). The emulated backend runs the same data-path logic in the test suite.
@@ -9,21 +18,27 @@
 use std::ffi::c_void;
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use cudarc::driver::{sys, CudaContext, CudaStream, DriverError};
 
 use super::backend::{opened, Backend, Lane};
 use super::codec::{DecodeJob, EncodeJob, GpuBatch, GpuCodec};
-use super::driver::{self, MappedHost};
+use super::driver::{self, DeviceBuffer, MappedHost};
 use super::Status;
 use crate::codec::{self, EncodeOptions};
 use crate::error::{Error, Result};
 use crate::stats::Charge;
 
-/// A kernel that has not finished after this long means a wedged GPU: the comm
-/// fails with an error instead of hanging NCCL's progress.
+/// A lane's stream that has not drained after this long (a kernel or a copy) means a
+/// wedged GPU: the comm fails with an error instead of hanging NCCL's progress.
 const KERNEL_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// `NCCL_ZIP_GPU_ZEROCOPY=1`: kernels read and write the lanes' mapped host staging
+/// directly (no device scratch, no copies): the variant to compare against.
+fn zero_copy() -> bool {
+    std::env::var("NCCL_ZIP_GPU_ZEROCOPY").is_ok_and(|v| v == "1")
+}
 
 fn cuda_err(what: &str) -> impl Fn(DriverError) -> Error + '_ {
     move |e| Error::Cuda(format!("{what}: {e}"))
@@ -134,6 +149,8 @@ struct CudaBackend {
     ctx: Arc<CudaContext>,
     /// `None`: the kernels did not load; lanes copy and the CPU codec runs.
     codec: Option<Arc<GpuCodec>>,
+    /// Kernels work on the mapped staging itself (no device scratch).
+    zero_copy: bool,
 }
 
 impl CudaBackend {
@@ -167,6 +184,7 @@ impl CudaBackend {
             ordinal,
             ctx,
             codec,
+            zero_copy: zero_copy(),
         })
     }
 }
@@ -175,11 +193,16 @@ impl Backend for CudaBackend {
     fn describe(&self) -> String {
         match &self.codec {
             Some(c) => format!(
-                "CUDA device {} ({}), GPU codec kernels from {:?}, {} SMs per launch",
+                "CUDA device {} ({}), GPU codec kernels from {:?}, {} SMs per launch, frames {}",
                 self.ordinal,
                 c.info().name,
                 c.kernel_source(),
-                c.sms()
+                c.sms(),
+                if self.zero_copy {
+                    "in mapped host staging (zero-copy)"
+                } else {
+                    "in device scratch, copied to and from host staging"
+                }
             ),
             None => format!(
                 "CUDA device {} without GPU codec kernels (copies + CPU codec)",
@@ -229,14 +252,20 @@ impl Backend for CudaBackend {
                 ),
                 None => None,
             };
+            let scratch = match (&batch, self.zero_copy) {
+                (Some(_), false) => Some(DeviceBuffer::new(&self.ctx, max_wire).map_err(&e)?),
+                _ => None,
+            };
+            let held = max_wire as u64 * if scratch.is_some() { 2 } else { 1 };
             Ok(Box::new(CudaLane {
                 ctx: self.ctx.clone(),
                 codec: self.codec.clone(),
                 stream,
                 batch,
                 staging,
+                scratch,
                 wedged: false,
-                _charge: Charge::new(counter, max_wire as u64),
+                _charge: Charge::new(counter, held),
             }) as Box<dyn Lane + 'a>)
         })
     }
@@ -248,9 +277,12 @@ struct CudaLane<'a> {
     stream: Arc<CudaStream>,
     batch: Option<GpuBatch>,
     staging: MappedHost,
-    /// Set when a kernel did not finish within [`KERNEL_TIMEOUT`]: the stream may
-    /// never drain, so every later operation fails at once instead of queueing
-    /// behind it (a stream sync there would hang the I/O thread for good).
+    /// Device memory the kernels read frames from and write them to (as large as
+    /// `staging`); None with zero-copy or without kernels.
+    scratch: Option<DeviceBuffer>,
+    /// Set when the stream did not drain within [`KERNEL_TIMEOUT`] or reported an
+    /// error: it may never drain, so every later operation fails at once instead of
+    /// queueing behind it, and the pool parks the lane (see [`Lane::wedged`]).
     wedged: bool,
     _charge: Charge<'a>,
 }
@@ -275,17 +307,68 @@ impl CudaLane<'_> {
         Ok(())
     }
 
-    /// Runs one stream operation and waits for the stream.
-    fn sync_op(&self, what: &str, op: impl FnOnce(sys::CUstream) -> sys::CUresult) -> Result<()> {
+    /// Waits, by polling, until everything queued on the lane's stream has run.
+    /// A stream error (a kernel's sticky error) or [`KERNEL_TIMEOUT`] wedges the
+    /// lane. Call with the lane's context current.
+    fn drain(&mut self, what: &str) -> Result<()> {
+        let t0 = Instant::now();
+        let mut polls = 0u32;
+        loop {
+            // SAFETY: the lane's own stream, alive as long as the lane.
+            match unsafe { sys::cuStreamQuery(self.stream.cu_stream()) } {
+                sys::CUresult::CUDA_SUCCESS => return Ok(()),
+                sys::CUresult::CUDA_ERROR_NOT_READY => {}
+                e => {
+                    self.wedged = true;
+                    tracing::warn!(
+                        "{what}: the GPU lane's stream failed ({e:?}); this lane is disabled"
+                    );
+                    return Err(Error::Cuda(format!("{what}: {}", DriverError(e))));
+                }
+            }
+            if t0.elapsed() > KERNEL_TIMEOUT {
+                self.wedged = true;
+                tracing::warn!(
+                    "{what}: the GPU lane's stream has not drained after {KERNEL_TIMEOUT:?} (a kernel or copy stuck behind other work?); this lane is disabled and its comm fails"
+                );
+                return Err(Error::Cuda(format!(
+                    "{what}: GPU work still running after {KERNEL_TIMEOUT:?}"
+                )));
+            }
+            // A chunk's kernel or copy takes microseconds: spin briefly, then give
+            // the core away between polls.
+            polls += 1;
+            if polls < 256 {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+        }
+    }
+
+    /// Runs one stream operation and waits for it. May run on NCCL's thread (the
+    /// inline stream's receives), whose current context it leaves as it was.
+    fn sync_op(
+        &mut self,
+        what: &str,
+        op: impl FnOnce(sys::CUstream) -> sys::CUresult,
+    ) -> Result<()> {
         self.usable(what)?;
+        let ctx = self.ctx.clone();
+        let stream = self.stream.cu_stream();
         guarded(what, || {
             let e = cuda_err(what);
-            self.ctx.bind_to_thread().map_err(&e)?;
-            op(self.stream.cu_stream()).result().map_err(&e)?;
-            self.stream.synchronize().map_err(&e)
+            let _keep = KeepCurrent::save()?;
+            ctx.bind_to_thread().map_err(&e)?;
+            op(stream).result().map_err(&e)?;
+            self.drain(what)
         })
     }
 
+    /// Queues `launch` (the kernel, with any copies around it) on the lane's stream
+    /// and waits until the stream has drained: only then is the lane free for the
+    /// next chunk. (The kernel publishes its result before its last CTAs exit, and
+    /// a late CTA may still read the frame; a copy after the kernel has not run yet.)
     fn run_one(
         &mut self,
         what: &str,
@@ -293,33 +376,56 @@ impl CudaLane<'_> {
             &GpuCodec,
             &CudaStream,
             &mut GpuBatch,
+            &Lanebufs,
         ) -> std::result::Result<(), super::GpuError>,
     ) -> Result<std::result::Result<u64, Status>> {
         self.usable(what)?;
-        let (Some(codec), Some(batch)) = (self.codec.as_deref(), self.batch.as_mut()) else {
+        let (Some(codec), Some(mut batch)) = (self.codec.clone(), self.batch.take()) else {
             return Err(Error::Internal(format!("{what} on a lane without kernels")));
         };
-        let stream = &self.stream;
-        let mut timed_out = false;
+        let bufs = Lanebufs {
+            staging_host: self.staging.host_ptr() as u64,
+            scratch: self.scratch.as_ref().map(DeviceBuffer::ptr),
+        };
+        let ctx = self.ctx.clone();
+        let stream = self.stream.clone();
         let r = guarded(what, || {
-            launch(codec, stream, batch).map_err(|e| Error::Cuda(format!("{what}: {e}")))?;
-            let out = batch.wait(KERNEL_TIMEOUT).map_err(|e| {
-                timed_out = matches!(e, super::GpuError::Timeout);
-                Error::Cuda(format!("{what}: {e}"))
-            })?;
-            Ok(out[0])
+            ctx.bind_to_thread().map_err(cuda_err(what))?;
+            launch(&codec, &stream, &mut batch, &bufs)
+                .map_err(|e| Error::Cuda(format!("{what}: {e}")))?;
+            self.drain(what)?;
+            if !batch.poll() {
+                // The stream is idle, so nothing will publish any more.
+                batch.forget_launch();
+                return Err(Error::Cuda(format!(
+                    "{what}: the kernel finished without publishing its result"
+                )));
+            }
+            Ok(batch.outcomes()[0])
         });
-        if timed_out {
-            self.wedged = true;
-            tracing::warn!(
-                "{what}: kernel still running after {KERNEL_TIMEOUT:?}; this GPU lane is disabled and its comm fails"
-            );
-        }
+        self.batch = Some(batch);
         r
+    }
+
+    /// Where the kernels read or write a frame: the device scratch, or the mapped
+    /// staging itself (zero-copy).
+    fn frame_dev(&self) -> u64 {
+        self.scratch
+            .as_ref()
+            .map_or(self.staging.dev_ptr(), DeviceBuffer::ptr)
     }
 }
 
+/// A lane's buffers, as the launch closures of [`CudaLane::run_one`] see them.
+struct Lanebufs {
+    staging_host: u64,
+    scratch: Option<u64>,
+}
+
 impl Lane for CudaLane<'_> {
+    fn wedged(&self) -> bool {
+        self.wedged
+    }
     fn staging(&mut self, len: usize) -> Result<&mut [u8]> {
         self.check_len(len)?;
         // SAFETY: `len` bytes of the pinned allocation this lane owns; no kernel or
@@ -364,16 +470,29 @@ impl Lane for CudaLane<'_> {
         let job = EncodeJob {
             src,
             n: len as u64,
-            dst: self.staging.dev_ptr(),
+            dst: self.frame_dev(),
             dst_cap: need as u64,
             hint: opts.dtype,
             checksum: opts.checksum,
             block_log2: opts.block_log2,
         };
         // SAFETY: `src` is registered device memory of `len` bytes owned by this
-        // request; `dst` is this lane's staging, idle until the batch completes.
-        match self.run_one("GPU encode", |c, s, b| unsafe {
-            c.encode_batch(s, b, &[job])
+        // request; `dst` is this lane's scratch (or staging), idle until the stream
+        // drains; the copy moves at most `need` <= staging bytes.
+        match self.run_one("GPU encode", |c, s, b, m| unsafe {
+            c.encode_batch(s, b, &[job])?;
+            if let Some(scratch) = m.scratch {
+                // The frame's length is known only once the kernel ran: copy the
+                // largest it can be, in the same stream.
+                sys::cuMemcpyDtoHAsync_v2(
+                    m.staging_host as *mut c_void,
+                    scratch,
+                    need,
+                    s.cu_stream(),
+                )
+                .result()?;
+            }
+            Ok(())
         })? {
             Ok(n) => Ok(n as usize),
             Err(st) => Err(Error::Internal(format!("GPU encode failed: {st:?}"))),
@@ -382,13 +501,23 @@ impl Lane for CudaLane<'_> {
     fn decode(&mut self, frame_len: usize, dst: u64, cap: usize) -> Result<usize> {
         self.check_len(frame_len)?;
         let job = DecodeJob {
-            src: self.staging.dev_ptr(),
+            src: self.frame_dev(),
             src_len: frame_len as u64,
             dst,
             dst_cap: cap as u64,
         };
-        // SAFETY: as in encode, with the roles of staging and device memory swapped.
-        match self.run_one("GPU decode", |c, s, b| unsafe {
+        // SAFETY: as in encode, with the roles of staging and device memory swapped;
+        // the frame is copied into the scratch first, in the same stream.
+        match self.run_one("GPU decode", |c, s, b, m| unsafe {
+            if let Some(scratch) = m.scratch {
+                sys::cuMemcpyHtoDAsync_v2(
+                    scratch,
+                    m.staging_host as *const c_void,
+                    frame_len,
+                    s.cu_stream(),
+                )
+                .result()?;
+            }
             c.decode_batch(s, b, &[job])
         })? {
             Ok(n) => Ok(n as usize),

@@ -51,6 +51,10 @@ pub struct LanePool {
 
 struct PoolState {
     free: Vec<Box<dyn Lane>>,
+    /// Wedged lanes ([`Lane::wedged`]): never handed out again, never freed (a free
+    /// would wait for their stuck stream), still counted in `made` so that the
+    /// pool's memory stays bounded.
+    parked: Vec<Box<dyn Lane>>,
     made: usize,
     /// Lanes asked for by [`LanePool::prewarm`] so far, all callers together.
     reserved: usize,
@@ -75,6 +79,7 @@ pub fn pool(b: &Arc<dyn Backend>, dir: Dir, max_wire: usize, cap: usize) -> Arc<
                 cap: cap.max(1),
                 state: Mutex::new(PoolState {
                     free: Vec::new(),
+                    parked: Vec::new(),
                     made: 0,
                     reserved: 0,
                 }),
@@ -113,6 +118,13 @@ impl LanePool {
                         Err(e)
                     }
                 };
+            }
+            if st.parked.len() >= self.cap {
+                return Err(Error::Cuda(format!(
+                    "every GPU lane ({}) on {} is disabled: their streams failed or stopped draining",
+                    self.cap,
+                    self.backend.describe()
+                )));
             }
             if stop() {
                 return Err(Error::Internal(
@@ -197,8 +209,15 @@ impl DerefMut for LaneGuard {
 impl Drop for LaneGuard {
     fn drop(&mut self) {
         if let Some(l) = self.lane.take() {
-            self.pool.state.lock().free.push(l);
-            self.pool.freed.notify_one();
+            let mut st = self.pool.state.lock();
+            if l.wedged() {
+                st.parked.push(l);
+                // Waiters learn that the pool shrank (and may now have no lane left).
+                self.pool.freed.notify_all();
+            } else {
+                st.free.push(l);
+                self.pool.freed.notify_one();
+            }
         }
     }
 }
@@ -255,5 +274,85 @@ mod tests {
             .err()
             .expect("a stopped comm gets an error");
         assert!(e.to_string().contains("stopped"), "{e}");
+    }
+
+    /// A backend whose lanes the test can wedge: lane k (in order of making) reports
+    /// `flags[k]`.
+    #[derive(Default)]
+    struct Wedgeable(Mutex<Vec<Arc<std::sync::atomic::AtomicBool>>>);
+    struct FakeLane(Arc<std::sync::atomic::AtomicBool>);
+    impl Lane for FakeLane {
+        fn staging(&mut self, _: usize) -> Result<&mut [u8]> {
+            unreachable!()
+        }
+        fn bytes(&self, _: usize, _: usize) -> &[u8] {
+            unreachable!()
+        }
+        fn kernels(&self) -> bool {
+            false
+        }
+        fn download(&mut self, _: u64, _: usize) -> Result<()> {
+            unreachable!()
+        }
+        fn upload(&mut self, _: u64, _: usize) -> Result<()> {
+            unreachable!()
+        }
+        fn upload_from(&mut self, _: u64, _: &[u8]) -> Result<()> {
+            unreachable!()
+        }
+        fn encode(&mut self, _: u64, _: usize, _: &crate::codec::EncodeOptions) -> Result<usize> {
+            unreachable!()
+        }
+        fn decode(&mut self, _: usize, _: u64, _: usize) -> Result<usize> {
+            unreachable!()
+        }
+        fn wedged(&self) -> bool {
+            self.0.load(std::sync::atomic::Ordering::SeqCst)
+        }
+    }
+    impl Backend for Wedgeable {
+        fn describe(&self) -> String {
+            "test backend".into()
+        }
+        fn lane<'a>(&self, _: usize, _: &'a AtomicU64) -> Result<Box<dyn Lane + 'a>> {
+            let f = Arc::new(std::sync::atomic::AtomicBool::new(false));
+            self.0.lock().push(f.clone());
+            Ok(Box::new(FakeLane(f)))
+        }
+    }
+
+    #[test]
+    fn wedged_lanes_are_parked_not_handed_out_again() {
+        use std::sync::atomic::Ordering::SeqCst;
+        let fake = Arc::new(Wedgeable::default());
+        let b: Arc<dyn Backend> = fake.clone();
+        let p = pool(&b, Dir::Send, 4096, 2);
+        let never = || false;
+        let (l0, l1) = (p.acquire(&never).unwrap(), p.acquire(&never).unwrap());
+        let flags = fake.0.lock().clone();
+        flags[1].store(true, SeqCst);
+        assert!(l1.wedged() && !l0.wedged());
+        drop(l1);
+        drop(l0);
+        // Only the healthy lane comes back; while it is out, nothing is left to
+        // hand out (the wedged one is parked, and no third lane is made: cap 2).
+        let a = p.acquire(&never).unwrap();
+        assert!(!a.wedged());
+        let e = p
+            .acquire(&|| true)
+            .err()
+            .expect("the wedged lane must not come back");
+        assert!(e.to_string().contains("stopped"), "{e}");
+        assert_eq!(p.made(), 2);
+        drop(a);
+        // With the last healthy lane wedged too, a request fails at once instead of
+        // waiting for a lane that will never come.
+        let a = p.acquire(&never).unwrap();
+        flags[0].store(true, SeqCst);
+        drop(a);
+        let t0 = Instant::now();
+        let e = p.acquire(&never).err().expect("no usable lane left");
+        assert!(e.to_string().contains("disabled"), "{e}");
+        assert!(t0.elapsed() < Duration::from_secs(5));
     }
 }
