@@ -108,6 +108,11 @@ fi
   else
     # compute_mode: two processes share GPU 0, which "Exclusive_Process" forbids.
     nvidia-smi --query-gpu=name,driver_version,compute_mode --format=csv,noheader
+    # GPUDirect RDMA: with a driver >= 11.3 NCCL decides it from the device attribute
+    # GPU_DIRECT_RDMA_SUPPORTED alone; 0 means the plugin never gets GPU buffers.
+    # Also DMA-BUF support and the compute mode, from the driver API ("unknown (why)"
+    # where it cannot be read; never fails).
+    timeout 30 "$PY" "$ROOT/scripts/lib/gpu_facts.py" || echo "cuda facts: unknown (scripts/lib/gpu_facts.py failed or timed out)"
     "$PY" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "nccl", ".".join(map(str, torch.cuda.nccl.version())))'
     # NCCL settings from outside this script apply to every run (NCCL also reads
     # /etc/nccl.conf): recorded, so a baseline skewed by them can be told.

@@ -19,7 +19,11 @@
 #
 # Deadline: the parts of one call share NZC_CALL_LIMIT_S (default 560 s, under the
 # tool's 600 s per call); a part still running when its share is spent is stopped
-# (exit 124) and what it wrote so far is packed all the same.
+# (exit 124) and what it wrote so far is packed all the same. Each part runs with
+# NZC_PART_DEADLINE (epoch seconds) set to its stop time: gpu_validate.sh fits its
+# per-step limits inside it and logs steps it has no time left for.
+# Each part's header also records the device facts NCCL's GPU path depends on
+# (scripts/lib/gpu_facts.py: GPUDirect RDMA and DMA-BUF support, compute mode).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 parts=${1:?usage: gpu_run.sh PART[,PART...] (validate|sanitize|e2e-check|e2e-bench|e2e-train|demo-gpu)}
@@ -48,7 +52,8 @@ for part in "${list[@]}"; do
   {
     echo "part: $part"
     echo "date: $(date -u +%Y-%m-%dT%H:%MZ)"
-    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1
+    nvidia-smi --query-gpu=name,driver_version,memory.total,compute_mode --format=csv,noheader 2>&1
+    timeout 30 python3 scripts/lib/gpu_facts.py 2>&1 || echo "cuda facts: unknown (scripts/lib/gpu_facts.py failed or timed out)"
     python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "nccl", ".".join(map(str, torch.cuda.nccl.version())))' 2>&1
     [ -f "$NZC_BUNDLE/MANIFEST" ] && sed 's/^/bundle /' "$NZC_BUNDLE/MANIFEST"
   } | tee "$dest/$part.txt"
@@ -61,6 +66,7 @@ for part in "${list[@]}"; do
     # timeout runs the part in its own process group and stops the whole group
     # (netns children, ranks) at the deadline.
     export -f run_part
+    export NZC_PART_DEADLINE=$(($(date +%s) + left))
     timeout -k 5 "$left" bash -c 'run_part "$0" "$1"' "$part" "$work" 2>&1 | tee -a "$dest/$part.txt"
     rc=${PIPESTATUS[0]}
     [ "$rc" = 124 ] && echo "part $part: STOPPED at its deadline (partial results)" | tee -a "$dest/$part.txt"

@@ -7,9 +7,12 @@
 //! NCCL_ZIP_HBM_GBPS, default 3350 for H100 SXM; set it for other parts).
 //! Input: bf16 Gaussian (sigma 0.02), the common NCCL case.
 
+use std::io::Write;
 use std::time::{Duration, Instant};
 
-use nccl_net_zip::gpu::{DecodeJob, DeviceBuffer, EncodeJob, GpuCodec, MappedHost};
+use nccl_net_zip::gpu::{
+    DecodeJob, DeviceBuffer, EncodeJob, GpuBatch, GpuCodec, JobOutcome, MappedHost,
+};
 use nccl_zip_codec::{compress, max_compressed_size, DtypeHint, EncodeOptions};
 use rand::{Rng, SeedableRng};
 
@@ -24,6 +27,32 @@ fn bf16_gauss(n: usize, seed: u64) -> Vec<u8> {
     }
     v.truncate(n);
     v
+}
+
+/// Waits up to 30 s for the batch just launched. A kernel that does not finish ends
+/// the process (status 3) after one clear line, instead of a panic: the next test of
+/// this binary would block behind the hung kernel (its synchronous copies on the
+/// legacy stream, and the frees while unwinding), until the caller's time limit.
+/// `_exit` skips atexit handlers (the CUDA driver's teardown could wait as well).
+fn wait_or_exit(batch: &GpuBatch, what: &str) -> Vec<JobOutcome> {
+    let limit = Duration::from_secs(30);
+    match batch.wait(limit) {
+        Ok(r) => r,
+        Err(e) => {
+            let test = std::thread::current()
+                .name()
+                .map(|t| format!("test {t}, "))
+                .unwrap_or_default();
+            let _ = std::io::stdout().flush();
+            eprintln!(
+                "KERNEL DID NOT FINISH: {test}{what}: no result within {limit:?} ({e}); \
+                 exiting with status 3 (later tests of this binary would block behind it)"
+            );
+            let _ = std::io::stderr().flush();
+            // SAFETY: ends the process at once; nothing is shared with other processes.
+            unsafe { libc::_exit(3) }
+        }
+    }
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -101,7 +130,10 @@ fn gpu_bench() {
             let t0 = Instant::now();
             // SAFETY: buffers outlive the wait below.
             unsafe { g.encode_batch(&stream, &mut batch, &ejobs) }.unwrap();
-            let r = batch.wait(Duration::from_secs(30)).unwrap();
+            let r = wait_or_exit(
+                &batch,
+                &format!("encode of {n} B x {inflight}, iteration {it}"),
+            );
             let dt = t0.elapsed().as_secs_f64();
             flen = *r[0].as_ref().unwrap();
             if it >= 2 {
@@ -121,7 +153,10 @@ fn gpu_bench() {
             let t0 = Instant::now();
             // SAFETY: as above.
             unsafe { g.decode_batch(&stream, &mut batch, &djobs) }.unwrap();
-            let r = batch.wait(Duration::from_secs(30)).unwrap();
+            let r = wait_or_exit(
+                &batch,
+                &format!("decode of {n} B x {inflight}, iteration {it}"),
+            );
             let dt = t0.elapsed().as_secs_f64();
             assert_eq!(*r[0].as_ref().unwrap(), n as u64);
             if it >= 2 {
@@ -179,7 +214,11 @@ fn run_lane(g: &GpuCodec, l: &mut BenchLane, chunk: usize, iters: usize) -> (Vec
         let t0 = Instant::now();
         // SAFETY: the buffers belong to this lane and outlive the wait.
         unsafe { g.encode_batch(&l.stream, &mut l.batch, &[job]) }.unwrap();
-        let flen = l.batch.wait(Duration::from_secs(30)).unwrap()[0].unwrap();
+        let flen = wait_or_exit(
+            &l.batch,
+            &format!("gpu_bench_lanes: lane encode of a {chunk} B chunk"),
+        )[0]
+        .unwrap();
         enc.push(t0.elapsed().as_secs_f64());
         let job = DecodeJob {
             src: l.staging.dev_ptr(),
@@ -190,7 +229,11 @@ fn run_lane(g: &GpuCodec, l: &mut BenchLane, chunk: usize, iters: usize) -> (Vec
         let t0 = Instant::now();
         // SAFETY: as above.
         unsafe { g.decode_batch(&l.stream, &mut l.batch, &[job]) }.unwrap();
-        let n = l.batch.wait(Duration::from_secs(30)).unwrap()[0].unwrap();
+        let n = wait_or_exit(
+            &l.batch,
+            &format!("gpu_bench_lanes: lane decode of a {chunk} B chunk"),
+        )[0]
+        .unwrap();
         dec.push(t0.elapsed().as_secs_f64());
         assert_eq!(n, chunk as u64);
     }

@@ -2,9 +2,12 @@
 //! "SKIP: <reason>" and passes when no usable GPU is present (CPU-only CI).
 //! scripts/gpu_validate.sh runs these on the GPU machine, also under compute-sanitizer.
 
+use std::io::Write;
 use std::time::Duration;
 
-use nccl_net_zip::gpu::{DecodeJob, DeviceBuffer, EncodeJob, GpuCodec, Status};
+use nccl_net_zip::gpu::{
+    DecodeJob, DeviceBuffer, EncodeJob, GpuBatch, GpuCodec, JobOutcome, Status,
+};
 use nccl_zip_codec::{compress, decompress, max_compressed_size, DtypeHint, EncodeOptions};
 use rand::{Rng, RngCore, SeedableRng};
 
@@ -41,6 +44,33 @@ fn timeout() -> Duration {
     )
 }
 
+/// Waits for the batch just launched. A kernel that does not finish ends the whole
+/// process (status 3) after one clear line, instead of a panic: libtest would run
+/// the next test in this process, whose synchronous `cuMemcpyHtoD` on the legacy
+/// stream (and the frees while unwinding this one) would block behind the hung
+/// kernel until the caller's time limit. `_exit` skips atexit handlers (the CUDA
+/// driver's teardown could wait for the kernel as well).
+fn wait_or_exit(batch: &GpuBatch, what: &str) -> Vec<JobOutcome> {
+    let limit = timeout();
+    match batch.wait(limit) {
+        Ok(r) => r,
+        Err(e) => {
+            let test = std::thread::current()
+                .name()
+                .map(|t| format!("test {t}, "))
+                .unwrap_or_default();
+            let _ = std::io::stdout().flush();
+            eprintln!(
+                "KERNEL DID NOT FINISH: {test}{what}: no result within {limit:?} ({e}); \
+                 exiting with status 3 (later tests of this binary would block behind it)"
+            );
+            let _ = std::io::stderr().flush();
+            // SAFETY: ends the process at once; nothing is shared with other processes.
+            unsafe { libc::_exit(3) }
+        }
+    }
+}
+
 struct Case {
     input: Vec<u8>,
     opts: EncodeOptions,
@@ -59,7 +89,8 @@ fn gpu_encode(g: &GpuCodec, cases: &[Case]) -> Vec<Result<Vec<u8>, Status>> {
     let maxn = cases.iter().map(|c| c.input.len()).max().unwrap_or(0) as u64;
     let mut batch = g.new_batch(8, maxn.max(1)).unwrap();
     let mut out = Vec::new();
-    for chunk in cases.chunks(8) {
+    let batches = cases.len().div_ceil(8);
+    for (k, chunk) in cases.chunks(8).enumerate() {
         let bufs: Vec<(DeviceBuffer, DeviceBuffer)> = chunk
             .iter()
             .map(|c| {
@@ -85,7 +116,15 @@ fn gpu_encode(g: &GpuCodec, cases: &[Case]) -> Vec<Result<Vec<u8>, Status>> {
             .collect();
         // SAFETY: buffers live until wait() returns below.
         unsafe { g.encode_batch(&stream, &mut batch, &jobs) }.unwrap();
-        let res = batch.wait(timeout()).expect("encode batch did not finish");
+        let res = wait_or_exit(
+            &batch,
+            &format!(
+                "encode batch {} of {batches} (cases {}..{})",
+                k + 1,
+                8 * k,
+                8 * k + chunk.len()
+            ),
+        );
         stream.synchronize().unwrap();
         for (r, (_, d)) in res.into_iter().zip(&bufs) {
             out.push(r.map(|len| {
@@ -104,7 +143,8 @@ fn gpu_decode(g: &GpuCodec, frames: &[(Vec<u8>, usize)]) -> Vec<Result<Vec<u8>, 
     let maxcap = frames.iter().map(|f| f.1).max().unwrap_or(0) as u64;
     let mut batch = g.new_batch(8, maxcap.max(1)).unwrap();
     let mut out = Vec::new();
-    for chunk in frames.chunks(8) {
+    let batches = frames.len().div_ceil(8);
+    for (k, chunk) in frames.chunks(8).enumerate() {
         let bufs: Vec<(DeviceBuffer, DeviceBuffer)> = chunk
             .iter()
             .map(|(f, cap)| {
@@ -125,7 +165,15 @@ fn gpu_decode(g: &GpuCodec, frames: &[(Vec<u8>, usize)]) -> Vec<Result<Vec<u8>, 
             .collect();
         // SAFETY: buffers live until wait() returns below.
         unsafe { g.decode_batch(&stream, &mut batch, &jobs) }.unwrap();
-        let res = batch.wait(timeout()).expect("decode batch did not finish");
+        let res = wait_or_exit(
+            &batch,
+            &format!(
+                "decode batch {} of {batches} (frames {}..{})",
+                k + 1,
+                8 * k,
+                8 * k + chunk.len()
+            ),
+        );
         stream.synchronize().unwrap();
         for (r, (_, d)) in res.into_iter().zip(&bufs) {
             out.push(r.map(|len| {

@@ -19,6 +19,7 @@
 //! with `CUDA_DEVICE_MAX_CONNECTIONS=1` (Megatron's setting: one hardware queue),
 //! where a failure means the plugin cannot run under that setting.
 
+use std::mem::ManuallyDrop;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -53,6 +54,8 @@ SPIN:
 "#;
 
 const STEP_TIMEOUT: Duration = Duration::from_secs(20);
+/// How long the worker may take to finish once the spinner is released.
+const AFTER_RELEASE: Duration = Duration::from_secs(30);
 const LANES: usize = 16;
 const CHUNK: usize = 256 << 10;
 
@@ -96,6 +99,43 @@ impl Progress {
         self.steps.fetch_add(1, SeqCst);
         r
     }
+
+    /// [`Progress::step`] for a fallible step: an error names its step.
+    fn try_step<T, E: std::fmt::Display>(
+        &self,
+        name: &str,
+        f: impl FnOnce() -> Result<T, E>,
+    ) -> Result<T, String> {
+        self.step(name, f)
+            .map_err(|e| format!("step '{name}' failed: {e}"))
+    }
+}
+
+/// Sets `finished` when the worker ends, also by a panic (the watchdog then stops
+/// waiting at once instead of reporting a hang).
+struct Finished<'a>(&'a AtomicBool);
+
+impl Drop for Finished<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, SeqCst);
+    }
+}
+
+/// Ends the process (status 3) after one clear line: used where the worker is still
+/// inside a CUDA call after the spinner was released. A panic would unwind through
+/// this test's allocations, whose frees wait for all device work, and the binary
+/// would sit until the caller's time limit. `_exit` skips atexit handlers (the CUDA
+/// driver's teardown could wait as well).
+fn exit_now(why: &str) -> ! {
+    use std::io::Write;
+    let _ = std::io::stdout().flush();
+    eprintln!(
+        "HAZARDS TEST STUCK: data_path_never_waits_for_other_streams_kernels, {why}; \
+         exiting with status 3"
+    );
+    let _ = std::io::stderr().flush();
+    // SAFETY: ends the process at once; nothing is shared with other processes.
+    unsafe { libc::_exit(3) }
 }
 
 #[test]
@@ -161,82 +201,67 @@ fn data_path_never_waits_for_other_streams_kernels() {
         let (p, srcs, dsts, ctx) = (progress.clone(), srcs.clone(), dsts.clone(), ctx.clone());
         std::thread::spawn(move || -> Result<(), String> {
             static HELD: AtomicU64 = AtomicU64::new(0);
-            let r = (|| {
-                let b = p
-                    .step("open the device (module load, cuFuncLoad)", || {
-                        backend_for(srcs[0].ptr(), Emulation::Off)
-                    })
-                    .map_err(|e| e.to_string())?;
-                eprintln!("backend: {}", b.describe());
-                let mut lanes = Vec::new();
-                for i in 0..LANES {
-                    lanes.push(
-                        p.step(
-                            &format!("make lane {i} (pinned + device memory, stream)"),
-                            || b.lane(max_wire, &HELD),
-                        )
-                        .map_err(|e| e.to_string())?,
-                    );
-                }
-                let opts = EncodeOptions::default();
-                for (i, lane) in lanes.iter_mut().enumerate() {
-                    let (src, dst, dst2) =
-                        (srcs[i].ptr(), dsts[2 * i].ptr(), dsts[2 * i + 1].ptr());
-                    if lane.kernels() {
-                        let n = p
-                            .step(&format!("lane {i}: GPU encode"), || {
-                                lane.encode(src, CHUNK, &opts)
-                            })
-                            .map_err(|e| e.to_string())?;
-                        let m = p
-                            .step(&format!("lane {i}: GPU decode"), || {
-                                lane.decode(n, dst, CHUNK)
-                            })
-                            .map_err(|e| e.to_string())?;
-                        if m != CHUNK {
-                            return Err(format!("lane {i}: decoded {m} bytes, not {CHUNK}"));
-                        }
-                    } else {
-                        p.step(&format!("lane {i}: upload (no kernels)"), || {
-                            lane.download(src, CHUNK)?;
-                            lane.upload(dst, CHUNK)
-                        })
-                        .map_err(|e| e.to_string())?;
+            let _finished = Finished(&p.finished);
+            // Nothing this worker allocates is freed while the spinner runs: cuMemFree
+            // and cuMemFreeHost wait for all device work, the spinner included, so a
+            // drop here (also on an early `?` return) would read as a deadlock of the
+            // step after it. Lanes (with their streams and memory) live for the
+            // process, as in the plugin's pools; the two allocations below are leaked
+            // (2 MiB) for the same reason.
+            let b = p.try_step("open the device (module load, cuFuncLoad)", || {
+                backend_for(srcs[0].ptr(), Emulation::Off)
+            })?;
+            eprintln!("backend: {}", b.describe());
+            let mut lanes = ManuallyDrop::new(Vec::with_capacity(LANES));
+            for i in 0..LANES {
+                lanes.push(p.try_step(
+                    &format!("make lane {i} (pinned + device memory, stream)"),
+                    || b.lane(max_wire, &HELD),
+                )?);
+            }
+            let opts = EncodeOptions::default();
+            for (i, lane) in lanes.iter_mut().enumerate() {
+                let (src, dst, dst2) = (srcs[i].ptr(), dsts[2 * i].ptr(), dsts[2 * i + 1].ptr());
+                if lane.kernels() {
+                    let n = p.try_step(&format!("lane {i}: GPU encode"), || {
+                        lane.encode(src, CHUNK, &opts)
+                    })?;
+                    let m = p.try_step(&format!("lane {i}: GPU decode"), || {
+                        lane.decode(n, dst, CHUNK)
+                    })?;
+                    if m != CHUNK {
+                        return Err(format!(
+                            "step 'lane {i}: GPU decode': decoded {m} bytes, not {CHUNK}"
+                        ));
                     }
-                    p.step(&format!("lane {i}: download"), || lane.download(src, CHUNK))
-                        .map_err(|e| e.to_string())?;
-                    p.step(&format!("lane {i}: upload"), || lane.upload(dst2, CHUNK))
-                        .map_err(|e| e.to_string())?;
+                } else {
+                    p.try_step(&format!("lane {i}: upload (no kernels)"), || {
+                        lane.download(src, CHUNK)?;
+                        lane.upload(dst, CHUNK)
+                    })?;
                 }
-                // Allocations in between, each followed by lane work.
-                let _d = p
-                    .step("cuMemAlloc", || DeviceBuffer::new(&ctx, 1 << 20))
-                    .map_err(|e| e.to_string())?;
-                p.step("download after cuMemAlloc", || {
-                    lanes[0].download(srcs[0].ptr(), CHUNK)
-                })
-                .map_err(|e| e.to_string())?;
-                let _h = p
-                    .step("cuMemHostAlloc", || MappedHost::new(&ctx, 1 << 20))
-                    .map_err(|e| e.to_string())?;
-                p.step("download after cuMemHostAlloc", || {
-                    lanes[0].download(srcs[0].ptr(), CHUNK)
-                })
-                .map_err(|e| e.to_string())?;
-                if lanes[0].kernels() {
-                    p.step("GPU encode after the allocations", || {
-                        lanes[0].encode(srcs[0].ptr(), CHUNK, &opts)
-                    })
-                    .map_err(|e| e.to_string())?;
-                }
-                // Lanes (with their streams and memory) live for the process, as
-                // in the plugin's pools: dropping them would free memory, which
-                // synchronizes.
-                std::mem::forget(lanes);
-                Ok(())
-            })();
-            p.finished.store(true, SeqCst);
-            r
+                p.try_step(&format!("lane {i}: download"), || lane.download(src, CHUNK))?;
+                p.try_step(&format!("lane {i}: upload"), || lane.upload(dst2, CHUNK))?;
+            }
+            // Allocations in between, each followed by lane work.
+            let _d = p
+                .try_step("cuMemAlloc", || DeviceBuffer::new(&ctx, 1 << 20))
+                .map(ManuallyDrop::new)?;
+            p.try_step("download after cuMemAlloc", || {
+                lanes[0].download(srcs[0].ptr(), CHUNK)
+            })?;
+            let _h = p
+                .try_step("cuMemHostAlloc", || MappedHost::new(&ctx, 1 << 20))
+                .map(ManuallyDrop::new)?;
+            p.try_step("download after cuMemHostAlloc", || {
+                lanes[0].download(srcs[0].ptr(), CHUNK)
+            })?;
+            if lanes[0].kernels() {
+                p.try_step("GPU encode after the allocations", || {
+                    lanes[0].encode(srcs[0].ptr(), CHUNK, &opts)
+                })?;
+            }
+            Ok(())
         })
     };
 
@@ -260,14 +285,31 @@ fn data_path_never_waits_for_other_streams_kernels() {
     unsafe { std::ptr::write_volatile(flag.host_ptr() as *mut u32, 1) };
     let t0 = Instant::now();
     while !progress.finished.load(SeqCst) {
-        assert!(
-            t0.elapsed() < Duration::from_secs(120),
-            "step '{}' still stuck after the spinner was released",
-            progress.current.lock().unwrap()
-        );
+        if t0.elapsed() > AFTER_RELEASE {
+            for l in progress.log.lock().unwrap().iter() {
+                eprintln!("  {l}");
+            }
+            let step = progress.current.lock().unwrap().clone();
+            let hung_note = match &hung {
+                Some(_) => format!(
+                    "made no progress in {STEP_TIMEOUT:?} while another stream's kernel \
+                     spun (the plugin would deadlock NCCL there), and is "
+                ),
+                None => String::new(),
+            };
+            exit_now(&format!(
+                "step '{step}' {hung_note}still stuck {AFTER_RELEASE:?} after the spinner \
+                 was released"
+            ));
+        }
         std::thread::sleep(Duration::from_millis(5));
     }
-    let result = worker.join().expect("worker panicked");
+    let result = worker.join().unwrap_or_else(|_| {
+        Err(format!(
+            "worker panicked in step '{}'",
+            progress.current.lock().unwrap()
+        ))
+    });
     for l in progress.log.lock().unwrap().iter() {
         eprintln!("  {l}");
     }
@@ -279,12 +321,15 @@ fn data_path_never_waits_for_other_streams_kernels() {
              the plugin would deadlock NCCL there"
         );
     }
+    // An error first: a failed step can also be why the spinner stopped early.
+    if let Err(e) = result {
+        panic!("{e}");
+    }
     assert_eq!(
         spinning,
         sys::CUresult::CUDA_ERROR_NOT_READY,
         "the spinner stopped before it was released (the test proved nothing)"
     );
-    result.unwrap();
     // The data arrived intact.
     for i in 0..LANES {
         let want = data(i as u64, CHUNK);

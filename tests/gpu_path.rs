@@ -20,15 +20,39 @@ fn context() -> Option<Arc<CudaContext>> {
         .ok()
 }
 
+/// Ends the process (status 3) after one clear line. A request that never completes
+/// (or fails) may have a GPU lane's kernel or copy still queued: a panic would
+/// unwind through the test's device buffers, whose `cuMemFree` waits for that work,
+/// and the binary would sit until the caller's time limit. `_exit` skips atexit
+/// handlers (the CUDA driver's teardown could wait as well).
+fn exit_now(why: &str) -> ! {
+    use std::io::Write;
+    let _ = std::io::stdout().flush();
+    eprintln!(
+        "DATA PATH DID NOT FINISH: test cuda_buffers_through_the_gpu_codec_bit_exact, \
+         {why}; exiting with status 3"
+    );
+    let _ = std::io::stderr().flush();
+    // SAFETY: ends the process at once; nothing is shared with other processes.
+    unsafe { libc::_exit(3) }
+}
+
 fn wait(slot: *const Slot, what: &str) -> usize {
     // SAFETY: a request pointer returned by isend/irecv, alive until test() is done.
     let s = unsafe { &*slot };
+    let limit = Duration::from_secs(60);
     let t0 = Instant::now();
     loop {
-        if let Some(n) = s.test().unwrap() {
-            return n;
+        match s.test() {
+            Ok(Some(n)) => return n,
+            Ok(None) => {}
+            Err(e) => exit_now(&format!("{what}: test() failed: {e}")),
         }
-        assert!(t0.elapsed() < Duration::from_secs(60), "{what} stuck");
+        if t0.elapsed() > limit {
+            exit_now(&format!(
+                "{what}: not complete after {limit:?} (a GPU lane's kernel or copy never finished?)"
+            ));
+        }
     }
 }
 
@@ -89,8 +113,9 @@ fn cuda_buffers_through_the_gpu_codec_bit_exact() {
             reqs.push((i, sq, rq));
         }
         for (i, sq, rq) in reqs {
-            assert_eq!(wait(sq, "send"), msgs[i].len());
-            assert_eq!(wait(rq, "recv"), msgs[i].len());
+            let what = |dir: &str| format!("{dir} of message {i} ({} bytes)", msgs[i].len());
+            assert_eq!(wait(sq, &what("send")), msgs[i].len());
+            assert_eq!(wait(rq, &what("recv")), msgs[i].len());
             let mut got = vec![0u8; msgs[i].len() + 64.min(cap - msgs[i].len())];
             rbuf[i].read(0, &mut got).unwrap();
             assert!(got[..msgs[i].len()] == msgs[i][..], "message {i} differs");
