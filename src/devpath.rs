@@ -2,14 +2,15 @@
 //! counterpart of [`crate::codec_glue`]. See [`crate::gpu::backend`] for the lanes.
 //!
 //! Send, per chunk, after the adaptive policy's decision:
-//! * compress with kernels: the GPU writes the frame into pinned staging; a frame
-//!   that does not shrink goes raw (a STORED frame already holds the raw bytes);
+//! * compress with kernels: the GPU writes the frame into the lane's device
+//!   scratch, which is copied to pinned staging; a frame that does not shrink goes
+//!   raw (a STORED frame already holds the raw bytes);
 //! * compress without kernels: copy down, CPU codec;
 //! * raw: copy down.
 //!
-//! Receive, per chunk: the socket fills pinned staging; the GPU decodes from there
-//! into NCCL's buffer (or the CPU decodes and the result is copied up); raw chunks
-//! are copied up. Every operation completes before the chunk counts as placed, so
+//! Receive, per chunk: the socket fills pinned staging; the frame is copied to the
+//! lane's device scratch and the GPU decodes it into NCCL's buffer (or the CPU
+//! decodes and the result is copied up); raw chunks are copied up. Every operation completes before the chunk counts as placed, so
 //! `test()` reports done only when the device buffer holds the exact bytes.
 
 use std::sync::atomic::AtomicU64;
@@ -94,7 +95,7 @@ impl Lanes {
         if p.made() == 0 {
             return p.acquire(&|| false).map(Some);
         }
-        Ok(p.try_acquire())
+        p.try_acquire()
     }
 
     fn pool_of(&mut self, b: &Arc<dyn Backend>) -> Arc<LanePool> {

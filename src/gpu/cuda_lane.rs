@@ -291,7 +291,7 @@ impl CudaLane<'_> {
     fn usable(&self, what: &str) -> Result<()> {
         if self.wedged {
             return Err(Error::Cuda(format!(
-                "{what}: this GPU lane's stream is stuck (a kernel ran past {KERNEL_TIMEOUT:?})"
+                "{what}: this GPU lane is disabled (its stream failed or did not drain within {KERNEL_TIMEOUT:?})"
             )));
         }
         Ok(())
@@ -336,12 +336,15 @@ impl CudaLane<'_> {
                 )));
             }
             // A chunk's kernel or copy takes microseconds: spin briefly, then give
-            // the core away between polls.
+            // the core away between polls, and after a millisecond poll the driver
+            // only every 50 us (up to 32 lanes may be waiting at once).
             polls += 1;
-            if polls < 256 {
+            if polls < 64 {
                 std::hint::spin_loop();
-            } else {
+            } else if t0.elapsed() < Duration::from_millis(1) {
                 std::thread::yield_now();
+            } else {
+                std::thread::sleep(Duration::from_micros(50));
             }
         }
     }
@@ -360,7 +363,10 @@ impl CudaLane<'_> {
             let e = cuda_err(what);
             let _keep = KeepCurrent::save()?;
             ctx.bind_to_thread().map_err(&e)?;
-            op(stream).result().map_err(&e)?;
+            if let Err(err) = op(stream).result() {
+                let _ = self.drain(what);
+                return Err(e(err));
+            }
             self.drain(what)
         })
     }
@@ -391,8 +397,18 @@ impl CudaLane<'_> {
         let stream = self.stream.clone();
         let r = guarded(what, || {
             ctx.bind_to_thread().map_err(cuda_err(what))?;
-            launch(&codec, &stream, &mut batch, &bufs)
-                .map_err(|e| Error::Cuda(format!("{what}: {e}")))?;
+            if let Err(e) = launch(&codec, &stream, &mut batch, &bufs) {
+                // Part of the work may be queued: the lane is free only once it ran
+                // (and a sticky error found here disables the lane).
+                let _ = self.drain(what);
+                return Err(Error::Cuda(format!("{what}: {e}")));
+            }
+            // The kernel's result lands in mapped memory: wait for it there first
+            // (no driver call), then for the stream (copies, late CTAs).
+            let t0 = Instant::now();
+            while !batch.poll() && t0.elapsed() < Duration::from_micros(200) {
+                std::hint::spin_loop();
+            }
             self.drain(what)?;
             if !batch.poll() {
                 // The stream is idle, so nothing will publish any more.

@@ -120,11 +120,7 @@ impl LanePool {
                 };
             }
             if st.parked.len() >= self.cap {
-                return Err(Error::Cuda(format!(
-                    "every GPU lane ({}) on {} is disabled: their streams failed or stopped draining",
-                    self.cap,
-                    self.backend.describe()
-                )));
+                return Err(self.all_parked());
             }
             if stop() {
                 return Err(Error::Internal(
@@ -142,10 +138,26 @@ impl LanePool {
         }
     }
 
-    /// A free lane, if there is one now; never waits and never makes one.
-    pub fn try_acquire(self: &Arc<Self>) -> Option<LaneGuard> {
-        let l = self.state.lock().free.pop()?;
-        Some(self.guard(l))
+    /// A free lane, if there is one now; never waits and never makes one. An error
+    /// once every lane is parked (none will ever come free).
+    pub fn try_acquire(self: &Arc<Self>) -> Result<Option<LaneGuard>> {
+        let mut st = self.state.lock();
+        if let Some(l) = st.free.pop() {
+            drop(st);
+            return Ok(Some(self.guard(l)));
+        }
+        if st.parked.len() >= self.cap {
+            return Err(self.all_parked());
+        }
+        Ok(None)
+    }
+
+    fn all_parked(&self) -> Error {
+        Error::Cuda(format!(
+            "every GPU lane ({}) on {} is disabled: their streams failed or stopped draining",
+            self.cap,
+            self.backend.describe()
+        ))
     }
 
     /// Makes lanes for `n` more concurrent users: until the sum of every `n` asked
@@ -354,5 +366,8 @@ mod tests {
         let e = p.acquire(&never).err().expect("no usable lane left");
         assert!(e.to_string().contains("disabled"), "{e}");
         assert!(t0.elapsed() < Duration::from_secs(5));
+        // The non-waiting path (NCCL's thread) gets the same error, not "retry".
+        let e = p.try_acquire().err().expect("no usable lane left");
+        assert!(e.to_string().contains("disabled"), "{e}");
     }
 }
