@@ -13,7 +13,8 @@
 #   5. compute-sanitizer: memcheck on the frozen vectors (encode, decode), racecheck on
 #      them, then memcheck on the rest (random sweep, corrupt frames)
 #   6. throughput benchmark (tests/gpu_bench.rs): 256 MiB (all SMs and capped), 128 KiB/512 KiB/1 MiB x 8 in flight
-#      in one launch, and the data-path lanes (one launch per chunk, 1/4/8 threads)
+#      in one launch, the data-path lanes (one launch per chunk, 1/4/8 threads), and
+#      the plugin's own lanes (gpu_bench_data_path): device scratch, then zero-copy
 # Knobs: NCCL_ZIP_GPU_SMS (default 16), NCCL_ZIP_HBM_GBPS (roofline, default 3350).
 # The GPU machine has no Rust toolchain: build the binaries here with
 # scripts/gpu_bundle.sh, carry .gpu-bundle, and run with NZC_BUNDLE=.gpu-bundle (the
@@ -132,7 +133,11 @@ case $what in
     [ ! -f "$res/gpu_tests_nvrtc.log" ] || grep -q "kernels Nvrtc" "$res/gpu_tests_nvrtc.log" || say "!! NVRTC run did not report 'kernels Nvrtc' (libnvrtc missing?)"
 
     step bench 150 "$(tbin gpu_bench)" --ignored --nocapture --test-threads=1
-    grep -sE "device:|lanes:|^ +[0-9]+ +[0-9]+ " "$res/bench.log" | tee "$res/bench_table.txt" | tee -a "$log"
+    grep -sE "device:|lanes:|data path:|^ +[0-9]+ +[0-9]+ " "$res/bench.log" | tee "$res/bench_table.txt" | tee -a "$log"
+    # The plugin's lanes with the kernels on the mapped staging itself, against the
+    # default (device scratch + copies) in the bench step above.
+    step bench_zerocopy 90 env NCCL_ZIP_GPU_ZEROCOPY=1 "$(tbin gpu_bench)" --ignored --nocapture --test-threads=1 gpu_bench_data_path
+    grep -sE "data path:|^ +[0-9]+ +[0-9]+ " "$res/bench_zerocopy.log" | tee -a "$res/bench_table.txt" | tee -a "$log"
     ;;
 esac
 case $what in

@@ -341,3 +341,106 @@ fn gpu_bench_lanes() {
         }
     }
 }
+
+/// The plugin's own lanes (`Backend::lane`, what the TCP data path uses per chunk):
+/// `threads` I/O threads, each with its own lane, encode a chunk of device memory
+/// (frame ends in the lane's pinned staging, as the socket needs it) and decode it
+/// back from staging into device memory, to host-visible completion. By default the
+/// kernels work in the lane's device scratch and the copy engine moves frames
+/// between scratch and staging; run again with `NCCL_ZIP_GPU_ZEROCOPY=1` (read when
+/// the device is opened, so one setting per process) for kernels on the mapped
+/// staging directly. Also checks every frame against the CPU encoder and every
+/// decode against the input.
+#[test]
+#[ignore]
+fn gpu_bench_data_path() {
+    use nccl_net_zip::gpu::{backend_for, Emulation};
+    use std::sync::atomic::AtomicU64;
+    let g = match GpuCodec::new(0) {
+        Ok(Ok(g)) => g,
+        Ok(Err(why)) => {
+            println!("SKIP: {why}");
+            return;
+        }
+        Err(e) => panic!("{e}"),
+    };
+    let zero_copy = std::env::var("NCCL_ZIP_GPU_ZEROCOPY").is_ok_and(|v| v == "1");
+    let probe = DeviceBuffer::new(g.context(), 4096).unwrap();
+    let b = backend_for(probe.ptr(), Emulation::Off).unwrap();
+    println!("data path: {}", b.describe());
+    println!(
+        "{:>8} {:>7} {:>9} {:>11} {:>11} {:>12} {:>12}",
+        "chunk", "threads", "mode", "enc us p50", "dec us p50", "enc GB/s agg", "dec GB/s agg"
+    );
+    let mode = if zero_copy { "zerocopy" } else { "scratch" };
+    let opts = EncodeOptions::default();
+    let counter = AtomicU64::new(0);
+    for chunk in [64 << 10, 256 << 10, 1 << 20] {
+        let input = bf16_gauss(chunk, 11);
+        let mut cpu = vec![0u8; max_compressed_size(chunk)];
+        let cpu_len = compress(&input, &mut cpu, &opts).unwrap();
+        let max_wire = max_compressed_size(chunk);
+        for threads in [1usize, 4, 8] {
+            let iters = ((128 << 20) / chunk / threads).clamp(20, 1000);
+            let per: Vec<(Vec<f64>, Vec<f64>)> = std::thread::scope(|s| {
+                let hs: Vec<_> = (0..threads)
+                    .map(|_| {
+                        let (g, b, input, cpu, counter, opts) =
+                            (&g, &b, &input, &cpu[..cpu_len], &counter, &opts);
+                        s.spawn(move || {
+                            let src = DeviceBuffer::new(g.context(), chunk).unwrap();
+                            src.write(0, input).unwrap();
+                            let out = DeviceBuffer::new(g.context(), chunk).unwrap();
+                            let mut lane = b.lane(max_wire, counter).unwrap();
+                            let (mut enc, mut dec) = (Vec::new(), Vec::new());
+                            for i in 0..iters + 3 {
+                                let t0 = Instant::now();
+                                let flen = lane.encode(src.ptr(), chunk, opts).unwrap();
+                                let te = t0.elapsed().as_secs_f64();
+                                if i == 0 {
+                                    assert!(
+                                        lane.bytes(0, flen) == cpu,
+                                        "lane frame differs from the CPU encoder's at chunk {chunk} ({mode})"
+                                    );
+                                }
+                                let t0 = Instant::now();
+                                let n = lane.decode(flen, out.ptr(), chunk).unwrap();
+                                let td = t0.elapsed().as_secs_f64();
+                                assert_eq!(n, chunk);
+                                if i >= 3 {
+                                    enc.push(te);
+                                    dec.push(td);
+                                }
+                            }
+                            let mut back = vec![0u8; chunk];
+                            out.read(0, &mut back).unwrap();
+                            assert!(back == *input, "decode mismatch at chunk {chunk} ({mode})");
+                            // The lane's stream has drained (every operation waits
+                            // for it), so dropping the lane frees nothing in use.
+                            drop(lane);
+                            (enc, dec)
+                        })
+                    })
+                    .collect();
+                hs.into_iter().map(|h| h.join().unwrap()).collect()
+            });
+            let bytes = (chunk * iters * threads) as f64;
+            let enc_sum: f64 =
+                per.iter().map(|(e, _)| e.iter().sum::<f64>()).sum::<f64>() / threads as f64;
+            let dec_sum: f64 =
+                per.iter().map(|(_, d)| d.iter().sum::<f64>()).sum::<f64>() / threads as f64;
+            let enc_all: Vec<f64> = per.iter().flat_map(|(e, _)| e.iter().copied()).collect();
+            let dec_all: Vec<f64> = per.iter().flat_map(|(_, d)| d.iter().copied()).collect();
+            println!(
+                "{:>8} {:>7} {:>9} {:>11.1} {:>11.1} {:>12.2} {:>12.2}",
+                chunk,
+                threads,
+                mode,
+                median(enc_all) * 1e6,
+                median(dec_all) * 1e6,
+                bytes / enc_sum / 1e9,
+                bytes / dec_sum / 1e9,
+            );
+        }
+    }
+}
