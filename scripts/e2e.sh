@@ -126,6 +126,14 @@ fi
 } >"$OUT/machine.txt" 2>&1
 cat "$OUT/machine.txt" >&2
 
+# Ranks of the pair now running. Each runs under its own `timeout`, which puts it in
+# a process group of its own: a caller that stops this script by signalling its
+# process group (scripts/gpu_run.sh at a part's deadline) would leave them holding
+# the GPU and the namespaces. So a signal here is passed on to them (timeout hands
+# it to its rank), and the EXIT trap then takes the namespaces down.
+RANK_PIDS=""
+trap 'kill -TERM $RANK_PIDS 2>/dev/null; exit 143' TERM INT HUP
+
 # Network: namespaces if we can, loopback otherwise.
 NETNS=${NETNS:-auto}
 if [[ $NETNS != 0 ]] && "$ROOT/scripts/netns.sh" up "$RATE" >>"$OUT/e2e.log" 2>&1; then
@@ -213,7 +221,9 @@ run() {
     GLOO_SOCKET_IFNAME="$B_IF" timeout "$RUN_TIMEOUT" "$PY" scripts/e2e_torch.py --mode "$mode" \
     --out "$OUT/$name.rank1.json" ${TORCH_ARGS[@]+"${TORCH_ARGS[@]}"} "$@" >"$OUT/$name.rank1.log" 2>&1 &
   local p1=$! t0=$SECONDS
+  RANK_PIDS="$p0 $p1"
   wait_pair "$p0" "$p1"
+  RANK_PIDS=""
   local took="$((SECONDS - t0)) s"
   if ((R0 || R1)); then
     log "$name FAILED after $took (rank0 exit $R0, rank1 exit $R1$( ((R0 == 124 || R1 == 124)) && echo ", 124: timed out after ${RUN_TIMEOUT}s")): see $name.rank*.log"
