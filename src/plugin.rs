@@ -182,6 +182,52 @@ pub struct Properties<'a> {
 /// `irecv` accepts exactly one buffer per request.
 pub const MAX_RECVS: i32 = 1;
 
+/// What an IB port's `ptrSupport` depends on ([`Plugin::ib_gdr_facts`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct IbGdrFacts {
+    /// `NCCL_ZIP_GPU=on` (or emulation) and a CUDA device
+    /// ([`Plugin::ib_gpu_enabled`]).
+    pub gpu_path: bool,
+    /// Emulated device memory (`NCCL_ZIP_GPU_EMULATE`): host memory, which any
+    /// HCA reaches.
+    pub emulated: bool,
+    /// A peer-memory module (nvidia-peermem) is loaded: `ibv_reg_mr` of GPU
+    /// memory works, so plain `regMr(NCCL_PTR_CUDA)` does.
+    pub peermem: bool,
+    /// The port can register a DMA-BUF (`ibv_reg_dmabuf_mr`).
+    pub hca_dmabuf: bool,
+    /// NCCL itself will hand GPU buffers to `regMrDmaBuf` rather than `regMr`:
+    /// `NCCL_DMABUF_ENABLE` is not 0 and the CUDA devices report DMA-BUF
+    /// support ([`crate::transport::ib::dmabuf::nccl_uses_dmabuf`]).
+    pub nccl_dmabuf: bool,
+}
+
+/// The `NCCL_PTR_*` bits an IB port offers.
+///
+/// NCCL (`ncclTopoPopulateNics`, 2.28) treats a NIC as GPUDirect-capable when
+/// `ptrSupport` has `NCCL_PTR_CUDA`, **or** when it has `NCCL_PTR_DMABUF` and
+/// NCCL's own DMA-BUF support is on; it then registers GPU buffers with
+/// `regMrDmaBuf` when both hold, and with plain `regMr(NCCL_PTR_CUDA)` otherwise.
+/// So:
+/// - `NCCL_PTR_DMABUF` is offered only together with `NCCL_PTR_CUDA`: alone it
+///   would make NCCL hand over GPU buffers with the device path off;
+/// - `NCCL_PTR_CUDA` is offered only when the registration NCCL will make can
+///   succeed: emulated memory, nvidia-peermem (`regMr`), or a DMA-BUF-capable
+///   port **and** NCCL using `regMrDmaBuf` (without it NCCL calls `regMr`,
+///   which needs peermem).
+pub fn ib_ptr_support(f: &IbGdrFacts) -> i32 {
+    use crate::ffi::abi::{NCCL_PTR_CUDA, NCCL_PTR_DMABUF, NCCL_PTR_HOST};
+    let cuda = f.gpu_path && (f.emulated || f.peermem || (f.hca_dmabuf && f.nccl_dmabuf));
+    let mut bits = NCCL_PTR_HOST as i32;
+    if cuda {
+        bits |= NCCL_PTR_CUDA as i32;
+        if f.hca_dmabuf {
+            bits |= NCCL_PTR_DMABUF as i32;
+        }
+    }
+    bits
+}
+
 impl Plugin {
     fn device(&self, dev: i32) -> Result<&Device> {
         usize::try_from(dev)
@@ -207,18 +253,14 @@ impl Plugin {
             let i = ib_index(ib, dev)?;
             let d = &ib.devices[i];
             let (name, pci) = &ib.names[i];
-            let dmabuf = self.ib_opener(dev).is_ok_and(|o| o.ctx.supports_dmabuf());
-            let cuda = self.ib_offers_cuda(dmabuf);
-            use crate::ffi::abi::{NCCL_PTR_CUDA, NCCL_PTR_DMABUF, NCCL_PTR_HOST};
+            let hca_dmabuf = self.ib_opener(dev).is_ok_and(|o| o.ctx.supports_dmabuf());
             return Ok(Properties {
                 name,
                 pci_path: pci.as_ref(),
                 guid: d.guid,
                 speed_mbps: d.speed_mbps.min(i32::MAX as u32) as i32,
                 max_recvs: MAX_RECVS,
-                ptr_support: NCCL_PTR_HOST as i32
-                    | if dmabuf { NCCL_PTR_DMABUF as i32 } else { 0 }
-                    | if cuda { NCCL_PTR_CUDA as i32 } else { 0 },
+                ptr_support: ib_ptr_support(&self.ib_gdr_facts(hca_dmabuf)),
                 port: d.port as i32,
             });
         }
@@ -252,23 +294,42 @@ impl Plugin {
         self.cfg.gpu && crate::gpu::cuda_offered(self.cfg.gpu_emulate)
     }
 
-    /// `NCCL_PTR_CUDA` on an IB port: the device path is on and the HCA can
-    /// reach GPU memory (GPUDirect RDMA): emulated device memory (host memory),
-    /// the nvidia-peermem module, or DMA-BUF (NCCL then registers through
-    /// `regMrDmaBuf`).
-    pub fn ib_offers_cuda(&self, dmabuf: bool) -> bool {
-        if !self.ib_gpu_enabled() {
-            return false;
+    /// What an IB port's `ptrSupport` depends on, probed only as far as needed:
+    /// facts that cannot change [`ib_ptr_support`]'s answer stay `false`.
+    /// `hca_dmabuf`: the port can register a DMA-BUF (`ibv_reg_dmabuf_mr`).
+    pub fn ib_gdr_facts(&self, hca_dmabuf: bool) -> IbGdrFacts {
+        let mut f = IbGdrFacts {
+            gpu_path: self.ib_gpu_enabled(),
+            hca_dmabuf,
+            ..IbGdrFacts::default()
+        };
+        if !f.gpu_path {
+            return f;
         }
-        let emulated = self.cfg.gpu_emulate != crate::gpu::Emulation::Off;
-        let ok = emulated || dmabuf || crate::transport::ib::device::peermem_loaded();
-        if !ok {
-            static SAID: std::sync::Once = std::sync::Once::new();
-            SAID.call_once(|| {
-                info!("nccl-net-zip: NCCL_PTR_CUDA not offered on IB: no GPUDirect RDMA (neither the nvidia-peermem module nor DMA-BUF registration)")
-            });
+        f.emulated = self.cfg.gpu_emulate != crate::gpu::Emulation::Off;
+        if f.emulated {
+            return f;
         }
-        ok
+        f.peermem = crate::transport::ib::device::peermem_loaded();
+        if f.peermem {
+            return f;
+        }
+        let why = if hca_dmabuf {
+            match crate::transport::ib::dmabuf::nccl_uses_dmabuf() {
+                Ok(()) => {
+                    f.nccl_dmabuf = true;
+                    return f;
+                }
+                Err(why) => format!("NCCL will not register GPU memory through DMA-BUF ({why})"),
+            }
+        } else {
+            "no DMA-BUF registration (libibverbs without ibv_reg_dmabuf_mr)".to_string()
+        };
+        static SAID: std::sync::Once = std::sync::Once::new();
+        SAID.call_once(|| {
+            info!("nccl-net-zip: NCCL_PTR_CUDA not offered on IB: no GPUDirect RDMA: no nvidia-peermem module, and {why}")
+        });
+        f
     }
 
     /// The opened IB port `dev` (opened on first use, then shared).
@@ -409,4 +470,83 @@ fn ib_index(ib: &IbState, dev: i32) -> Result<usize> {
                 ib.devices.len()
             ))
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ffi::abi::{NCCL_PTR_CUDA, NCCL_PTR_DMABUF, NCCL_PTR_HOST};
+
+    const HOST: i32 = NCCL_PTR_HOST as i32;
+    const CUDA: i32 = NCCL_PTR_CUDA as i32;
+    const DMABUF: i32 = NCCL_PTR_DMABUF as i32;
+
+    fn facts(gpu_path: bool, peermem: bool, hca_dmabuf: bool, nccl_dmabuf: bool) -> IbGdrFacts {
+        IbGdrFacts {
+            gpu_path,
+            emulated: false,
+            peermem,
+            hca_dmabuf,
+            nccl_dmabuf,
+        }
+    }
+
+    /// NCCL counts `DMABUF` (with its own DMA-BUF support) as GPUDirect-capable
+    /// and then hands GPU buffers to regMrDmaBuf: with the device path off, no
+    /// DMA-BUF-capable port may say so.
+    #[test]
+    fn dmabuf_is_never_offered_without_cuda() {
+        for peermem in [false, true] {
+            for nccl_dmabuf in [false, true] {
+                let bits = ib_ptr_support(&facts(false, peermem, true, nccl_dmabuf));
+                assert_eq!(
+                    bits, HOST,
+                    "device path off, peermem {peermem}, NCCL dmabuf {nccl_dmabuf}"
+                );
+            }
+        }
+        let off = IbGdrFacts {
+            emulated: true,
+            hca_dmabuf: true,
+            ..IbGdrFacts::default()
+        };
+        assert_eq!(ib_ptr_support(&off), HOST);
+    }
+
+    /// Without NCCL's own DMA-BUF support NCCL registers GPU buffers with plain
+    /// regMr, which needs nvidia-peermem: a DMA-BUF-capable HCA alone is not
+    /// enough to offer CUDA.
+    #[test]
+    fn cuda_needs_a_registration_nccl_will_make_work() {
+        assert_eq!(ib_ptr_support(&facts(true, false, true, false)), HOST);
+        assert_eq!(ib_ptr_support(&facts(true, false, false, false)), HOST);
+        // NCCL uses regMrDmaBuf: both bits.
+        assert_eq!(
+            ib_ptr_support(&facts(true, false, true, true)),
+            HOST | CUDA | DMABUF
+        );
+        // nvidia-peermem: plain regMr works; DMABUF only where the port has it.
+        assert_eq!(
+            ib_ptr_support(&facts(true, true, false, false)),
+            HOST | CUDA
+        );
+        assert_eq!(
+            ib_ptr_support(&facts(true, true, true, false)),
+            HOST | CUDA | DMABUF
+        );
+        // A port without DMA-BUF: NCCL's own support does not matter.
+        assert_eq!(ib_ptr_support(&facts(true, false, false, true)), HOST);
+        // Emulated device memory is host memory: any port reaches it.
+        let emu = IbGdrFacts {
+            gpu_path: true,
+            emulated: true,
+            ..IbGdrFacts::default()
+        };
+        assert_eq!(ib_ptr_support(&emu), HOST | CUDA);
+        let emu_dmabuf = IbGdrFacts {
+            hca_dmabuf: true,
+            ..emu
+        };
+        assert_eq!(ib_ptr_support(&emu_dmabuf), HOST | CUDA | DMABUF);
+    }
 }

@@ -14,3 +14,22 @@ pub mod error;
 mod shims;
 
 pub use shims::ncclNetPlugin_v8;
+
+/// For tests: a comm made in Rust as the pointer NCCL would hold, so that the
+/// vtable entries can be called on it. Give it back with `closeSend` or
+/// `closeRecv`.
+#[doc(hidden)]
+pub mod testing {
+    use std::ffi::c_void;
+
+    use super::boundary::Obj;
+    use crate::plugin::{AnyRecv, AnySend};
+
+    pub fn send_comm(c: AnySend) -> *mut c_void {
+        Obj::into_raw(c)
+    }
+
+    pub fn recv_comm(c: AnyRecv) -> *mut c_void {
+        Obj::into_raw(c)
+    }
+}

@@ -84,6 +84,38 @@ unsafe fn prewarm_tcp(comm: *mut c_void, b: &Arc<dyn Backend>) -> Result<()> {
     Ok(())
 }
 
+/// `regMr` or `regMrDmaBuf` (`entry`) of CUDA memory on an IB comm: refused
+/// unless the device path is on (ptrSupport offers `NCCL_PTR_CUDA`, and so
+/// `NCCL_PTR_DMABUF`, only then); else the device owning `data`, with the lane
+/// the comm's progress thread will code its chunks on made now, so that the
+/// data path never allocates. The HCA registers the memory itself (GPUDirect
+/// RDMA: nvidia-peermem or DMA-BUF; emulated device memory is host memory).
+///
+/// # Safety
+/// `comm` must be an IB comm pointer this plugin handed out.
+unsafe fn ib_cuda_device(
+    entry: &str,
+    comm: *mut c_void,
+    data: *mut c_void,
+) -> Result<Arc<dyn Backend>> {
+    let p = plugin::get()?;
+    if !p.ib_gpu_enabled() {
+        return Err(Error::InvalidArgument(format!(
+            "{entry} of CUDA memory on an IB comm, but ptrSupport does not offer NCCL_PTR_CUDA (NCCL_ZIP_GPU is off, or no CUDA device)"
+        )));
+    }
+    let b = crate::gpu::backend_for(data as u64, p.cfg.gpu_emulate)?;
+    // The comm's progress thread codes one chunk at a time: one lane.
+    let dir = if Obj::<AnySend>::get(comm).is_ok() {
+        Dir::Send
+    } else {
+        Dir::Recv
+    };
+    let max_wire = crate::codec_glue::max_wire(p.cfg.max_chunk);
+    crate::gpu::pool::pool(&b, dir, max_wire, p.cfg.gpu_lanes).prewarm(1)?;
+    Ok(b)
+}
+
 /// The device behind an isend/irecv mhandle: `None` for host memory (or NULL).
 ///
 /// # Safety
@@ -223,27 +255,7 @@ unsafe extern "C" fn reg_mr(
                 prewarm_tcp(comm, &b)?;
                 Some(b)
             }
-            (NCCL_PTR_CUDA, Some(_)) => {
-                // GPUDirect RDMA: the HCA registers the device pointer below
-                // (nvidia-peermem; emulated device memory is host memory).
-                let p = plugin::get()?;
-                if !p.ib_gpu_enabled() {
-                    return Err(Error::InvalidArgument(
-                        "regMr of CUDA memory on an IB comm, but ptrSupport does not offer NCCL_PTR_CUDA (NCCL_ZIP_GPU is off, or no CUDA device)".into(),
-                    ));
-                }
-                let b = crate::gpu::backend_for(data as u64, p.cfg.gpu_emulate)?;
-                // The comm's progress thread codes one chunk at a time: one lane,
-                // made now so that the data path never allocates.
-                let dir = if Obj::<AnySend>::get(comm).is_ok() {
-                    Dir::Send
-                } else {
-                    Dir::Recv
-                };
-                let max_wire = crate::codec_glue::max_wire(p.cfg.max_chunk);
-                crate::gpu::pool::pool(&b, dir, max_wire, p.cfg.gpu_lanes).prewarm(1)?;
-                Some(b)
-            }
+            (NCCL_PTR_CUDA, Some(_)) => Some(ib_cuda_device("regMr", comm, data)?),
             _ => {
                 return Err(Error::InvalidArgument(format!(
                     "regMr of pointer type {ty}: expected NCCL_PTR_HOST or NCCL_PTR_CUDA"
@@ -285,12 +297,10 @@ unsafe extern "C" fn reg_mr_dma_buf(
         if let Some(m) = ib_mrs(comm)?.filter(|m| m.supports_dmabuf()) {
             let mh = out(mhandle, "mhandle")?;
             // A DMA-BUF of CUDA memory: its compressed chunks go through the
-            // device's lanes, like a regMr'd CUDA buffer.
+            // device's lanes, like a regMr'd CUDA buffer, and are refused as
+            // there when the device path is off.
             let dev = match ty as u32 {
-                NCCL_PTR_CUDA => Some(crate::gpu::backend_for(
-                    data as u64,
-                    plugin::get()?.cfg.gpu_emulate,
-                )?),
+                NCCL_PTR_CUDA => Some(ib_cuda_device("regMrDmaBuf", comm, data)?),
                 _ => None,
             };
             let r = m.register_dmabuf(data as u64, size, offset, fd)?;
@@ -308,6 +318,11 @@ unsafe extern "C" fn reg_mr_dma_buf(
 }
 
 unsafe extern "C" fn dereg_mr(_comm: *mut c_void, mhandle: *mut c_void) -> ncclResult_t {
+    // NCCL's proxy deregisters a user buffer's handle even when it is NULL
+    // (`send/recvProxyDeregBuffer` call deregMr unconditionally): nothing to do.
+    if mhandle.is_null() {
+        return ncclResult_t::ncclSuccess;
+    }
     call("deregMr", || Obj::<MemHandle>::take(mhandle).map(drop))
 }
 

@@ -449,6 +449,29 @@ impl Registrar for MemRegistrar {
             }),
         ))
     }
+
+    /// The model has no device memory (emulated device memory is host
+    /// memory): a DMA-BUF is taken to map the `len` bytes NCCL sees at `addr`,
+    /// as a CUDA DMA-BUF maps the buffer it was exported from. Only the fd's
+    /// sign is checked.
+    unsafe fn reg_dmabuf(
+        &self,
+        addr: u64,
+        len: usize,
+        _offset: u64,
+        fd: i32,
+    ) -> Result<Registration> {
+        if fd < 0 {
+            return Err(Error::InvalidArgument(format!(
+                "DMA-BUF registration with fd {fd}"
+            )));
+        }
+        self.reg(addr as *mut u8, len)
+    }
+
+    fn supports_dmabuf(&self) -> bool {
+        true
+    }
 }
 
 impl Drop for MemFabric {

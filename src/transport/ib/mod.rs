@@ -7,9 +7,11 @@
 //! - [`device`]: HCA enumeration and `NCCL_IB_HCA` parsing.
 //! - [`comm`]: the listen/send/recv comms NCCL holds: TCP bootstrap, one
 //!   progress thread per comm, memory registration cache.
+//! - [`dmabuf`]: whether NCCL will register GPU buffers through `regMrDmaBuf`.
 
 pub mod comm;
 pub mod device;
+pub mod dmabuf;
 pub mod fabric;
 pub mod gdr;
 pub mod mem_fabric;
