@@ -5,6 +5,7 @@
 //   x.par(n, f)      f(i) for i in 0..n, spread over the CTA's threads, then a barrier
 //   x.one(f)         f() on one thread, then a barrier
 //   x.any(n, pred)   whether pred(i) holds for some i (early exit), uniform result
+//   x.sum64(n, slot, f)   sum of f(i) over i < n, uniform result (sc64[slot] scratch)
 //   x.rounds(n, f)   like par, but unit i is done no later than any unit >= i + nthreads
 //                    starts (ascending store rounds, for NCCL LL/LL128 consumers)
 //   X::add32/add64/or32   atomics on shared memory
@@ -74,6 +75,8 @@ NZC_HD u32* ws_crc(u64 ws, u64 nb) { return (u32*)(ws + sizeof(JobState) + 8 * n
 enum : u32 {
     COST_UNITS = 6 * NCODES,   // anchors smax-4..smax+1 x codes
     DEC_GROUP_SEGS = 32,       // segments decoded per smem round (keys buffer)
+    KEY_STRIDE = SEG_ELEMS + 4, // keys of one segment: padded so that the 32 decoding
+                                // threads' byte stores fall in 32 different banks
     CRC_PARTS = 256,           // a block's CRC is computed in this many parts
     NSCAL = 64,
 };
@@ -89,7 +92,7 @@ struct Smem {
     u32* crc_tab;    // 256
     u32* crc_x2n;    // 32
     u32* crc_part;   // CRC_PARTS
-    u8* keys;        // DEC_GROUP_SEGS x SEG_ELEMS
+    u8* keys;        // DEC_GROUP_SEGS x KEY_STRIDE
     u32* sc;         // NSCAL scalars (broadcast slots)
     u64* sc64;       // NSCAL 64-bit scalars
 };
@@ -116,7 +119,7 @@ NZC_HD u64 smem_carve(u8* base, u32 block_log2, Smem* s) {
     NZC_CARVE(crc_part, u32, CRC_PARTS)
     NZC_CARVE(lanebits, u16, ns * LANES)
     NZC_CARVE(laneoff, u16, ns * LANES)
-    NZC_CARVE(keys, u8, DEC_GROUP_SEGS * SEG_ELEMS)
+    NZC_CARVE(keys, u8, DEC_GROUP_SEGS * KEY_STRIDE)
 #undef NZC_CARVE
     return o;
 }
@@ -606,7 +609,10 @@ NZC_HD void encode_finish(X& x, Smem& s, const EncJob& job, const FramePlan& fp)
     u64 total = limit;
     bool stored = fp.stored_early != 0;
     if (!stored) {
-        total = HEADER_LEN + 4 * (u64)job.nb + (ws_scan(job.ws)[job.nb - 1] & ((1ull << 62) - 1));
+        // Written by other CTAs: one thread reads it and every thread takes its
+        // branch from the same copy (the copy below has barriers).
+        x.one([&]() { s.sc64[S64_A] = ws_scan(job.ws)[job.nb - 1] & ((1ull << 62) - 1); });
+        total = HEADER_LEN + 4 * (u64)job.nb + s.sc64[S64_A];
         stored = total >= limit;
     }
     u32 crc = 0;
@@ -632,7 +638,7 @@ struct DecFrame {
 // Header, length and block-table checks (FORMAT.md §2, §3, §7). Reads at most
 // 24 + 4*nb bytes, each checked against src_len.
 template <class X>
-NZC_HD DecFrame parse_frame(X& x, Smem& s, const u8* src, u64 src_len, u64 dst_cap) {
+NZC_HD DecFrame parse_frame(X& x, const u8* src, u64 src_len, u64 dst_cap) {
     DecFrame f;
     f.flags = f.dt = f.block_log2 = f.crc = 0;
     f.n = f.nb = 0;
@@ -659,9 +665,8 @@ NZC_HD DecFrame parse_frame(X& x, Smem& s, const u8* src, u64 src_len, u64 dst_c
         if (src_len != HEADER_LEN + f.n) return f;
     } else {
         if (HEADER_LEN + 4 * f.nb > src_len) return f;
-        x.one([&]() { s.sc64[S64_A] = 0; });
-        x.par(f.nb, [&](u64 i) { X::add64(&s.sc64[S64_A], ld_u32(src + HEADER_LEN + 4 * i)); });
-        if (HEADER_LEN + 4 * f.nb + s.sc64[S64_A] != src_len) return f;
+        const u64 coded = x.sum64(f.nb, S64_A, [&](u64 i) -> u64 { return ld_u32(src + HEADER_LEN + 4 * i); });
+        if (HEADER_LEN + 4 * f.nb + coded != src_len) return f;
     }
     f.status = ST_OK;
     return f;
@@ -723,20 +728,27 @@ NZC_HD u32 decode_block(X& x, Smem& s, const u8* blk, u32 size, u8* out, u32 L) 
             const u8* sp = streams_p + s.segoff[j];
             const u32 slen = s.seglen[j];
             const u32 e0 = j * SEG_ELEMS, e1 = e0 + SEG_ELEMS < m ? e0 + SEG_ELEMS : m;
-            u8* keys = s.keys + (u64)gi * SEG_ELEMS;
+            u8* keys = s.keys + (u64)gi * KEY_STRIDE;
             u64 bp = 0;
             u32 bad = 0;
+            // Bit buffer: bits [bp, bp + have) of the segment, zero past its end;
+            // refilled a byte at a time to at least 57 bits whenever fewer than 32
+            // remain (an element uses at most 12 code + 8 escape + 3 extra bits), so
+            // each stream byte is loaded once.
+            u64 buf = 0;
+            u32 have = 0, rp = 0;
             for (u32 i = e0; i < e1; i++) {
                 if (bp > 8 * (u64)slen) {
                     bad = 1;
                     break;
                 }
-                // 64-bit window at bit bp, zero past the segment's end
-                const u32 p = (u32)(bp >> 3);
-                u64 buf = 0;
-                for (u32 q = 0; q < 8; q++)
-                    if (p + q < slen) buf |= (u64)sp[p + q] << (8 * q);
-                buf >>= (bp & 7);
+                if (have < 32) {
+                    while (have <= 56) {
+                        buf |= (u64)(rp < slen ? sp[rp] : 0) << have;
+                        rp++;
+                        have += 8;
+                    }
+                }
                 const u32 ent = s.lut[buf & (DEC_TABLE - 1)];
                 const u32 lc = (ent >> 8) & 0xF;
                 const u32 e = (ent & 0xFF) | ((u32)(buf >> lc) & (ent >> 24));
@@ -749,6 +761,8 @@ NZC_HD u32 decode_block(X& x, Smem& s, const u8* blk, u32 size, u8* out, u32 L) 
                 bad |= ent & DEC_INVALID;
                 keys[i - e0] = (u8)key;
                 bp += len;
+                buf >>= len;
+                have -= len;
             }
             if (bad || (bp + 7) / 8 != slen) X::or32(&s.sc[SC_ERR], ST_STREAM);
         });
@@ -764,7 +778,8 @@ NZC_HD u32 decode_block(X& x, Smem& s, const u8* blk, u32 size, u8* out, u32 L) 
                 const u64 byte = cb + q;
                 const u64 ei = byte / ti.w;
                 if (ei < m) {
-                    const u32 key = s.keys[ei - (u64)g0 * SEG_ELEMS];
+                    const u64 le = ei - (u64)g0 * SEG_ELEMS;
+                    const u32 key = s.keys[(le / SEG_ELEMS) * KEY_STRIDE + le % SEG_ELEMS];
                     const u32 p1 = blk[off1 + ei];
                     const u32 p2 = ti.p2 ? ld_u16(blk + off2 + 2 * ei) : 0;
                     const u32 el = join_elem(dt, key, p1, p2);
@@ -793,9 +808,8 @@ NZC_HD u32 decode_item(X& x, Smem& s, const DecJob& job, const DecFrame& f, u32 
     if (f.flags & FLAG_STORED) {
         copy_rounds(x, dst + o, src + HEADER_LEN + o, L);
     } else {
-        x.one([&]() { s.sc64[S64_B] = 0; });
-        x.par(b, [&](u64 i) { X::add64(&s.sc64[S64_B], ld_u32(src + HEADER_LEN + 4 * i)); });
-        const u64 pos = HEADER_LEN + 4 * f.nb + s.sc64[S64_B];
+        const u64 pos = HEADER_LEN + 4 * f.nb +
+                        x.sum64(b, S64_B, [&](u64 i) -> u64 { return ld_u32(src + HEADER_LEN + 4 * i); });
         const u32 size = ld_u32(src + HEADER_LEN + 4 * (u64)b);
         // parse_frame checked that all blocks end within src_len
         st = decode_block(x, s, src + pos, size, dst + o, L);

@@ -202,13 +202,13 @@ NZC_HD u32 crc32c_tab(const u32* table, const u8* p, u64 n) {
 
 // a*b mod P in the reflected representation (x^0 = 0x80000000), as in zlib.
 NZC_HD u32 crc_multmodp(u32 a, u32 b) {
-    u32 m = 1u << 31, p = 0;
-    for (;;) {
+    u32 p = 0;
+    // Ends after the lowest set bit of a (at once for a == 0: no endless loop).
+    for (u32 m = 1u << 31; m && a; m >>= 1) {
         if (a & m) {
             p ^= b;
             if ((a & (m - 1)) == 0) break;
         }
-        m >>= 1;
         b = (b & 1) ? (b >> 1) ^ CRC_POLY : b >> 1;
     }
     return p;

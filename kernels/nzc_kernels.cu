@@ -13,7 +13,8 @@
 
 namespace nzc {
 
-enum : u32 { SC_BCAST = 48, SC_LAST = 49, S64_LOOKBACK = 8 };
+// Above the decoder's code words (SC_WORDS + NSYM = 58), below NSCAL.
+enum : u32 { SC_BCAST = 58, SC_LAST = 59, S64_LOOKBACK = 8 };
 enum : u64 { SCAN_AGG = 1ull << 62, SCAN_INC = 2ull << 62, SCAN_VAL = (1ull << 62) - 1 };
 
 struct DevExec {
@@ -41,6 +42,21 @@ struct DevExec {
             if (__syncthreads_or(hit)) return true;
         }
         return false;
+    }
+    // Sum of f(i) over i < n, the same in every thread: per-thread sums, a warp
+    // reduction, one shared atomic per warp (not one per i on one address).
+    template <class F>
+    __device__ u64 sum64(u64 n, u32 slot, F f) {
+        if (threadIdx.x == 0) s->sc64[slot] = 0;
+        __syncthreads();
+        u64 v = 0;
+        for (u64 i = threadIdx.x; i < n; i += blockDim.x) v += f(i);
+        for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
+        if ((threadIdx.x & 31) == 0 && v) atomicAdd((unsigned long long*)&s->sc64[slot], (unsigned long long)v);
+        __syncthreads();
+        const u64 r = s->sc64[slot];
+        __syncthreads();  // the slot may be written again right after
+        return r;
     }
     // Ascending store rounds: round r covers units [r*blockDim, (r+1)*blockDim); its
     // stores are fenced before any thread starts round r+1.
@@ -175,7 +191,7 @@ extern "C" __global__ void __launch_bounds__(256) nzc_decode(const DecJob* jobs,
         const bool skip = s.sc[SC_BCAST] != 0;
         __syncthreads();
         if (skip) continue;
-        DecFrame f = parse_frame(x, s, (const u8*)job.src, job.src_len, job.dst_cap);
+        DecFrame f = parse_frame(x, (const u8*)job.src, job.src_len, job.dst_cap);
         if (f.status == ST_OK && f.nb > job.ws_blocks) f.status = ST_BAD_ARGS;
         if (f.status == ST_OK && f.block_log2 > smem_log2) f.status = ST_BAD_ARGS;
         const u32 items = f.status != ST_OK ? 1 : (f.nb ? (u32)f.nb : 1);

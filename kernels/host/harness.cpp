@@ -39,6 +39,12 @@ struct HostExec {
         return false;
     }
     template <class F>
+    u64 sum64(u64 n, u32, F f) {
+        u64 v = 0;
+        for (u64 i = 0; i < n; i++) v += f(i);
+        return v;
+    }
+    template <class F>
     void rounds(u64 n, F f) {
         for (u64 i = 0; i < n; i++) f(i);
     }
@@ -170,7 +176,7 @@ static int cmd_dec(const char* in, const char* out, u64 cap) {
     u32 items = 1;
     for (u32 b = 0; b < items; b++) {
         cta.fresh(log2);
-        DecFrame f = parse_frame(x, cta.s, s, frame.size(), cap);
+        DecFrame f = parse_frame(x, s, frame.size(), cap);
         if (f.status == ST_OK && f.nb > ws_blocks) f.status = ST_BAD_ARGS;
         items = f.status != ST_OK ? 1 : (f.nb ? (u32)f.nb : 1);
         if (f.status == ST_OK && (f.flags & FLAG_CHECKSUM)) crc_init(x, cta.s);

@@ -108,7 +108,7 @@ pub const fn smem_bytes(block_log2: u32) -> u64 {
     o = a16(o + 4 * 256); // crc_part
     o = a16(o + 2 * ns * 32); // lanebits
     o = a16(o + 2 * ns * 32); // laneoff
-    o = a16(o + 32 * 1024); // keys
+    o = a16(o + 32 * (1024 + 4)); // keys (a padded stride per segment)
     o
 }
 
