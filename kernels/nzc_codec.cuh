@@ -784,7 +784,10 @@ NZC_HD u32 decode_block(X& x, Smem& s, const u8* blk, u32 size, u8* out, u32 L) 
             u8 v[16];
             const u64 cb = b0 + 16 * c;
             const u32 cnt = (u32)(b1 - cb < 16 ? b1 - cb : 16);
-            for (u32 q = 0; q < cnt; q++) {
+            // cb is a multiple of 16, so of w: whole elements until the block's
+            // trailing bytes (t < w), which follow the last element.
+            u32 q = 0;
+            while (q < cnt) {
                 const u64 byte = cb + q;
                 const u64 ei = byte / ti.w;
                 if (ei < m) {
@@ -793,9 +796,11 @@ NZC_HD u32 decode_block(X& x, Smem& s, const u8* blk, u32 size, u8* out, u32 L) 
                     const u32 p1 = blk[off1 + ei];
                     const u32 p2 = ti.p2 ? ld_u16(blk + off2 + 2 * ei) : 0;
                     const u32 el = join_elem(dt, key, p1, p2);
-                    v[q] = (u8)(el >> (8 * (byte % ti.w)));
+                    for (u32 r = 0; r < ti.w; r++) v[q + r] = (u8)(el >> (8 * r));
+                    q += ti.w;
                 } else {
                     v[q] = blk[size - t + (byte - (u64)m * ti.w)];
+                    q++;
                 }
             }
             store_chunk(out + cb, v, cnt);
