@@ -7,7 +7,8 @@
 //! NCCL_ZIP_HBM_GBPS, default 3350 for H100 SXM; set it for other parts).
 //! Input: bf16 Gaussian (sigma 0.02), the common NCCL case.
 
-use std::io::Write;
+mod gpu_util;
+
 use std::time::{Duration, Instant};
 
 use nccl_net_zip::gpu::{
@@ -15,6 +16,11 @@ use nccl_net_zip::gpu::{
 };
 use nccl_zip_codec::{compress, max_compressed_size, DtypeHint, EncodeOptions};
 use rand::{Rng, SeedableRng};
+
+/// [`gpu_util::wait_or_exit`] with this binary's limit.
+fn wait_or_exit(batch: &GpuBatch, what: &str) -> Vec<JobOutcome> {
+    gpu_util::wait_or_exit(batch, what, Duration::from_secs(30))
+}
 
 fn bf16_gauss(n: usize, seed: u64) -> Vec<u8> {
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
@@ -29,32 +35,6 @@ fn bf16_gauss(n: usize, seed: u64) -> Vec<u8> {
     v
 }
 
-/// Waits up to 30 s for the batch just launched. A kernel that does not finish ends
-/// the process (status 3) after one clear line, instead of a panic: the next test of
-/// this binary would block behind the hung kernel (its synchronous copies on the
-/// legacy stream, and the frees while unwinding), until the caller's time limit.
-/// `_exit` skips atexit handlers (the CUDA driver's teardown could wait as well).
-fn wait_or_exit(batch: &GpuBatch, what: &str) -> Vec<JobOutcome> {
-    let limit = Duration::from_secs(30);
-    match batch.wait(limit) {
-        Ok(r) => r,
-        Err(e) => {
-            let test = std::thread::current()
-                .name()
-                .map(|t| format!("test {t}, "))
-                .unwrap_or_default();
-            let _ = std::io::stdout().flush();
-            eprintln!(
-                "KERNEL DID NOT FINISH: {test}{what}: no result within {limit:?} ({e}); \
-                 exiting with status 3 (later tests of this binary would block behind it)"
-            );
-            let _ = std::io::stderr().flush();
-            // SAFETY: ends the process at once; nothing is shared with other processes.
-            unsafe { libc::_exit(3) }
-        }
-    }
-}
-
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.partial_cmp(b).unwrap());
     v[v.len() / 2]
@@ -63,13 +43,8 @@ fn median(mut v: Vec<f64>) -> f64 {
 #[test]
 #[ignore]
 fn gpu_bench() {
-    let mut g = match GpuCodec::new(0) {
-        Ok(Ok(g)) => g,
-        Ok(Err(why)) => {
-            println!("SKIP: {why}");
-            return;
-        }
-        Err(e) => panic!("{e}"),
+    let Some(mut g) = codec_or_skip() else {
+        return;
     };
     let hbm: f64 = std::env::var("NCCL_ZIP_HBM_GBPS")
         .ok()
@@ -197,6 +172,42 @@ struct BenchLane {
     out: DeviceBuffer,
 }
 
+/// The GPU codec on device 0, or None after printing why there is none (SKIP).
+fn codec_or_skip() -> Option<GpuCodec> {
+    match GpuCodec::new(0) {
+        Ok(Ok(g)) => Some(g),
+        Ok(Err(why)) => {
+            println!("SKIP: {why}");
+            None
+        }
+        Err(e) => panic!("{e}"),
+    }
+}
+
+/// Per-chunk encode and decode times of several threads, summarised: medians over
+/// all chunks, and each direction's time per thread (the sum over its chunks,
+/// averaged over the threads).
+struct Timings {
+    enc_p50: f64,
+    dec_p50: f64,
+    enc_sum: f64,
+    dec_sum: f64,
+}
+
+impl Timings {
+    fn of(per: &[(Vec<f64>, Vec<f64>)]) -> Timings {
+        let n = per.len() as f64;
+        let enc: Vec<f64> = per.iter().flat_map(|p| p.0.iter().copied()).collect();
+        let dec: Vec<f64> = per.iter().flat_map(|p| p.1.iter().copied()).collect();
+        Timings {
+            enc_sum: enc.iter().sum::<f64>() / n,
+            dec_sum: dec.iter().sum::<f64>() / n,
+            enc_p50: median(enc),
+            dec_p50: median(dec),
+        }
+    }
+}
+
 /// Median and total seconds of `iters` chunk encodes then decodes on one lane.
 fn run_lane(g: &GpuCodec, l: &mut BenchLane, chunk: usize, iters: usize) -> (Vec<f64>, Vec<f64>) {
     let cap = max_compressed_size(chunk);
@@ -249,13 +260,8 @@ fn run_lane(g: &GpuCodec, l: &mut BenchLane, chunk: usize, iters: usize) -> (Vec
 #[test]
 #[ignore]
 fn gpu_bench_lanes() {
-    let g = match GpuCodec::new(0) {
-        Ok(Ok(g)) => g,
-        Ok(Err(why)) => {
-            println!("SKIP: {why}");
-            return;
-        }
-        Err(e) => panic!("{e}"),
+    let Some(g) = codec_or_skip() else {
+        return;
     };
     println!(
         "lanes: one launch per chunk, {} SMs cap per launch, results host-mapped",
@@ -310,12 +316,7 @@ fn gpu_bench_lanes() {
             });
             let wall = t0.elapsed().as_secs_f64();
             let bytes = (chunk * iters * threads) as f64;
-            let enc_sum: f64 =
-                per.iter().map(|(e, _)| e.iter().sum::<f64>()).sum::<f64>() / threads as f64;
-            let dec_sum: f64 =
-                per.iter().map(|(_, d)| d.iter().sum::<f64>()).sum::<f64>() / threads as f64;
-            let enc_all: Vec<f64> = per.iter().flat_map(|(e, _)| e.iter().copied()).collect();
-            let dec_all: Vec<f64> = per.iter().flat_map(|(_, d)| d.iter().copied()).collect();
+            let t = Timings::of(&per);
             for l in &lanes {
                 // SAFETY: the lane's stream is idle (every batch was waited for).
                 let frame = unsafe { std::slice::from_raw_parts(l.staging.host_ptr(), cpu_len) };
@@ -332,10 +333,10 @@ fn gpu_bench_lanes() {
                 chunk,
                 threads,
                 g.grid_for((chunk as u64).div_ceil(1 << 16)),
-                median(enc_all) * 1e6,
-                median(dec_all) * 1e6,
-                bytes / enc_sum / 1e9,
-                bytes / dec_sum / 1e9,
+                t.enc_p50 * 1e6,
+                t.dec_p50 * 1e6,
+                bytes / t.enc_sum / 1e9,
+                bytes / t.dec_sum / 1e9,
                 bytes / wall / 1e9,
             );
         }
@@ -356,13 +357,8 @@ fn gpu_bench_lanes() {
 fn gpu_bench_data_path() {
     use nccl_net_zip::gpu::{backend_for, Emulation};
     use std::sync::atomic::AtomicU64;
-    let g = match GpuCodec::new(0) {
-        Ok(Ok(g)) => g,
-        Ok(Err(why)) => {
-            println!("SKIP: {why}");
-            return;
-        }
-        Err(e) => panic!("{e}"),
+    let Some(g) = codec_or_skip() else {
+        return;
     };
     let zero_copy = std::env::var("NCCL_ZIP_GPU_ZEROCOPY").is_ok_and(|v| v == "1");
     let probe = DeviceBuffer::new(g.context(), 4096).unwrap();
@@ -425,21 +421,16 @@ fn gpu_bench_data_path() {
                 hs.into_iter().map(|h| h.join().unwrap()).collect()
             });
             let bytes = (chunk * iters * threads) as f64;
-            let enc_sum: f64 =
-                per.iter().map(|(e, _)| e.iter().sum::<f64>()).sum::<f64>() / threads as f64;
-            let dec_sum: f64 =
-                per.iter().map(|(_, d)| d.iter().sum::<f64>()).sum::<f64>() / threads as f64;
-            let enc_all: Vec<f64> = per.iter().flat_map(|(e, _)| e.iter().copied()).collect();
-            let dec_all: Vec<f64> = per.iter().flat_map(|(_, d)| d.iter().copied()).collect();
+            let t = Timings::of(&per);
             println!(
                 "{:>8} {:>7} {:>9} {:>11.1} {:>11.1} {:>12.2} {:>12.2}",
                 chunk,
                 threads,
                 mode,
-                median(enc_all) * 1e6,
-                median(dec_all) * 1e6,
-                bytes / enc_sum / 1e9,
-                bytes / dec_sum / 1e9,
+                t.enc_p50 * 1e6,
+                t.dec_p50 * 1e6,
+                bytes / t.enc_sum / 1e9,
+                bytes / t.dec_sum / 1e9,
             );
         }
     }

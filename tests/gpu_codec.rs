@@ -2,7 +2,8 @@
 //! "SKIP: <reason>" and passes when no usable GPU is present (CPU-only CI).
 //! scripts/gpu_validate.sh runs these on the GPU machine, also under compute-sanitizer.
 
-use std::io::Write;
+mod gpu_util;
+
 use std::time::Duration;
 
 use nccl_net_zip::gpu::{
@@ -10,6 +11,11 @@ use nccl_net_zip::gpu::{
 };
 use nccl_zip_codec::{compress, decompress, max_compressed_size, DtypeHint, EncodeOptions};
 use rand::{Rng, RngCore, SeedableRng};
+
+/// [`gpu_util::wait_or_exit`] with this binary's limit.
+fn wait_or_exit(batch: &GpuBatch, what: &str) -> Vec<JobOutcome> {
+    gpu_util::wait_or_exit(batch, what, timeout())
+}
 
 fn codec() -> Option<GpuCodec> {
     match GpuCodec::new(0) {
@@ -42,33 +48,6 @@ fn timeout() -> Duration {
             .and_then(|v| v.parse().ok())
             .unwrap_or(20),
     )
-}
-
-/// Waits for the batch just launched. A kernel that does not finish ends the whole
-/// process (status 3) after one clear line, instead of a panic: libtest would run
-/// the next test in this process, whose synchronous `cuMemcpyHtoD` on the legacy
-/// stream (and the frees while unwinding this one) would block behind the hung
-/// kernel until the caller's time limit. `_exit` skips atexit handlers (the CUDA
-/// driver's teardown could wait for the kernel as well).
-fn wait_or_exit(batch: &GpuBatch, what: &str) -> Vec<JobOutcome> {
-    let limit = timeout();
-    match batch.wait(limit) {
-        Ok(r) => r,
-        Err(e) => {
-            let test = std::thread::current()
-                .name()
-                .map(|t| format!("test {t}, "))
-                .unwrap_or_default();
-            let _ = std::io::stdout().flush();
-            eprintln!(
-                "KERNEL DID NOT FINISH: {test}{what}: no result within {limit:?} ({e}); \
-                 exiting with status 3 (later tests of this binary would block behind it)"
-            );
-            let _ = std::io::stderr().flush();
-            // SAFETY: ends the process at once; nothing is shared with other processes.
-            unsafe { libc::_exit(3) }
-        }
-    }
 }
 
 struct Case {

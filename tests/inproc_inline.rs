@@ -19,6 +19,35 @@ fn setup() {
     std::env::set_var("NCCL_ZIP_INLINE_MAX", INLINE_MAX.to_string());
 }
 
+/// Tests the receives in order until each is done, testing the pending sends all
+/// along (the sender's progress runs only when it is called, as under NCCL), then
+/// the sends until all are done. Returns the received sizes; `sent` gets the sends'.
+fn complete_in_order(sends: &[&Slot], sent: &mut [Option<usize>], recvs: &[&Slot]) -> Vec<usize> {
+    let t0 = std::time::Instant::now();
+    let test_sends = |sent: &mut [Option<usize>]| {
+        for (k, q) in sends.iter().enumerate() {
+            if sent[k].is_none() {
+                sent[k] = q.test().unwrap();
+            }
+        }
+    };
+    let mut got = Vec::new();
+    for (i, rq) in recvs.iter().enumerate() {
+        got.push(loop {
+            test_sends(sent);
+            if let Some(n) = rq.test().unwrap() {
+                break n;
+            }
+            assert!(t0.elapsed().as_secs() < 60, "receive {i} stuck");
+        });
+    }
+    while sent.iter().any(Option::is_none) {
+        test_sends(sent);
+        assert!(t0.elapsed().as_secs() < 60, "sends stuck");
+    }
+    got
+}
+
 #[test]
 fn inline_messages_beyond_the_socket_buffers_resume_and_arrive_whole() {
     setup();
@@ -74,35 +103,16 @@ fn inline_messages_beyond_the_socket_buffers_resume_and_arrive_whole() {
             unsafe { &*(q as *const Slot) }
         })
         .collect();
-    let t0 = std::time::Instant::now();
-    for (i, rq) in recvs.iter().enumerate() {
-        let got = loop {
-            // The sender's progress runs only when it is called: as NCCL does,
-            // keep testing the pending sends while waiting for the receive.
-            for (k, q) in sends.iter().enumerate() {
-                if sent[k].is_none() {
-                    sent[k] = q.test().unwrap();
-                }
-            }
-            if let Some(n) = rq.test().unwrap() {
-                break n;
-            }
-            assert!(t0.elapsed().as_secs() < 60, "receive {i} stuck");
-        };
+    let got = complete_in_order(&sends, &mut sent, &recvs);
+    for (i, &n) in got.iter().enumerate() {
         let b = &bufs[i];
-        assert_eq!(got, sizes[i], "message {i}: reported size");
-        assert!(b[..got] == msgs[i][..], "message {i} differs");
+        assert_eq!(n, sizes[i], "message {i}: reported size");
+        assert!(b[..n] == msgs[i][..], "message {i} differs");
         assert!(
-            b[got..].iter().all(|&x| x == 0xEE),
+            b[n..].iter().all(|&x| x == 0xEE),
             "message {i} wrote past its end"
         );
-    }
-    for (k, q) in sends.iter().enumerate() {
-        while sent[k].is_none() {
-            sent[k] = q.test().unwrap();
-            assert!(t0.elapsed().as_secs() < 60, "send {k} stuck");
-        }
-        assert_eq!(sent[k], Some(sizes[k]));
+        assert_eq!(sent[i], Some(sizes[i]));
     }
     assert_eq!(
         s.stats().chunks_inline.load(Relaxed) - inline0,
@@ -190,29 +200,10 @@ fn larger_messages_go_inline_only_while_the_inline_stream_is_idle() {
         })
         .collect();
     let mut sent = vec![None; sends.len()];
-    let t0 = std::time::Instant::now();
-    for (i, rq) in recvs.iter().enumerate() {
-        let got = loop {
-            for (k, q) in sends.iter().enumerate() {
-                if sent[k].is_none() {
-                    sent[k] = q.test().unwrap();
-                }
-            }
-            if let Some(n) = rq.test().unwrap() {
-                break n;
-            }
-            assert!(t0.elapsed().as_secs() < 60, "receive {i} stuck");
-        };
-        assert_eq!(got, msgs[i].len());
-        assert!(bufs[i][..got] == msgs[i][..], "message {i} differs");
-    }
-    while sent.iter().any(Option::is_none) {
-        for (k, q) in sends.iter().enumerate() {
-            if sent[k].is_none() {
-                sent[k] = q.test().unwrap();
-            }
-        }
-        assert!(t0.elapsed().as_secs() < 60, "sends stuck");
+    let got = complete_in_order(&sends, &mut sent, &recvs);
+    for (i, &n) in got.iter().enumerate() {
+        assert_eq!(n, msgs[i].len());
+        assert!(bufs[i][..n] == msgs[i][..], "message {i} differs");
     }
     assert_eq!(inline() - i0, 8, "only the eight small ones went inline");
 }
