@@ -93,6 +93,8 @@ struct Smem {
     u32* crc_x2n;    // 32
     u32* crc_part;   // CRC_PARTS
     u8* keys;        // DEC_GROUP_SEGS x KEY_STRIDE
+    u8* codelen;     // NSYM x NCODES: CODE_LENGTHS transposed, [sym][k] (best_cost's
+                     // warp reads 32 codes of one symbol: 32 consecutive bytes)
     u32* sc;         // NSCAL scalars (broadcast slots)
     u64* sc64;       // NSCAL 64-bit scalars
 };
@@ -120,6 +122,7 @@ NZC_HD u64 smem_carve(u8* base, u32 block_log2, Smem* s) {
     NZC_CARVE(lanebits, u16, ns * LANES)
     NZC_CARVE(laneoff, u16, ns * LANES)
     NZC_CARVE(keys, u8, DEC_GROUP_SEGS * KEY_STRIDE)
+    NZC_CARVE(codelen, u8, NSYM * NCODES)
 #undef NZC_CARVE
     return o;
 }
@@ -136,7 +139,7 @@ enum : u32 {
     SC_TOTAL = 3,     // decode: sum of segment lengths
     SC_KA = 8,        // best_cost result h: k | a << 8 (3 slots)
     SC_LOHI = 12,     // best_cost anchors h: lo | hi << 16 (3 slots)
-    SC_WORDS = 32,    // 26 canonical code words (decoder)
+    SC_WORDS = 32,    // 26 canonical code words of the block's code (encoder, decoder)
     S64_COST = 0,     // best_cost result cost h (3 slots)
     S64_A = 4,        // table prefix / generic
     S64_B = 5,
@@ -169,13 +172,14 @@ NZC_HD u32 canon_word(u32 k, u32 s) {
 
 // Encode-table entry for a key: code word (+ escape payload, + fp16 extra bits) in
 // bits 0..24, total bit length in bits 24..32 (as codec/src/encode.rs enc_table).
-NZC_HD u32 enc_entry(u32 dt, u32 k, u32 a, u32 key) {
+// words[s] = canon_word(k, s), computed once per table.
+NZC_HD u32 enc_entry(u32 dt, u32 k, u32 a, u32 key, const u32* words) {
     TypeInfo ti = type_info(dt);
     u32 e, x;
     key_parts(dt, key, &e, &x);
     u32 s = symbol_of(e, a);
     u32 lc = CODE_LENGTHS[k][s];
-    u32 bits = canon_word(k, s);
+    u32 bits = words[s];
     u32 len = lc;
     if (s == SYM_ESC) {
         bits |= e << len;
@@ -316,6 +320,7 @@ NZC_HD u32 block_crc(X& x, Smem& s, const u8* p, u64 len) {
 // Result h: s.sc[SC_KA + h] = k | a << 8, s.sc64[S64_COST + h] = cost.
 template <class X>
 NZC_HD void best_cost(X& x, Smem& s, u32 nh, const u32* dts) {
+    x.par(NSYM * NCODES, [&](u64 i) { s.codelen[i] = CODE_LENGTHS[i % NCODES][i / NCODES]; });
     // anchors and the nonzero bins of each histogram
     x.par(nh, [&](u64 h) {
         TypeInfo ti = type_info(dts[h]);
@@ -348,7 +353,7 @@ NZC_HD void best_cost(X& x, Smem& s, u32 nh, const u32* dts) {
                 u32 v = s.nz[256 * h + i];
                 if ((v >> 8) == 0) break;
                 u32 sym = symbol_of(v & 0xFF, a);
-                u32 bits = CODE_LENGTHS[k][sym] + (sym == SYM_ESC ? ti.ebits : 0);
+                u32 bits = s.codelen[sym * NCODES + k] + (sym == SYM_ESC ? ti.ebits : 0);
                 cost += (u64)(v >> 8) * bits;
             }
         }
@@ -469,7 +474,8 @@ NZC_HD BlockPlan block_plan(X& x, Smem& s, u32 dt, const u8* blk, u32 L) {
           [&](u64 j) { X::add32(&s.hist[exp_field(dt, load_elem(blk, SAMPLE_STRIDE * j, ti.w))], 1); });
     best_cost(x, s, 1, &dt);
     const u32 k = s.sc[SC_KA] & 0xFF, a = s.sc[SC_KA] >> 8;
-    x.par(256, [&](u64 key) { s.lut[key] = enc_entry(dt, k, a, (u32)key); });
+    x.par(NSYM, [&](u64 sy) { s.sc[SC_WORDS + sy] = canon_word(k, (u32)sy); });
+    x.par(256, [&](u64 key) { s.lut[key] = enc_entry(dt, k, a, (u32)key, s.sc + SC_WORDS); });
     // bit length of every lane (32 elements) of every segment
     const u32 nseg = (m + SEG_ELEMS - 1) / SEG_ELEMS;
     x.par((u64)nseg * LANES, [&](u64 u) {

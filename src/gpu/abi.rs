@@ -109,6 +109,7 @@ pub const fn smem_bytes(block_log2: u32) -> u64 {
     o = a16(o + 2 * ns * 32); // lanebits
     o = a16(o + 2 * ns * 32); // laneoff
     o = a16(o + 32 * (1024 + 4)); // keys (a padded stride per segment)
+    o = a16(o + 26 * 32); // codelen
     o
 }
 
