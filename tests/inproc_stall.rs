@@ -72,7 +72,10 @@ fn peer_that_closes_with_a_later_message_on_a_data_stream_fails_the_receive() {
     assert_eq!(rq.test().unwrap(), None);
     drop(socks); // the peer dies, cleanly closing every stream
     let err = wait(rq).expect_err("a receive completed with bytes that never came");
-    assert!(matches!(err, Error::Remote(_)), "want a remote error, got {err}");
+    assert!(
+        matches!(err, Error::Remote(_)),
+        "want a remote error, got {err}"
+    );
 }
 
 #[test]
@@ -89,7 +92,10 @@ fn stall_is_found_while_the_inline_stream_also_waits() {
     let s1 = socks.remove(1);
     drop(s1);
     let err = wait(rq).expect_err("a receive completed with bytes that never came");
-    assert!(matches!(err, Error::Remote(_)), "want a remote error, got {err}");
+    assert!(
+        matches!(err, Error::Remote(_)),
+        "want a remote error, got {err}"
+    );
     drop(socks);
 }
 
@@ -125,5 +131,8 @@ fn messages_that_arrived_before_the_close_are_delivered() {
         Ok(Some(rq3)) => wait(rq3).expect_err("a receive completed after the peer closed"),
         Ok(None) => panic!("no free slot"),
     };
-    assert!(matches!(err, Error::Remote(_)), "want a remote error, got {err}");
+    assert!(
+        matches!(err, Error::Remote(_)),
+        "want a remote error, got {err}"
+    );
 }

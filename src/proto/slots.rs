@@ -528,7 +528,10 @@ mod tests {
         assert_eq!(r.producer_ended(1), (false, None));
         // Producer 0 holds message 1's header while message 0 is pending and
         // nobody else can bring it.
-        assert!(matches!(r.wait_posted(1, 0, || false), Ok(Wait::Stalled(0))));
+        assert!(matches!(
+            r.wait_posted(1, 0, || false),
+            Ok(Wait::Stalled(0))
+        ));
         // Without producers (IB), nothing is ever judged stalled.
         let r = Ring::default();
         r.post(None, 0, Some((1, 64))).unwrap();

@@ -21,8 +21,8 @@ use crate::devpath::DevSide;
 use crate::error::{Error, Result};
 use crate::gpu::pool::Dir;
 use crate::gpu::Backend;
-use crate::proto::slots::{Slot, Wait};
 use crate::proto::slots::NSLOTS;
+use crate::proto::slots::{Slot, Wait};
 use crate::proto::wire::{ChunkHeader, CHUNK_HEADER_SIZE};
 use crate::stats::Staging;
 
