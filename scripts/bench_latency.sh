@@ -60,16 +60,10 @@ cell() {
     median | grep . || echo -
 }
 
-DATE=$(date -u +%Y-%m-%d)
-OUTF=${OUT:-$ROOT/bench/results/latency-$DATE.md}
-mkdir -p "$ROOT/bench/results"
+OUTF=$(results_path latency)
 {
-  echo "# Small-message latency: plugin vs NCCL Socket-style single socket ($DATE)"
-  echo
-  echo "- Machine: $(machine_desc); loopback"
-  echo "- Commit: $(commit_desc "$ROOT")"
-  echo "- Command: \`$CMD\` (REPS=$REPS COUNT=$COUNT SIZES=$SIZES)"
-  echo "- Plugin settings: $(env | grep '^NCCL_ZIP_' | tr '\n' ' ' || true)(unset = defaults)"
+  results_head "Small-message latency: plugin vs NCCL Socket-style single socket" "; loopback" \
+    "$CMD" "REPS=$REPS COUNT=$COUNT SIZES=$SIZES"
   echo "- One message in flight, isend to receive done, one polling thread (nccl-zip-perf loop --latency);"
   echo "  each cell is the median over $REPS interleaved rounds of the round's p50 (p99 in brackets), microseconds."
   echo "- tcp: one non-blocking socket polled by the same thread, as NCCL's Socket transport does by default (no helper"

@@ -75,16 +75,10 @@ NETNS_SOCKBUF=$SOCKBUF "$ROOT/scripts/netns.sh" up 4gbit >&2
 measure "netns 4 Gbit/s, TCP buffers <= $SOCKBUF B" "$BYTES_NS"
 "$ROOT/scripts/netns.sh" down >&2
 
-DATE=$(date -u +%Y-%m-%d)
-OUTF=${OUT:-$ROOT/bench/results/tcp-$DATE.md}
-mkdir -p "$ROOT/bench/results"
+OUTF=$(results_path tcp)
 {
-  echo "# TCP transport: plugin vs single-socket TCP ($DATE)"
-  echo
-  echo "- Machine: $(machine_desc)"
-  echo "- Commit: $(commit_desc "$ROOT")"
-  echo "- Command: \`$CMD\` (REPS=$REPS BYTES_LO=$BYTES_LO BYTES_NS=$BYTES_NS NETNS_SOCKBUF=$SOCKBUF DATA=$DATA)"
-  echo "- Plugin settings: $(env | grep '^NCCL_ZIP_' | tr '\n' ' ' || true)(unset = defaults)"
+  results_head "TCP transport: plugin vs single-socket TCP" "" \
+    "$CMD" "REPS=$REPS BYTES_LO=$BYTES_LO BYTES_NS=$BYTES_NS NETNS_SOCKBUF=$SOCKBUF DATA=$DATA"
   echo "- Throughput: receiver side, GB/s = 1e9 B/s, median of $REPS runs; 16 untimed warm-up messages per run."
   echo "- Wire/payload: bytes counted by the receiver's interface over the whole run (rx; on lo, both directions) per payload byte, warm-up included; Ethernet/IP/TCP headers included."
   echo

@@ -10,3 +10,22 @@ machine_desc() {
 commit_desc() {
   echo "$(git -C "$1" rev-parse --short HEAD)$(git -C "$1" diff --quiet HEAD -- src || echo ' (src/ modified)')"
 }
+
+# results_path NAME → bench/results/NAME-<date>.md under ROOT, or $OUT if set
+# (the directory is made).
+results_path() {
+  mkdir -p "$ROOT/bench/results"
+  echo "${OUT:-$ROOT/bench/results/$1-$(date -u +%Y-%m-%d).md}"
+}
+
+# results_head TITLE MACHINE_NOTE COMMAND SETTINGS: the title, then the machine,
+# commit, command (with the script's settings after it) and plugin-settings lines
+# every results file starts with.
+results_head() {
+  echo "# $1 ($(date -u +%Y-%m-%d))"
+  echo
+  echo "- Machine: $(machine_desc)$2"
+  echo "- Commit: $(commit_desc "$ROOT")"
+  echo "- Command: \`$3\` ($4)"
+  echo "- Plugin settings: $(env | grep '^NCCL_ZIP_' | tr '\n' ' ' || true)(unset = defaults)"
+}
