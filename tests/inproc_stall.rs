@@ -59,6 +59,15 @@ fn wait(rq: &Slot) -> Result<usize, Error> {
     }
 }
 
+/// `rq` fails (at most 10 s later) with a remote error, never completes.
+fn assert_remote_failure(rq: &Slot) {
+    let err = wait(rq).expect_err("a receive completed with bytes that never came");
+    assert!(
+        matches!(err, Error::Remote(_)),
+        "want a remote error, got {err}"
+    );
+}
+
 #[test]
 fn peer_that_closes_with_a_later_message_on_a_data_stream_fails_the_receive() {
     setup();
@@ -71,11 +80,7 @@ fn peer_that_closes_with_a_later_message_on_a_data_stream_fails_the_receive() {
     std::thread::sleep(Duration::from_millis(50));
     assert_eq!(rq.test().unwrap(), None);
     drop(socks); // the peer dies, cleanly closing every stream
-    let err = wait(rq).expect_err("a receive completed with bytes that never came");
-    assert!(
-        matches!(err, Error::Remote(_)),
-        "want a remote error, got {err}"
-    );
+    assert_remote_failure(rq);
 }
 
 #[test]
@@ -91,11 +96,7 @@ fn stall_is_found_while_the_inline_stream_also_waits() {
     // Only data stream 1 ends. The other two are open but hold later messages.
     let s1 = socks.remove(1);
     drop(s1);
-    let err = wait(rq).expect_err("a receive completed with bytes that never came");
-    assert!(
-        matches!(err, Error::Remote(_)),
-        "want a remote error, got {err}"
-    );
+    assert_remote_failure(rq);
     drop(socks);
 }
 

@@ -197,6 +197,9 @@ pub struct Ring {
     /// Receivers: per stream that feeds the ring, ACTIVE, ENDED or the seq it
     /// waits for. Written under `posted`; read anywhere.
     producers: Box<[AtomicU64]>,
+    /// Per producer: `next_seq` when its wait was last judged by
+    /// [`Ring::producer_waits`] (only a post can change that verdict later).
+    judged_at: Box<[AtomicU64]>,
 }
 
 impl Default for Ring {
@@ -220,6 +223,7 @@ impl Ring {
             posted: Mutex::new(()),
             posted_cv: Condvar::new(),
             producers: (0..n).map(|_| AtomicU64::new(ACTIVE)).collect(),
+            judged_at: (0..n).map(|_| AtomicU64::new(u64::MAX)).collect(),
         }
     }
 
@@ -263,6 +267,11 @@ impl Ring {
     /// Producer `who`, which does not block in [`Ring::wait_posted`], now holds a
     /// header for `waits_for` (not posted) or, with None, no longer waits.
     /// Returns the seq of a pending receive that can no longer complete.
+    ///
+    /// Called on NCCL's thread at every poll while a header waits, so a repeated
+    /// wait for the same seq is judged again only after a post: a producer that
+    /// ends or starts waiting judges the stall itself, and a completion cannot
+    /// cause one.
     pub fn producer_waits(&self, who: usize, waits_for: Option<u64>) -> Option<u64> {
         let p = &self.producers[who];
         match waits_for {
@@ -273,9 +282,16 @@ impl Ring {
                 p.store(ACTIVE, Release);
                 None
             }
+            Some(seq)
+                if p.load(Acquire) == seq
+                    && self.judged_at[who].load(Acquire) == self.next_seq.load(Acquire) =>
+            {
+                None
+            }
             Some(seq) => {
                 let _g = self.posted.lock();
                 p.store(seq, Release);
+                self.judged_at[who].store(self.next_seq.load(Relaxed), Release);
                 self.stalled()
             }
         }
@@ -519,6 +535,18 @@ mod tests {
         assert_eq!(r.producer_waits(2, None), None);
         assert_eq!(r.producer_waits(2, Some(3)), Some(1));
         assert_eq!(r.producer_ended(2), (true, Some(1)));
+    }
+
+    #[test]
+    fn a_repeated_wait_is_judged_again_after_a_post() {
+        let r = Ring::with_producers(2);
+        assert_eq!(r.producer_ended(1), (false, None));
+        // Producer 0 holds message 1; nothing is pending, polled again and again.
+        assert_eq!(r.producer_waits(0, Some(1)), None);
+        assert_eq!(r.producer_waits(0, Some(1)), None);
+        // The receive of message 0 is posted: nobody can bring it.
+        r.post(None, 0, Some((1, 64))).unwrap();
+        assert_eq!(r.producer_waits(0, Some(1)), Some(0));
     }
 
     #[test]
