@@ -1,0 +1,413 @@
+//! A hostile or broken peer on the TCP data path, made by hand: whatever it sends,
+//! a pending receive never hangs, never panics the process, and is never reported
+//! complete with bytes that did not come. Each case ends with the receive's
+//! `test()` failing within 10 s with a remote error (`ncclRemoteError`), except a
+//! message larger than the posted buffer, which docs/PROTOCOL.md §3 makes an
+//! invalid usage naming both sizes. The peer keeps every stream open unless the
+//! case is about closing, so a failure comes from the rule it breaks, not from
+//! the close. A panic in an I/O thread would surface as an internal error, so the
+//! exact error variant checked below also proves there was none.
+//!
+//! The receiver runs with NCCL_ZIP_COMPRESS=off: it decodes compressed chunks
+//! whatever its own setting (`recv.rs` decodes on the chunk's flag alone), which
+//! the positive control shows.
+
+mod inproc_util;
+
+use std::io::Write;
+use std::net::{Shutdown, TcpStream};
+use std::time::{Duration, Instant};
+
+use inproc_util::{bf16_gaussian, raw_peer};
+use nccl_net_zip::error::Error;
+use nccl_net_zip::proto::slots::Slot;
+use nccl_net_zip::proto::wire::{ChunkHeader, FLAG_COMPRESSED};
+use nccl_net_zip::transport::tcp::RecvComm;
+use nccl_zip_codec::{compress, frame_info, max_compressed_size, EncodeOptions};
+
+/// The sender's chunk size that `raw_peer` announces in its hello.
+const MAX_CHUNK: usize = 1 << 20;
+/// The inline stream's index in `raw_peer`'s sockets (after the two data streams).
+const INLINE: usize = 2;
+
+fn setup() {
+    std::env::set_var("NCCL_ZIP_COMPRESS", "off");
+}
+
+fn hdr(
+    flags: u16,
+    seq: u64,
+    total: usize,
+    offset: usize,
+    raw_len: usize,
+    wire_len: usize,
+) -> ChunkHeader {
+    ChunkHeader {
+        flags,
+        seq,
+        total: total as u32,
+        offset: offset as u32,
+        raw_len: raw_len as u32,
+        wire_len: wire_len as u32,
+    }
+}
+
+/// Writes a chunk header and `payload` on `sock`.
+fn send(sock: &mut TcpStream, h: ChunkHeader, payload: &[u8]) {
+    sock.write_all(&h.encode()).unwrap();
+    sock.write_all(payload).unwrap();
+}
+
+/// Message `seq`, `payload` whole, as one raw chunk.
+fn send_raw(sock: &mut TcpStream, seq: u64, payload: &[u8]) {
+    let n = payload.len();
+    send(sock, hdr(0, seq, n, 0, n, n), payload);
+}
+
+/// Message `seq` of `total` bytes: the chunk at `offset`, compressed as `frame`
+/// (which decodes to `raw_len` bytes if it is valid).
+fn send_frame(
+    sock: &mut TcpStream,
+    seq: u64,
+    total: usize,
+    offset: usize,
+    raw_len: usize,
+    frame: &[u8],
+) {
+    let h = hdr(FLAG_COMPRESSED, seq, total, offset, raw_len, frame.len());
+    send(sock, h, frame);
+}
+
+/// A valid frame of `src` that is really coded (a block frame, smaller than `src`).
+fn frame_of(src: &[u8]) -> Vec<u8> {
+    let mut f = vec![0u8; max_compressed_size(src.len())];
+    let n = compress(src, &mut f, &EncodeOptions::default()).unwrap();
+    f.truncate(n);
+    let info = frame_info(&f).unwrap();
+    assert!(
+        !info.stored && n < src.len(),
+        "want a coded frame: {info:?}"
+    );
+    f
+}
+
+fn post<'a>(r: &'a RecvComm, buf: &mut [u8]) -> &'a Slot {
+    r.irecv(buf.as_mut_ptr(), buf.len(), None)
+        .unwrap()
+        .expect("a free slot")
+}
+
+/// Tests `rq` until it is no longer pending (at most 10 s).
+fn wait(rq: &Slot) -> Result<usize, Error> {
+    let t0 = Instant::now();
+    loop {
+        match rq.test() {
+            Ok(None) => {}
+            Ok(Some(n)) => return Ok(n),
+            Err(e) => return Err(e),
+        }
+        assert!(t0.elapsed() < Duration::from_secs(10), "the receive hangs");
+        std::thread::yield_now();
+    }
+}
+
+/// Connects a hand-made peer, posts one receive of `cap` bytes, lets `peer` write
+/// on the streams (data 0, data 1, inline), and returns how the receive ended: it
+/// must fail within 10 s, never complete. The streams stay open until then.
+fn hostile(cap: usize, peer: impl FnOnce(&mut [TcpStream])) -> Error {
+    let (r, mut socks) = raw_peer();
+    let mut buf = vec![0xEEu8; cap];
+    let rq = post(&r, &mut buf);
+    peer(&mut socks);
+    let err = wait(rq).expect_err("a receive completed with bytes that never came");
+    drop(socks);
+    err
+}
+
+/// `err` is a remote error whose message contains `why`.
+fn assert_remote(err: &Error, why: &str, case: &str) {
+    assert!(
+        matches!(err, Error::Remote(m) if m.contains(why)),
+        "{case}: want a remote error about {why:?}, got {err:?}"
+    );
+}
+
+#[test]
+fn control_a_valid_compressed_message_is_delivered_bit_exact() {
+    setup();
+    let (r, mut socks) = raw_peer();
+    // 192 KiB in two compressed chunks on the two data streams, the second first.
+    let msg = bf16_gaussian(7, 192 << 10, 0.02);
+    let (a, b) = msg.split_at(128 << 10);
+    let mut buf = vec![0xEEu8; 256 << 10];
+    let rq = post(&r, &mut buf);
+    send_frame(&mut socks[1], 0, msg.len(), a.len(), b.len(), &frame_of(b));
+    send_frame(&mut socks[0], 0, msg.len(), 0, a.len(), &frame_of(a));
+    assert_eq!(wait(rq).unwrap(), msg.len(), "test() reports the true size");
+    assert!(buf[..msg.len()] == msg[..], "the message differs");
+    assert!(
+        buf[msg.len()..].iter().all(|&x| x == 0xEE),
+        "wrote past its end"
+    );
+    let st = r.stats();
+    assert_eq!(
+        st.chunks_compressed
+            .load(std::sync::atomic::Ordering::Relaxed),
+        2
+    );
+}
+
+#[test]
+fn case01_corrupt_compressed_frames_fail_the_receive() {
+    setup();
+    let msg = bf16_gaussian(1, 128 << 10, 0.02);
+    let good = frame_of(&msg);
+    let nb = frame_info(&good).unwrap().blocks as usize;
+    assert_eq!(nb, 2, "two 64 KiB blocks");
+    let table = 24;
+    let block0 = table + 4 * nb;
+    assert_eq!(
+        good[block0],
+        nccl_zip_codec::format::MODE_BF16,
+        "block 0 is coded"
+    );
+    let seg_len = block0 + 4; // u16 per segment after the block's 4-byte header
+    let add_u32 = |f: &mut Vec<u8>, at: usize, d: i32| {
+        let v = u32::from_le_bytes(f[at..at + 4].try_into().unwrap());
+        f[at..at + 4].copy_from_slice(&v.wrapping_add_signed(d).to_le_bytes());
+    };
+    let add_u16 = |f: &mut Vec<u8>, at: usize, d: i16| {
+        let v = u16::from_le_bytes(f[at..at + 2].try_into().unwrap());
+        f[at..at + 2].copy_from_slice(&v.wrapping_add_signed(d).to_le_bytes());
+    };
+    // (what, frame, the chunk's raw_len)
+    let mut cases: Vec<(&str, Vec<u8>, usize)> = Vec::new();
+    let mut f = good.clone();
+    f[0] ^= 0xFF;
+    cases.push(("bad magic", f, msg.len()));
+    let mut f = good.clone();
+    f[20] ^= 0x01;
+    cases.push(("bad header CRC", f, msg.len()));
+    let mut f = good.clone();
+    f[9] ^= 0x01; // raw_len in the header, CRC left as it was
+    cases.push(("header raw_len changed", f, msg.len()));
+    let mut f = good.clone();
+    add_u32(&mut f, table, 1);
+    cases.push(("block table entry + 1", f, msg.len()));
+    let mut f = good.clone();
+    add_u32(&mut f, table, 1);
+    add_u32(&mut f, table + 4, -1); // the frame length still adds up
+    cases.push(("block table entries moved by 1", f, msg.len()));
+    let mut f = good.clone();
+    add_u16(&mut f, seg_len, 1);
+    add_u16(&mut f, seg_len + 2, -1); // the block length still adds up
+    cases.push(("segment lengths moved by 1", f, msg.len()));
+    let mut f = good.clone();
+    add_u16(&mut f, seg_len, -1);
+    cases.push(("segment length - 1", f, msg.len()));
+    let mut f = good.clone();
+    f.truncate(good.len() - 100);
+    cases.push(("truncated, wire_len says so", f, msg.len()));
+    let mut f = good.clone();
+    f.truncate(10);
+    cases.push(("truncated inside the header", f, msg.len()));
+    // Valid frames of another length than the chunk's raw_len.
+    cases.push((
+        "frame longer than the chunk",
+        good.clone(),
+        msg.len() - 4096,
+    ));
+    cases.push((
+        "frame shorter than the chunk",
+        frame_of(&msg[..msg.len() - 4096]),
+        msg.len(),
+    ));
+    for (what, frame, raw_len) in cases {
+        let err = hostile(256 << 10, |s| {
+            send_frame(&mut s[0], 0, raw_len, 0, raw_len, &frame);
+        });
+        assert_remote(&err, "corrupt compressed chunk", what);
+    }
+}
+
+#[test]
+fn case02_chunk_past_the_end_of_its_message() {
+    setup();
+    let err = hostile(4096, |s| {
+        send(&mut s[0], hdr(0, 0, 100, 64, 64, 64), &[7; 64]);
+    });
+    assert_remote(
+        &err,
+        "chunk past the end of its message",
+        "offset + raw_len > size",
+    );
+}
+
+#[test]
+fn case03_compressed_chunk_larger_than_the_bound() {
+    setup();
+    let bound = max_compressed_size(MAX_CHUNK);
+    let err = hostile(MAX_CHUNK, |s| {
+        // The header alone must be refused: nothing of the payload is sent.
+        send(
+            &mut s[0],
+            hdr(FLAG_COMPRESSED, 0, MAX_CHUNK, 0, MAX_CHUNK, bound + 1),
+            &[],
+        );
+    });
+    assert_remote(
+        &err,
+        "compressed chunk larger than any we send",
+        "wire_len > bound",
+    );
+}
+
+#[test]
+fn case04_raw_chunk_whose_wire_length_differs() {
+    setup();
+    for (what, wire_len) in [("wire_len > raw_len", 65), ("wire_len < raw_len", 63)] {
+        let err = hostile(4096, |s| {
+            send(
+                &mut s[0],
+                hdr(0, 0, 64, 0, 64, wire_len),
+                &vec![1; wire_len],
+            );
+        });
+        assert_remote(&err, "raw chunk whose wire length differs", what);
+    }
+}
+
+#[test]
+fn case05_chunks_of_one_message_state_different_sizes() {
+    setup();
+    let err = hostile(4096, |s| {
+        send(&mut s[0], hdr(0, 0, 200, 0, 100, 100), &[1; 100]);
+        std::thread::sleep(Duration::from_millis(20)); // the first is placed first
+        send(&mut s[1], hdr(0, 0, 150, 100, 50, 50), &[2; 50]);
+    });
+    assert_remote(&err, "message size 150 after 200", "two totals");
+}
+
+#[test]
+fn case06_a_sequence_number_already_completed() {
+    setup();
+    let (r, mut socks) = raw_peer();
+    let m0: Vec<u8> = (0..100u8).collect();
+    let mut b0 = vec![0xEEu8; 256];
+    let mut b1 = vec![0xEEu8; 256];
+    let rq0 = post(&r, &mut b0);
+    send_raw(&mut socks[0], 0, &m0);
+    assert_eq!(wait(rq0).unwrap(), m0.len());
+    assert_eq!(&b0[..m0.len()], &m0[..]);
+    let rq1 = post(&r, &mut b1);
+    send_raw(&mut socks[1], 0, &[9; 100]); // message 0 again
+    let err = wait(rq1).expect_err("a receive completed with a replayed message");
+    assert_remote(
+        &err,
+        "chunk for message 0, which is not expected",
+        "replayed seq",
+    );
+    assert!(
+        b1.iter().all(|&x| x == 0xEE),
+        "the replay landed in receive 1"
+    );
+    assert_eq!(&b0[..m0.len()], &m0[..], "the replay overwrote receive 0");
+    drop(socks);
+}
+
+#[test]
+fn case07_chunk_header_with_bad_magic() {
+    setup();
+    let err = hostile(4096, |s| {
+        let mut h = hdr(0, 0, 64, 0, 64, 64).encode();
+        h[0] ^= 0xFF;
+        s[0].write_all(&h).unwrap();
+        s[0].write_all(&[3; 64]).unwrap();
+    });
+    assert_remote(&err, "bad chunk magic", "bad magic");
+}
+
+#[test]
+fn case08_peer_closes_part_way_through_a_chunk() {
+    setup();
+    // Half a raw payload on a data stream, then that stream (only) is closed.
+    let err = hostile(4096, |s| {
+        s[0].write_all(&hdr(0, 0, 1000, 0, 1000, 1000).encode())
+            .unwrap();
+        s[0].write_all(&[5; 500]).unwrap();
+        s[0].shutdown(Shutdown::Write).unwrap();
+    });
+    assert_remote(
+        &err,
+        "closed the connection mid-message",
+        "half a raw payload",
+    );
+    // Half a compressed frame.
+    let frame = frame_of(&bf16_gaussian(3, 64 << 10, 0.02));
+    let err = hostile(64 << 10, |s| {
+        let h = hdr(FLAG_COMPRESSED, 0, 64 << 10, 0, 64 << 10, frame.len());
+        s[1].write_all(&h.encode()).unwrap();
+        s[1].write_all(&frame[..frame.len() / 2]).unwrap();
+        s[1].shutdown(Shutdown::Write).unwrap();
+    });
+    assert_remote(&err, "closed the connection mid-message", "half a frame");
+    // Half a chunk header.
+    let err = hostile(4096, |s| {
+        s[0].write_all(&hdr(0, 0, 64, 0, 64, 64).encode()[..16])
+            .unwrap();
+        s[0].shutdown(Shutdown::Write).unwrap();
+    });
+    assert_remote(&err, "closed the connection mid-message", "half a header");
+    // Half an inline message.
+    let err = hostile(4096, |s| {
+        s[INLINE]
+            .write_all(&hdr(0, 0, 1000, 0, 1000, 1000).encode())
+            .unwrap();
+        s[INLINE].write_all(&[5; 500]).unwrap();
+        s[INLINE].shutdown(Shutdown::Write).unwrap();
+    });
+    assert_remote(
+        &err,
+        "closed the connection mid-message",
+        "half an inline payload",
+    );
+}
+
+#[test]
+fn case09_inline_stream_gets_what_only_data_streams_carry() {
+    setup();
+    let msg = bf16_gaussian(9, 64 << 10, 0.02);
+    let frame = frame_of(&msg);
+    let err = hostile(64 << 10, |s| {
+        send_frame(&mut s[INLINE], 0, msg.len(), 0, msg.len(), &frame);
+    });
+    assert_remote(&err, "is not one raw chunk", "compressed inline chunk");
+    let err = hostile(4096, |s| {
+        // One raw chunk of a 200-byte message, but not the whole of it.
+        send(&mut s[INLINE], hdr(0, 0, 200, 0, 100, 100), &[1; 100]);
+    });
+    assert_remote(&err, "is not one raw chunk", "partial inline chunk");
+    let err = hostile(2 * MAX_CHUNK, |s| {
+        // Refused on its header: the payload never needs to come.
+        let n = MAX_CHUNK + 1;
+        send(&mut s[INLINE], hdr(0, 0, n, 0, n, n), &[]);
+    });
+    assert_remote(
+        &err,
+        "larger than the sender's chunk size",
+        "inline chunk > max_chunk",
+    );
+}
+
+#[test]
+fn case10_message_larger_than_the_posted_receive() {
+    setup();
+    // PROTOCOL.md §3: ncclInvalidUsage, and the error names both sizes.
+    for (what, stream) in [("data stream", 0), ("inline stream", INLINE)] {
+        let err = hostile(64, |s| send_raw(&mut s[stream], 0, &[4; 100]));
+        assert!(
+            matches!(&err, Error::InvalidUsage(m) if m.contains("100 bytes") && m.contains("only 64 bytes")),
+            "{what}: want an invalid usage naming 100 and 64 bytes, got {err:?}"
+        );
+    }
+}
