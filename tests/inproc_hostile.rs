@@ -411,3 +411,50 @@ fn case10_message_larger_than_the_posted_receive() {
         );
     }
 }
+
+// The chunks of a message must tile it (PROTOCOL.md §3). A receive counts placed
+// bytes, so before `Slot::claim` a repeated chunk completed it with bytes that
+// never came, and chunks that overlap past its size left it pending for ever.
+
+#[test]
+fn case11_a_repeated_chunk_does_not_complete_the_message() {
+    setup();
+    let err = hostile(8192, |s| {
+        // 8 KiB in two 4 KiB chunks, but the first comes twice and the second never.
+        send(&mut s[0], hdr(0, 0, 8192, 0, 4096, 4096), &[1; 4096]);
+        send(&mut s[1], hdr(0, 0, 8192, 0, 4096, 4096), &[2; 4096]);
+    });
+    assert_remote(&err, "do not tile it", "repeated chunk");
+    // The same with compressed chunks: the second frame repeats the first offset.
+    let msg = bf16_gaussian(11, 128 << 10, 0.02);
+    let (a, b) = msg.split_at(64 << 10);
+    let err = hostile(128 << 10, |s| {
+        send_frame(&mut s[0], 0, msg.len(), 0, a.len(), &frame_of(a));
+        send_frame(&mut s[1], 0, msg.len(), 0, b.len(), &frame_of(b));
+    });
+    assert_remote(&err, "do not tile it", "repeated compressed chunk");
+}
+
+#[test]
+fn case12_overlapping_chunks_fail_the_receive() {
+    setup();
+    // Overlapping by 2 KiB: together more bytes than the message.
+    let err = hostile(8192, |s| {
+        send(&mut s[0], hdr(0, 0, 8192, 0, 6144, 6144), &[1; 6144]);
+        send(&mut s[1], hdr(0, 0, 8192, 4096, 4096, 4096), &[2; 4096]);
+    });
+    assert_remote(&err, "add up to", "overlap past the size");
+    // Overlapping by 2 KiB and leaving a 2 KiB hole: the sizes add up.
+    let err = hostile(8192, |s| {
+        send(&mut s[0], hdr(0, 0, 8192, 0, 6144, 6144), &[1; 6144]);
+        send(&mut s[1], hdr(0, 0, 8192, 4096, 2048, 2048), &[2; 2048]);
+    });
+    assert_remote(&err, "do not tile it", "overlap with a hole");
+    // A data-stream chunk, then the whole message on the inline stream.
+    let err = hostile(8192, |s| {
+        send(&mut s[0], hdr(0, 0, 8192, 0, 4096, 4096), &[1; 4096]);
+        std::thread::sleep(Duration::from_millis(20));
+        send_raw(&mut s[INLINE], 0, &[2; 8192]);
+    });
+    assert_remote(&err, "add up to", "data chunk and inline message");
+}

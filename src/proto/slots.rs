@@ -49,6 +49,10 @@ pub struct Slot {
     /// Receiver: destination and its capacity.
     buf: AtomicUsize,
     cap: AtomicUsize,
+    /// Receiver: bytes of the chunks admitted so far, and their edges' sum (see
+    /// [`Slot::claim`]).
+    claimed: AtomicUsize,
+    edges: AtomicU64,
     error: Mutex<Option<Error>>,
     hook: OnceLock<Hook>,
 }
@@ -62,6 +66,8 @@ impl Slot {
             progress: AtomicUsize::new(0),
             buf: AtomicUsize::new(0),
             cap: AtomicUsize::new(0),
+            claimed: AtomicUsize::new(0),
+            edges: AtomicU64::new(0),
             error: Mutex::new(None),
             hook: OnceLock::new(),
         }
@@ -100,6 +106,37 @@ impl Slot {
                 "corrupt stream: message size {total} after {prev}"
             ))),
         }
+    }
+
+    /// Receiver: admits the chunk of `len` bytes at `offset`, after
+    /// [`Slot::learn_size`] and before any of its bytes are written. The chunks of a
+    /// message must tile it: their lengths never add up to more than its size, and
+    /// once they add up to it they cover it. Otherwise a repeated chunk would
+    /// complete the receive with bytes that never came, and chunks that overlap
+    /// past the size would leave it pending for ever.
+    ///
+    /// Whether they cover it is told by a sum that telescopes: for non-empty chunks
+    /// `[a, b)`, `sum(edge(b) - edge(a))` is `edge(size) - edge(0)` when every inner
+    /// edge ends one chunk and starts another, that is when the chunks tile the
+    /// message; any overlap or hole leaves an edge unmatched, and `edge` mixes 64
+    /// bits, so the sum then differs (short of a 2^-64 coincidence).
+    pub fn claim(&self, offset: usize, len: usize) -> Result<()> {
+        let total = self.size.load(Acquire);
+        self.edges
+            .fetch_add(edge(offset + len).wrapping_sub(edge(offset)), AcqRel);
+        // AcqRel: the claim that reaches `total` sees every earlier claim's edges.
+        let claimed = self.claimed.fetch_add(len, AcqRel) + len;
+        if claimed > total {
+            return Err(Error::Remote(format!(
+                "corrupt stream: chunks of a {total}-byte message add up to {claimed} bytes"
+            )));
+        }
+        if claimed == total && self.edges.load(Acquire) != edge(total).wrapping_sub(edge(0)) {
+            return Err(Error::Remote(format!(
+                "corrupt stream: the chunks of a {total}-byte message overlap, so they do not tile it"
+            )));
+        }
+        Ok(())
     }
 
     /// Receiver: `n` more bytes landed. Returns true when the message is complete.
@@ -159,6 +196,15 @@ impl Slot {
             )),
         }
     }
+}
+
+/// A chunk edge (an offset in its message) mixed to 64 bits (splitmix64's
+/// finalizer), for [`Slot::claim`].
+fn edge(x: usize) -> u64 {
+    let mut z = (x as u64).wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
 }
 
 /// What a stream that feeds a receiver is doing (see [`Ring::with_producers`]):
@@ -317,6 +363,8 @@ impl Ring {
                 slot.buf.store(buf, Relaxed);
                 slot.cap.store(cap, Relaxed);
                 slot.progress.store(0, Relaxed);
+                slot.claimed.store(0, Relaxed);
+                slot.edges.store(0, Relaxed);
             }
             None => slot.progress.store(chunks, Relaxed),
         }
@@ -466,6 +514,43 @@ mod tests {
         );
         assert_eq!(s.test().unwrap(), Some(10));
         assert!(matches!(r.lookup(0), Lookup::Stale));
+    }
+
+    #[test]
+    fn chunks_must_tile_their_message() {
+        let r = Ring::default();
+        let post = |total: usize| {
+            let (_, s) = r.post(None, 0, Some((0x1000, 1 << 20))).unwrap();
+            s.learn_size(total).unwrap();
+            s
+        };
+        // A tiling, in any order, is admitted; so is an empty message's chunk.
+        let s = post(10_000);
+        for (off, len) in [(8192, 1808), (0, 4096), (4096, 4096)] {
+            s.claim(off, len).unwrap();
+        }
+        assert!(s.bytes_placed(10_000));
+        assert_eq!(s.test().unwrap(), Some(10_000));
+        let s = post(0);
+        s.claim(0, 0).unwrap();
+        assert!(s.bytes_placed(0));
+        assert_eq!(s.test().unwrap(), Some(0));
+        // A repeated chunk, an overlap with a hole, an overlap past the size.
+        for chunks in [
+            &[(0, 4096), (0, 4096)][..],
+            &[(0, 6144), (4096, 2048)],
+            &[(0, 6144), (4096, 4096)],
+            &[(0, 4096), (1, 4095), (4096, 1)],
+        ] {
+            let s = post(8192);
+            let last = chunks.len() - 1;
+            for (i, &(off, len)) in chunks.iter().enumerate() {
+                let r = s.claim(off, len);
+                assert_eq!(r.is_err(), i == last, "{chunks:?} chunk {i}: {r:?}");
+            }
+            s.fail(&Error::Remote("test".into()));
+            assert!(s.test().is_err());
+        }
     }
 
     #[test]

@@ -167,7 +167,8 @@ impl Core {
     }
 
     /// Receive side: checks that the message of chunk `h` fits the receive posted
-    /// for it, records its size, and returns that receive's buffer address.
+    /// for it, records its size, admits the chunk (the chunks must tile the
+    /// message: [`Slot::claim`]), and returns that receive's buffer address.
     pub fn admit(&self, slot: &Slot, h: &ChunkHeader) -> Result<usize> {
         let (buf, cap) = slot.recv_buffer();
         if h.total as usize > cap {
@@ -177,6 +178,7 @@ impl Core {
             )));
         }
         slot.learn_size(h.total as usize)?;
+        slot.claim(h.offset as usize, h.raw_len as usize)?;
         Ok(buf)
     }
 

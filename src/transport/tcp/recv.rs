@@ -158,8 +158,9 @@ fn recv_chunks(core: &Core, stream: usize, max_wire: usize, lanes: usize) -> Res
             } else {
                 // SAFETY: the receive buffer holds `cap` >= total >= offset + raw_len
                 // bytes (checked above and in decode) and is ours until `test`
-                // reports done; chunks of one message never overlap (offsets come
-                // from one plan).
+                // reports done. Chunks of one message do not overlap (offsets come
+                // from one plan); a broken peer's that do fail the receive before it
+                // completes (`admit`), though their bytes may race into the buffer.
                 unsafe {
                     std::slice::from_raw_parts_mut(
                         (buf + h.offset as usize) as *mut u8,
