@@ -16,9 +16,13 @@
 //!    So the policy runs epochs of [`EPOCH_BYTES`] in one mode and measures
 //!    the rate at which the sender takes raw bytes. In steady state that is the
 //!    pipeline's throughput, backpressure from a slow receiver or link included.
-//!    The faster mode runs. One epoch in [`EXPLORE_EPOCHS`] runs the other mode (one
-//!    in four times that when it measured more than 1.5x slower), so that a change
-//!    in the link, the data or the load is noticed. An epoch that
+//!    The faster mode runs. Now and then an epoch runs the other mode, so that a
+//!    change in the link, the data or the load that makes it faster is noticed:
+//!    after [`EXPLORE_EPOCHS`] epochs (four times that when it measured more than
+//!    1.5x slower), and each time it confirms the choice, twice as long after, up
+//!    to [`MAX_EXPLORE_EPOCHS`]. In steady state an exploration costs well under 1%.
+//!    (A change that makes the running mode slower needs no exploration: its own
+//!    epochs show it, and the other mode takes over.) An epoch that
 //!    spans an idle gap (no chunk for [`IDLE`]) measures the application, not us,
 //!    and is discarded.
 //!
@@ -51,8 +55,13 @@ pub const COST_MARGIN: f64 = 1.25;
 /// better on the simulated 2 Gbit/s link but flipped to compression on the
 /// unshaped veth, whose send and receive buffers hold some 40 MiB.)
 pub const EPOCH_BYTES: u64 = 16 << 20;
-/// One epoch in this many runs the mode that measured slower.
+/// Epochs of the faster mode before the slower one is first explored again.
 pub const EXPLORE_EPOCHS: u32 = 12;
+/// The longest run of the faster mode between two explorations: the interval
+/// doubles each time an exploration confirms the choice (1.5 GiB of traffic at
+/// 16 MiB epochs; some 6 s on a 2 Gbit/s link).
+pub const MAX_EXPLORE_EPOCHS: u32 = 96;
+const _: () = assert!(4 * EXPLORE_EPOCHS <= MAX_EXPLORE_EPOCHS);
 /// A codec at least this many times faster than the link (static model) delays
 /// raw's first measurement until [`LEARN_EPOCHS`] compressed epochs ran.
 pub const CONFIDENT: f64 = 4.0;
@@ -63,6 +72,8 @@ pub const RAW_MARGIN: f64 = 1.1;
 /// A gap this long between two chunks means the application paused.
 pub const IDLE: Duration = Duration::from_millis(50);
 const ALPHA: f64 = 0.25;
+/// The weight of an exploration's figure.
+const EXPLORE_ALPHA: f64 = 0.5;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Decision {
@@ -99,6 +110,10 @@ struct Epoch {
     thr: [Option<f64>; 2],
     /// Epochs of the faster mode before the next exploration.
     until_explore: u32,
+    /// The interval the last exploration set (doubles while explorations confirm).
+    explore_every: u32,
+    /// The current epoch explores the mode that measured slower.
+    exploring: bool,
     /// Compressed epochs measured so far.
     c_epochs: u32,
 }
@@ -173,6 +188,8 @@ impl Policy {
             idle: false,
             thr: [None, None],
             until_explore: EXPLORE_EPOCHS,
+            explore_every: EXPLORE_EPOCHS,
+            exploring: false,
             c_epochs: 0,
         });
         if now.saturating_duration_since(e.last) > IDLE {
@@ -204,8 +221,11 @@ impl Policy {
         if !e.idle && secs > 0.0 {
             let t = e.bytes as f64 / secs;
             measured = Some(t);
+            // An exploration weighs more than a regular epoch: it is the only news
+            // of that mode since the last one, which may be many epochs old.
+            let alpha = if e.exploring { EXPLORE_ALPHA } else { ALPHA };
             let m = &mut e.thr[e.mode as usize];
-            *m = Some(m.map_or(t, |old| old + ALPHA * (t - old)));
+            *m = Some(m.map_or(t, |old| old + alpha * (t - old)));
         }
         let was = e.mode;
         e.mode = match e.thr {
@@ -227,15 +247,38 @@ impl Policy {
                 } else {
                     Mode::Raw
                 };
+                // Exploring a mode that measured far slower is expensive: do it
+                // less often, and less often still each time an exploration
+                // confirms the choice (it is still done, so a change is noticed).
+                let gap = c.max(r) / c.min(r).max(1.0);
+                let base = if gap > 1.5 {
+                    4 * EXPLORE_EPOCHS
+                } else {
+                    EXPLORE_EPOCHS
+                };
+                let explored = std::mem::take(&mut e.exploring);
+                // Whether this epoch's own figure says its mode is the faster one.
+                let won = measured.is_some_and(|t| match was {
+                    Mode::Compressed => t * RAW_MARGIN >= r,
+                    Mode::Raw => c * RAW_MARGIN < t,
+                });
+                if measured.is_none() {
+                    // An idle epoch measured nothing: the interval stands.
+                    if explored {
+                        e.until_explore = e.explore_every;
+                    }
+                } else if explored && !won {
+                    // The exploration confirmed the choice.
+                    e.explore_every = (e.explore_every * 2).clamp(base, MAX_EXPLORE_EPOCHS);
+                    e.until_explore = e.explore_every;
+                } else if explored || best != was {
+                    // The explored mode won (or came close: look again soon), or
+                    // the running one fell behind.
+                    e.explore_every = base;
+                    e.until_explore = base;
+                }
                 if e.until_explore == 0 {
-                    // Exploring a mode that measured far slower is expensive: do it
-                    // less often (it is still done, so a change is noticed).
-                    let gap = c.max(r) / c.min(r).max(1.0);
-                    e.until_explore = if gap > 1.5 {
-                        4 * EXPLORE_EPOCHS
-                    } else {
-                        EXPLORE_EPOCHS
-                    };
+                    e.exploring = true;
                     best.other()
                 } else {
                     e.until_explore -= 1;
@@ -410,6 +453,49 @@ mod tests {
             share > 0.0 && share < 0.15,
             "cpu-bound: compressed share {share}"
         );
+    }
+
+    /// Long runs: explorations of the slower mode must cost little once the
+    /// choice has been confirmed a few times.
+    #[test]
+    fn steady_state_exploration_costs_little() {
+        const MIB: f64 = 1048576.0;
+        const K: usize = 1024;
+        // The nominal link speeds are the demo's: 2 Gbit/s shaped, a veth's
+        // 10 Gbit/s unshaped (the static model then lets the codec be measured).
+        let run = |mode, link: f64, codec: f64, n: usize| {
+            let nominal = if link < 1e9 { 2 * GBIT } else { 10 * GBIT };
+            let p = Policy::new(mode, nominal, 4);
+            simulate_buffered(&p, 256 * K, codec, link, 1.45, 16.0 * MIB, n, n).1
+        };
+        // 4 GiB link-bound (2 Gbit/s, codec 4x the link) and CPU-bound (codec
+        // 0.8 GB/s on a 2.3 GB/s link): auto against the better fixed mode.
+        let n = 16384;
+        let link_bound =
+            run(CompressMode::Auto, 0.25e9, 1e9, n) / run(CompressMode::On, 0.25e9, 1e9, n);
+        let cpu_bound =
+            run(CompressMode::Auto, 2.3e9, 0.8e9, n) / run(CompressMode::Off, 2.3e9, 0.8e9, n);
+        eprintln!("4 GiB: link-bound auto/on {link_bound:.4}, cpu-bound auto/off {cpu_bound:.4}");
+        assert!(link_bound > 0.99, "link-bound: auto/on {link_bound:.4}");
+        assert!(cpu_bound > 0.98, "cpu-bound: auto/off {cpu_bound:.4}");
+    }
+
+    /// The interval between explorations grows only while they confirm the
+    /// choice: once the other mode gets faster, it is noticed within the longest
+    /// interval and taken.
+    #[test]
+    fn a_mode_that_got_faster_is_noticed_within_the_longest_interval() {
+        let p = Policy::new(CompressMode::Auto, 10 * GBIT, 4);
+        let mut t = Instant::now();
+        // CPU-bound for a long time: raw runs, explorations back off.
+        let share = simulate(&p, &mut t, 0.5e9, 1.25e9, 64 * 600, 64 * 300);
+        assert!(share < 0.05, "cpu-bound: compressed share {share}");
+        // The CPU frees up: compression now moves 1.5x raw. Within the longest
+        // interval (and a few epochs to learn) compression takes over.
+        let epochs = MAX_EXPLORE_EPOCHS as usize + 8;
+        simulate(&p, &mut t, 1.875e9, 1.25e9, 64 * epochs, 64);
+        let share = simulate(&p, &mut t, 1.875e9, 1.25e9, 64 * 24, 64 * 24);
+        assert!(share > 0.9, "after the change: compressed share {share}");
     }
 
     #[test]
