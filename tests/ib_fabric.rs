@@ -459,6 +459,42 @@ fn oversized_message_is_invalid_usage() {
     assert!(dst.iter().all(|&b| b == 0), "nothing may be written");
 }
 
+#[test]
+fn a_chunk_that_comes_twice_fails_the_receive() {
+    // One 64 KiB message in 4 KiB chunks on 4 QPs, raw and compressed: a data
+    // write delivered twice (a broken sender; RC never does it) must fail the
+    // receiver, not complete the message with another chunk's bytes missing.
+    let p = Params {
+        max_chunk: 4096,
+        min_chunk: 4096,
+        ..Params::default()
+    };
+    for mode in [CompressMode::Off, CompressMode::On] {
+        let mut pair = Pair::new(4, p.clone(), mode, 3);
+        let mut src = bf16_data(64 << 10, 11);
+        let mut dst = vec![0u8; src.len()];
+        let (smr, rmr) = (reg(&mut pair.fs, &mut src), reg(&mut pair.fr, &mut dst));
+        pair.irecv(&mut dst, &rmr);
+        pair.isend(&mut src, &smr);
+        let mut ev = Vec::new();
+        pair.r.progress(&mut pair.fr, &mut ev).unwrap();
+        while pair.net.step(1, 0) {} // the CTS
+        pair.s.progress(&mut pair.fs, &mut ev).unwrap();
+        // QP 1 carries data chunks only (the info record rides with chunk 0).
+        assert!(pair.net.duplicate_front(0, 1), "no write queued on QP 1");
+        let (_, b) = pair.settle_errors();
+        assert!(
+            matches!(b, Err(Error::Remote(ref m)) if m.contains("twice")),
+            "{mode:?}: {b:?}"
+        );
+        assert!(
+            pair.recvd.is_empty(),
+            "{mode:?}: completed: {:?}",
+            pair.recvd
+        );
+    }
+}
+
 /// Starts a 4-message transfer and executes `steps` writes of it.
 fn half_done(steps: usize, seed: u64) -> (Pair, Vec<Vec<u8>>, Vec<Vec<u8>>) {
     let p = Params {

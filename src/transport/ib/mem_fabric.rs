@@ -29,6 +29,7 @@ use super::fabric::{
 };
 use crate::error::{Error, Result};
 
+#[derive(Clone)]
 struct Wr {
     wr_id: u64,
     local: Local,
@@ -280,6 +281,21 @@ impl MemNet {
             byte_len: 0,
         }));
         side.cq.extend(flushed);
+    }
+
+    /// Queues a second copy of the oldest write waiting on `side`'s QP `qp`, as a
+    /// broken peer that sends one chunk twice would (RC hardware never does).
+    /// False if none waits.
+    pub fn duplicate_front(&self, side: usize, qp: usize) -> bool {
+        let mut w = self.0.lock();
+        let sq = &mut w.sides[side].qps[qp].sq;
+        match sq.front().cloned() {
+            Some(wr) => {
+                sq.push_front(wr);
+                true
+            }
+            None => false,
+        }
     }
 
     /// Injects an error on `side`'s QP `qp` (e.g. a link flap seen by that HCA).

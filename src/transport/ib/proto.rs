@@ -748,8 +748,10 @@ struct InMsg {
     /// (total, chunk, nchunks) once chunk 0 brought the info record.
     info: Option<(usize, usize, usize)>,
     early: Vec<Early>,
-    placed: usize,
+    /// The chunks placed so far, one bit each ([`MAX_CHUNKS`] fit).
+    placed: u64,
 }
+const _: () = assert!(MAX_CHUNKS <= 64);
 
 pub struct Receiver {
     p: Params,
@@ -1025,7 +1027,7 @@ impl Receiver {
         }
         let m = self.msgs[k].as_ref().expect("present");
         let (total, _, n) = m.info.expect("known");
-        if m.placed == n {
+        if m.placed.count_ones() as usize == n {
             let m = self.msgs[k].take().expect("present");
             self.free_stage
                 .push(m.stage.expect("a CTS'd receive holds a slot"));
@@ -1045,6 +1047,14 @@ impl Receiver {
         let corrupt = |why: String| Error::Remote(format!("corrupt IB stream: {why}"));
         if e.chunk >= n {
             return Err(corrupt(format!("chunk {} of a {n}-chunk message", e.chunk)));
+        }
+        // A chunk that came twice would complete the message with another's bytes
+        // missing.
+        if m.placed & (1 << e.chunk) != 0 {
+            return Err(corrupt(format!(
+                "chunk {} of message {} arrived twice",
+                e.chunk, m.seq
+            )));
         }
         let off = e.chunk * chunk;
         let raw_len = chunk.min(total - off);
@@ -1091,7 +1101,7 @@ impl Receiver {
         std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
         self.stats.add(&self.stats.wire_bytes, e.byte_len as u64);
         self.stats.add(&self.stats.raw_bytes, raw_len as u64);
-        m.placed += 1;
+        m.placed |= 1 << e.chunk;
         Ok(())
     }
 
