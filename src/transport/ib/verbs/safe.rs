@@ -6,9 +6,9 @@ use std::collections::HashMap;
 use std::ffi::{c_int, c_void, CStr};
 use std::io;
 use std::ptr::NonNull;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
-use tracing::warn;
+use tracing::{info, warn};
 
 use super::loader::{lib, Lib};
 use super::sys::*;
@@ -35,6 +35,8 @@ pub struct Context {
     pd: NonNull<ibv_pd>,
     pub name: String,
     pub port: u8,
+    /// Whether the kernel and provider take DMA-BUF registrations, probed once.
+    dmabuf: OnceLock<bool>,
 }
 
 // SAFETY: verbs objects are thread-safe per rdma-core's documentation (each call
@@ -77,6 +79,7 @@ impl Context {
                 pd,
                 name: name.to_string(),
                 port,
+                dmabuf: OnceLock::new(),
             }))
         }
     }
@@ -140,9 +143,43 @@ impl Context {
         })
     }
 
+    /// Whether this device can register a DMA-BUF. A libibverbs that has
+    /// `ibv_reg_dmabuf_mr` is not enough: the kernel (5.12 and later) and the
+    /// provider must take it too. As NCCL's own IB transport does, a dummy
+    /// registration of fd -1 tells: it fails with `EOPNOTSUPP` or
+    /// `EPROTONOSUPPORT` where DMA-BUF is unsupported, and with `EBADF` where it is.
     pub fn supports_dmabuf(&self) -> bool {
-        self.lib.reg_dmabuf_mr.is_some()
+        *self.dmabuf.get_or_init(|| {
+            let Some(f) = self.lib.reg_dmabuf_mr else {
+                return false;
+            };
+            // SAFETY: fd -1 names no DMA-BUF, so the call registers nothing (an MR
+            // it returns anyway is deregistered at once); errno is read right after.
+            let errno = unsafe {
+                *libc::__errno_location() = 0;
+                let mr = f(self.pd.as_ptr(), 0, 0, 0, -1, 0);
+                let errno = *libc::__errno_location();
+                if !mr.is_null() {
+                    (self.lib.dereg_mr)(mr);
+                }
+                errno
+            };
+            let ok = dmabuf_probe_errno_means_supported(errno);
+            if !ok {
+                info!(
+                    "{}: no DMA-BUF registration ({})",
+                    self.name,
+                    io::Error::from_raw_os_error(errno)
+                );
+            }
+            ok
+        })
     }
+}
+
+/// What the errno of a dummy `ibv_reg_dmabuf_mr(fd = -1)` says about DMA-BUF support.
+fn dmabuf_probe_errno_means_supported(errno: c_int) -> bool {
+    errno != libc::EOPNOTSUPP && errno != libc::EPROTONOSUPPORT
 }
 
 impl Drop for Context {
@@ -615,5 +652,19 @@ impl crate::transport::ib::fabric::Registrar for VerbsRegistrar {
 
     fn supports_dmabuf(&self) -> bool {
         self.0.supports_dmabuf()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dmabuf_probe_reads_errno_as_nccl_does() {
+        // Unsupported by the kernel or the provider.
+        assert!(!dmabuf_probe_errno_means_supported(libc::EOPNOTSUPP));
+        assert!(!dmabuf_probe_errno_means_supported(libc::EPROTONOSUPPORT));
+        // Supported: the bad fd itself is what failed.
+        assert!(dmabuf_probe_errno_means_supported(libc::EBADF));
     }
 }
