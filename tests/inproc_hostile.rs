@@ -16,13 +16,11 @@ mod inproc_util;
 
 use std::io::Write;
 use std::net::{Shutdown, TcpStream};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use inproc_util::{bf16_gaussian, raw_peer};
+use inproc_util::{bf16_gaussian, hdr, post, raw_peer, send, send_raw, wait};
 use nccl_net_zip::error::Error;
-use nccl_net_zip::proto::slots::Slot;
-use nccl_net_zip::proto::wire::{ChunkHeader, FLAG_COMPRESSED};
-use nccl_net_zip::transport::tcp::RecvComm;
+use nccl_net_zip::proto::wire::FLAG_COMPRESSED;
 use nccl_zip_codec::{compress, frame_info, max_compressed_size, EncodeOptions};
 
 /// The sender's chunk size that `raw_peer` announces in its hello.
@@ -32,36 +30,6 @@ const INLINE: usize = 2;
 
 fn setup() {
     std::env::set_var("NCCL_ZIP_COMPRESS", "off");
-}
-
-fn hdr(
-    flags: u16,
-    seq: u64,
-    total: usize,
-    offset: usize,
-    raw_len: usize,
-    wire_len: usize,
-) -> ChunkHeader {
-    ChunkHeader {
-        flags,
-        seq,
-        total: total as u32,
-        offset: offset as u32,
-        raw_len: raw_len as u32,
-        wire_len: wire_len as u32,
-    }
-}
-
-/// Writes a chunk header and `payload` on `sock`.
-fn send(sock: &mut TcpStream, h: ChunkHeader, payload: &[u8]) {
-    sock.write_all(&h.encode()).unwrap();
-    sock.write_all(payload).unwrap();
-}
-
-/// Message `seq`, `payload` whole, as one raw chunk.
-fn send_raw(sock: &mut TcpStream, seq: u64, payload: &[u8]) {
-    let n = payload.len();
-    send(sock, hdr(0, seq, n, 0, n, n), payload);
 }
 
 /// Message `seq` of `total` bytes: the chunk at `offset`, compressed as `frame`
@@ -89,26 +57,6 @@ fn frame_of(src: &[u8]) -> Vec<u8> {
         "want a coded frame: {info:?}"
     );
     f
-}
-
-fn post<'a>(r: &'a RecvComm, buf: &mut [u8]) -> &'a Slot {
-    r.irecv(buf.as_mut_ptr(), buf.len(), None)
-        .unwrap()
-        .expect("a free slot")
-}
-
-/// Tests `rq` until it is no longer pending (at most 10 s).
-fn wait(rq: &Slot) -> Result<usize, Error> {
-    let t0 = Instant::now();
-    loop {
-        match rq.test() {
-            Ok(None) => {}
-            Ok(Some(n)) => return Ok(n),
-            Err(e) => return Err(e),
-        }
-        assert!(t0.elapsed() < Duration::from_secs(10), "the receive hangs");
-        std::thread::yield_now();
-    }
 }
 
 /// Connects a hand-made peer, posts one receive of `cap` bytes, lets `peer` write

@@ -6,57 +6,14 @@
 
 mod inproc_util;
 
-use std::io::Write;
-use std::net::TcpStream;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use inproc_util::raw_peer;
+use inproc_util::{post, raw_peer, send_raw, wait};
 use nccl_net_zip::error::Error;
 use nccl_net_zip::proto::slots::Slot;
-use nccl_net_zip::proto::wire::ChunkHeader;
-use nccl_net_zip::transport::tcp::RecvComm;
 
 fn setup() {
     std::env::set_var("NCCL_ZIP_COMPRESS", "off");
-}
-
-/// Writes message `seq`, `payload` as one raw chunk, on `sock`.
-fn send_raw(sock: &mut TcpStream, seq: u64, payload: &[u8]) {
-    let n = payload.len() as u32;
-    let hdr = ChunkHeader {
-        flags: 0,
-        seq,
-        total: n,
-        offset: 0,
-        raw_len: n,
-        wire_len: n,
-    }
-    .encode();
-    sock.write_all(&hdr).unwrap();
-    sock.write_all(payload).unwrap();
-}
-
-fn post<'a>(r: &'a RecvComm, buf: &mut [u8]) -> &'a Slot {
-    r.irecv(buf.as_mut_ptr(), buf.len(), None)
-        .unwrap()
-        .expect("a free slot")
-}
-
-/// Tests `rq` until it is no longer pending (at most 10 s).
-fn wait(rq: &Slot) -> Result<usize, Error> {
-    let t0 = Instant::now();
-    loop {
-        match rq.test() {
-            Ok(None) => {}
-            Ok(Some(n)) => return Ok(n),
-            Err(e) => return Err(e),
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(10),
-            "the receive hangs after its peer closed"
-        );
-        std::thread::yield_now();
-    }
 }
 
 /// `rq` fails (at most 10 s later) with a remote error, never completes.

@@ -2,11 +2,16 @@
 //! because the plugin reads its configuration once per process).
 #![allow(dead_code)]
 
+use std::io::Write;
+use std::net::TcpStream;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
+use nccl_net_zip::error::Error;
 use nccl_net_zip::gpu::Backend;
 use nccl_net_zip::plugin;
 use nccl_net_zip::proto::slots::Slot;
+use nccl_net_zip::proto::wire::ChunkHeader;
 use nccl_net_zip::proto::wire::HANDLE_SIZE;
 use nccl_net_zip::transport::tcp::{RecvComm, SendComm};
 
@@ -164,5 +169,56 @@ pub fn transfer_and_check_on(
                 "message {i} wrote past its end"
             );
         }
+    }
+}
+
+/// A chunk header.
+pub fn hdr(
+    flags: u16,
+    seq: u64,
+    total: usize,
+    offset: usize,
+    raw_len: usize,
+    wire_len: usize,
+) -> ChunkHeader {
+    ChunkHeader {
+        flags,
+        seq,
+        total: total as u32,
+        offset: offset as u32,
+        raw_len: raw_len as u32,
+        wire_len: wire_len as u32,
+    }
+}
+
+/// Writes a chunk header and `payload` on `sock`.
+pub fn send(sock: &mut TcpStream, h: ChunkHeader, payload: &[u8]) {
+    sock.write_all(&h.encode()).unwrap();
+    sock.write_all(payload).unwrap();
+}
+
+/// Message `seq`, `payload` whole, as one raw chunk.
+pub fn send_raw(sock: &mut TcpStream, seq: u64, payload: &[u8]) {
+    let n = payload.len();
+    send(sock, hdr(0, seq, n, 0, n, n), payload);
+}
+
+pub fn post<'a>(r: &'a RecvComm, buf: &mut [u8]) -> &'a Slot {
+    r.irecv(buf.as_mut_ptr(), buf.len(), None)
+        .unwrap()
+        .expect("a free slot")
+}
+
+/// Tests `rq` until it is no longer pending (at most 10 s).
+pub fn wait(rq: &Slot) -> Result<usize, Error> {
+    let t0 = Instant::now();
+    loop {
+        match rq.test() {
+            Ok(None) => {}
+            Ok(Some(n)) => return Ok(n),
+            Err(e) => return Err(e),
+        }
+        assert!(t0.elapsed() < Duration::from_secs(10), "the receive hangs");
+        std::thread::yield_now();
     }
 }
