@@ -98,6 +98,14 @@ impl Pair {
         seq
     }
 
+    /// The receiver writes its CTS, which lands (QP 0); the sender then queues
+    /// the message's writes without executing them.
+    fn land_cts(&mut self, ev: &mut Vec<Event>) {
+        self.r.progress(&mut self.fr, ev).unwrap();
+        while self.net.step(1, 0) {}
+        self.s.progress(&mut self.fs, ev).unwrap();
+    }
+
     /// One round: both sides make progress, then one random busy QP executes a write.
     /// Returns (sender result, receiver result, whether anything was executed).
     fn round(&mut self) -> (Result<(), Error>, Result<(), Error>, bool) {
@@ -316,9 +324,7 @@ fn land_before_chunk_zero(
     pair.irecv_on(&mut dst, &rmr, rdev);
     pair.isend_on(&mut src, &smr, sdev);
     let mut ev = Vec::new();
-    pair.r.progress(&mut pair.fr, &mut ev).unwrap();
-    while pair.net.step(1, 0) {} // the CTS
-    pair.s.progress(&mut pair.fs, &mut ev).unwrap();
+    pair.land_cts(&mut ev);
     for qp in [3, 2, 1] {
         while pair.net.step(0, qp) {}
     }
@@ -476,10 +482,7 @@ fn a_chunk_that_comes_twice_fails_the_receive() {
         let (smr, rmr) = (reg(&mut pair.fs, &mut src), reg(&mut pair.fr, &mut dst));
         pair.irecv(&mut dst, &rmr);
         pair.isend(&mut src, &smr);
-        let mut ev = Vec::new();
-        pair.r.progress(&mut pair.fr, &mut ev).unwrap();
-        while pair.net.step(1, 0) {} // the CTS
-        pair.s.progress(&mut pair.fs, &mut ev).unwrap();
+        pair.land_cts(&mut Vec::new());
         // QP 1 carries data chunks only (the info record rides with chunk 0).
         assert!(pair.net.duplicate_front(0, 1), "no write queued on QP 1");
         let (_, b) = pair.settle_errors();
