@@ -228,7 +228,8 @@ pub enum Lookup<'a> {
     Ready(&'a Slot),
     /// Not posted yet: wait.
     NotYet,
-    /// The seq is in the past: the stream is corrupt.
+    /// The seq is in the past (or is u64::MAX, which no message has): the stream
+    /// is corrupt.
     Stale,
 }
 
@@ -246,6 +247,9 @@ pub struct Ring {
     /// Per producer: `next_seq` when its wait was last judged by
     /// [`Ring::producer_waits`] (only a post can change that verdict later).
     judged_at: Box<[AtomicU64]>,
+    /// Set by [`Ring::fail_all`] (under `posted`): a request posted after the comm
+    /// failed fails at once.
+    failed: OnceLock<Error>,
 }
 
 impl Default for Ring {
@@ -270,6 +274,7 @@ impl Ring {
             posted_cv: Condvar::new(),
             producers: (0..n).map(|_| AtomicU64::new(ACTIVE)).collect(),
             judged_at: (0..n).map(|_| AtomicU64::new(u64::MAX)).collect(),
+            failed: OnceLock::new(),
         }
     }
 
@@ -374,6 +379,11 @@ impl Ring {
             slot.state.store(PENDING, Release);
             slot.tag.store(seq + 1, Release);
             self.next_seq.store(seq + 1, Relaxed);
+            // The comm failed after the caller checked it: nothing would end this
+            // request any more.
+            if let Some(e) = self.failed.get() {
+                slot.fail(e);
+            }
             self.posted_cv.notify_all();
         }
         Some((seq, slot))
@@ -405,7 +415,9 @@ impl Ring {
     pub fn lookup(&self, seq: u64) -> Lookup<'_> {
         let slot = &self.slots[seq as usize % NSLOTS];
         let tag = slot.tag.load(Acquire);
-        let want = seq + 1;
+        let Some(want) = seq.checked_add(1) else {
+            return Lookup::Stale; // no message has this number: a corrupt header
+        };
         if tag < want {
             Lookup::NotYet
         } else if tag == want && slot.state.load(Acquire) == PENDING {
@@ -448,8 +460,13 @@ impl Ring {
         self.posted_cv.notify_all();
     }
 
-    /// Fails every pending request (the comm is broken).
+    /// Fails every pending request, and every one posted from now on (the comm is
+    /// broken). Under `posted`, so that a post that raced with its comm's failure
+    /// (checked the comm before it failed, publishes the request after) is either
+    /// failed here or sees `failed`.
     pub fn fail_all(&self, e: &Error) {
+        let _g = self.posted.lock();
+        let _ = self.failed.set(e.duplicate());
         for s in self.slots.iter() {
             s.fail(e);
         }
@@ -504,6 +521,10 @@ mod tests {
         let (_, s) = r.post(None, 0, Some((0x1000, 64))).unwrap();
         assert!(matches!(r.lookup(0), Lookup::Ready(_)));
         assert!(matches!(r.lookup(1), Lookup::NotYet));
+        assert!(
+            matches!(r.lookup(u64::MAX), Lookup::Stale),
+            "no message has it"
+        );
         s.learn_size(10).unwrap();
         assert!(s.learn_size(11).is_err(), "size must agree across chunks");
         assert!(!s.bytes_placed(4));
@@ -572,6 +593,18 @@ mod tests {
         // Late chunk completions must not turn a failed request into a success.
         s.chunk_sent();
         s.chunk_sent();
+        assert!(matches!(s.test(), Err(Error::Remote(_))));
+    }
+
+    #[test]
+    fn a_request_posted_after_its_ring_failed_fails() {
+        // A caller that checked its comm just before the comm failed still posts:
+        // that request must fail, not stay pending with nobody to end it.
+        let r = Ring::default();
+        r.fail_all(&Error::Remote("peer died".into()));
+        let (_, s) = r.post(None, 0, Some((0x1000, 64))).unwrap();
+        assert!(matches!(s.test(), Err(Error::Remote(m)) if m == "peer died"));
+        let (_, s) = r.post(Some(8), 1, None).unwrap();
         assert!(matches!(s.test(), Err(Error::Remote(_))));
     }
 
