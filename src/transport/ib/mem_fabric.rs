@@ -35,6 +35,9 @@ struct Wr {
     local: Local,
     remote: Remote,
     imm: Option<u32>,
+    /// A copy made by [`MemNet::duplicate_front`]: its sender posted it once, so
+    /// it reports no completion of its own.
+    copy: bool,
 }
 
 #[derive(Default)]
@@ -218,7 +221,9 @@ impl MemNet {
                 byte_len: wr.local.len,
             });
         }
-        w.sides[side].cq.push_back(done(WcStatus::Success));
+        if !wr.copy {
+            w.sides[side].cq.push_back(done(WcStatus::Success));
+        }
         true
     }
 
@@ -291,7 +296,7 @@ impl MemNet {
         let sq = &mut w.sides[side].qps[qp].sq;
         match sq.front().cloned() {
             Some(wr) => {
-                sq.push_front(wr);
+                sq.push_front(Wr { copy: true, ..wr });
                 true
             }
             None => false,
@@ -573,6 +578,7 @@ impl Fabric for MemFabric {
                 local,
                 remote,
                 imm,
+                copy: false,
             });
         }
         Ok(())
