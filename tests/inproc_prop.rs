@@ -717,6 +717,7 @@ impl Decl {
         let compressed = self.flags & FLAG_COMPRESSED as u64 != 0;
         self.content.is_some()
             && self.flags & !(FLAG_COMPRESSED as u64) == 0
+            && self.reserved == 0
             && self.total <= MAX_MESSAGE as usize
             && self.offset + self.raw_len <= self.total
             && (self.raw_len > 0 || self.total == 0)
@@ -729,10 +730,10 @@ impl Decl {
                     && self.raw_len <= MAX_CHUNK))
     }
 
-    /// `checked`, and what a sender does besides (reserved bytes 0, no chunk
-    /// larger than its chunk size): chunks the receiver must accept.
+    /// `checked`, and what a sender does besides (no chunk larger than its chunk
+    /// size): chunks the receiver must accept.
     fn follows_rules(&self) -> bool {
-        self.checked() && self.reserved == 0 && self.raw_len <= MAX_CHUNK
+        self.checked() && self.raw_len <= MAX_CHUNK
     }
 }
 

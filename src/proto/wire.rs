@@ -246,6 +246,9 @@ impl ChunkHeader {
         if h.flags & !KNOWN_FLAGS != 0 {
             return bad("unknown flags");
         }
+        if b[6..8] != [0, 0] {
+            return bad("reserved bytes 6..8 not zero");
+        }
         if h.total > MAX_MESSAGE {
             return bad("message over 1 GiB");
         }
@@ -380,6 +383,12 @@ mod tests {
                 ChunkHeader::decode(&bad.encode(), 1 << 20).is_err(),
                 "{bad:?}"
             );
+        }
+        // Reserved bytes must be zero (room for later versions).
+        for i in [6, 7] {
+            let mut b = ok.encode();
+            b[i] = 1;
+            assert!(ChunkHeader::decode(&b, 1 << 20).is_err(), "byte {i}");
         }
     }
 
