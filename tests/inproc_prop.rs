@@ -62,7 +62,9 @@ use std::time::{Duration, Instant};
 use inproc_util::{bf16_gaussian, pattern, raw_peer};
 use nccl_net_zip::error::Error;
 use nccl_net_zip::proto::slots::Slot;
-use nccl_net_zip::proto::wire::{ChunkHeader, CHUNK_HEADER_SIZE, FLAG_COMPRESSED, MAX_MESSAGE};
+use nccl_net_zip::proto::wire::{
+    ChunkHeader, CHUNK_HEADER_SIZE, FLAG_COMPRESSED, MAX_MESSAGE, MAX_SEQ,
+};
 use nccl_net_zip::transport::tcp::RecvComm;
 use nccl_zip_codec::{compress, decompress, max_compressed_size, DtypeHint, EncodeOptions};
 use proptest::collection::vec;
@@ -718,6 +720,7 @@ impl Decl {
         self.content.is_some()
             && self.flags & !(FLAG_COMPRESSED as u64) == 0
             && self.reserved == 0
+            && self.seq <= MAX_SEQ
             && self.total <= MAX_MESSAGE as usize
             && self.offset + self.raw_len <= self.total
             && (self.raw_len > 0 || self.total == 0)
@@ -1301,7 +1304,8 @@ fn regression_a_receive_posted_as_the_comm_fails_does_not_hang() {
 /// plugin's tests unoptimized): a chunk header with sequence number u64::MAX
 /// overflowed `seq + 1` in the ring's lookup, which panicked the I/O thread (an
 /// internal error) or, on the inline stream, NCCL's own thread inside `test()`.
-/// (Release builds wrapped, and refused the chunk.)
+/// (Release builds wrapped, and refused the chunk.) Headers now refuse any seq
+/// above `MAX_SEQ`; the lookup also no longer overflows (a unit test in slots).
 #[test]
 fn regression_sequence_number_u64_max_is_refused_not_a_panic() {
     setup();
@@ -1329,7 +1333,7 @@ fn regression_sequence_number_u64_max_is_refused_not_a_panic() {
             std::thread::yield_now();
         };
         assert!(
-            matches!(&err, Error::Remote(m) if m.contains("not expected")),
+            matches!(&err, Error::Remote(m) if m.contains("out of range")),
             "stream {stream}: want a remote error, got {err:?}"
         );
         assert!(

@@ -212,6 +212,8 @@ fn edge(x: usize) -> u64 {
 /// posted yet.
 const ACTIVE: u64 = u64::MAX;
 const ENDED: u64 = u64::MAX - 1;
+// No chunk header carries these (`ChunkHeader::decode` refuses them).
+const _: () = assert!(ENDED > crate::proto::wire::MAX_SEQ);
 
 /// How [`Ring::wait_posted`] ended.
 pub enum Wait<'a> {

@@ -210,6 +210,9 @@ pub const FLAG_COMPRESSED: u16 = 1;
 const KNOWN_FLAGS: u16 = FLAG_COMPRESSED;
 /// NCCL's v8 API carries sizes as int, and its v8 shim rejects sends above 1 GiB.
 pub const MAX_MESSAGE: u32 = 1 << 30;
+/// Larger sequence numbers are refused: no comm sends 2^62 messages, and the
+/// receive ring keeps the values above for its own markers.
+pub const MAX_SEQ: u64 = (1 << 62) - 1;
 
 impl ChunkHeader {
     pub fn encode(&self) -> [u8; CHUNK_HEADER_SIZE] {
@@ -251,6 +254,9 @@ impl ChunkHeader {
         }
         if h.total > MAX_MESSAGE {
             return bad("message over 1 GiB");
+        }
+        if h.seq > MAX_SEQ {
+            return bad("sequence number out of range");
         }
         if h.offset as u64 + h.raw_len as u64 > h.total as u64 {
             return bad("chunk past the end of its message");
@@ -371,6 +377,10 @@ mod tests {
             },
             ChunkHeader {
                 total: MAX_MESSAGE + 1,
+                ..ok
+            },
+            ChunkHeader {
+                seq: MAX_SEQ + 1,
                 ..ok
             },
             ChunkHeader {
