@@ -53,12 +53,15 @@ pub struct Slot {
     /// [`Slot::claim`]).
     claimed: AtomicUsize,
     edges: AtomicU64,
+    /// Random per ring, mixed into the edges: a peer cannot aim for a sum that
+    /// passes without a tiling.
+    edge_key: u64,
     error: Mutex<Option<Error>>,
     hook: OnceLock<Hook>,
 }
 
 impl Slot {
-    fn new() -> Self {
+    fn new(edge_key: u64) -> Self {
         Slot {
             state: AtomicU8::new(FREE),
             tag: AtomicU64::new(0),
@@ -68,6 +71,7 @@ impl Slot {
             cap: AtomicUsize::new(0),
             claimed: AtomicUsize::new(0),
             edges: AtomicU64::new(0),
+            edge_key,
             error: Mutex::new(None),
             hook: OnceLock::new(),
         }
@@ -121,9 +125,13 @@ impl Slot {
     /// message; any overlap or hole leaves an edge unmatched, and `edge` mixes 64
     /// bits, so the sum then differs (short of a 2^-64 coincidence).
     pub fn claim(&self, offset: usize, len: usize) -> Result<()> {
+        // (`edge` is keyed per ring, so a broken or hostile peer cannot pick
+        // chunks whose unmatched edges cancel.)
         let total = self.size.load(Acquire);
-        self.edges
-            .fetch_add(edge(offset + len).wrapping_sub(edge(offset)), AcqRel);
+        self.edges.fetch_add(
+            self.edge(offset + len).wrapping_sub(self.edge(offset)),
+            AcqRel,
+        );
         // AcqRel: the claim that reaches `total` sees every earlier claim's edges.
         let claimed = self.claimed.fetch_add(len, AcqRel) + len;
         if claimed > total {
@@ -131,12 +139,18 @@ impl Slot {
                 "corrupt stream: chunks of a {total}-byte message add up to {claimed} bytes"
             )));
         }
-        if claimed == total && self.edges.load(Acquire) != edge(total).wrapping_sub(edge(0)) {
+        if claimed == total
+            && self.edges.load(Acquire) != self.edge(total).wrapping_sub(self.edge(0))
+        {
             return Err(Error::Remote(format!(
                 "corrupt stream: the chunks of a {total}-byte message overlap, so they do not tile it"
             )));
         }
         Ok(())
+    }
+
+    fn edge(&self, x: usize) -> u64 {
+        edge(self.edge_key, x)
     }
 
     /// Receiver: `n` more bytes landed. Returns true when the message is complete.
@@ -198,10 +212,10 @@ impl Slot {
     }
 }
 
-/// A chunk edge (an offset in its message) mixed to 64 bits (splitmix64's
-/// finalizer), for [`Slot::claim`].
-fn edge(x: usize) -> u64 {
-    let mut z = (x as u64).wrapping_add(0x9E37_79B9_7F4A_7C15);
+/// A chunk edge (an offset in its message) mixed with `key` to 64 bits
+/// (splitmix64's finalizer), for [`Slot::claim`].
+fn edge(key: u64, x: usize) -> u64 {
+    let mut z = (x as u64 ^ key).wrapping_add(0x9E37_79B9_7F4A_7C15);
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
     z ^ (z >> 31)
@@ -270,7 +284,10 @@ impl Ring {
     /// before finishing message k on another).
     pub fn with_producers(n: usize) -> Ring {
         Ring {
-            slots: (0..NSLOTS).map(|_| Slot::new()).collect(),
+            slots: {
+                let key = rand::random();
+                (0..NSLOTS).map(|_| Slot::new(key)).collect()
+            },
             next_seq: AtomicU64::new(0),
             posted: Mutex::new(()),
             posted_cv: Condvar::new(),
