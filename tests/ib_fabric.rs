@@ -498,6 +498,42 @@ fn a_chunk_that_comes_twice_fails_the_receive() {
     }
 }
 
+#[test]
+fn chunks_before_chunk_zero_are_bounded() {
+    // A broken sender that repeats a chunk before chunk 0 (and its info record)
+    // lands: the receiver keeps such chunks for later, but never more than a
+    // message can have.
+    let p = Params {
+        max_chunk: 4096,
+        min_chunk: 4096,
+        ..Params::default()
+    };
+    let mut pair = Pair::new(4, p, CompressMode::Off, 5);
+    let mut src = bf16_data(64 << 10, 12);
+    let mut dst = vec![0u8; src.len()];
+    let (smr, rmr) = (reg(&mut pair.fs, &mut src), reg(&mut pair.fr, &mut dst));
+    pair.irecv(&mut dst, &rmr);
+    pair.isend(&mut src, &smr);
+    pair.land_cts(&mut Vec::new());
+    for _ in 0..MAX_CHUNKS {
+        assert!(pair.net.duplicate_front(0, 1), "no write queued on QP 1");
+    }
+    while pair.net.step(0, 1) {}
+    let mut ev = Vec::new();
+    let mut r = Ok(());
+    for _ in 0..100 {
+        r = pair.r.progress(&mut pair.fr, &mut ev);
+        if r.is_err() {
+            break;
+        }
+    }
+    assert!(
+        matches!(r, Err(Error::Remote(ref m)) if m.contains("before its chunk 0")),
+        "{r:?}"
+    );
+    assert!(ev.is_empty(), "completed: {ev:?}");
+}
+
 /// Starts a 4-message transfer and executes `steps` writes of it.
 fn half_done(steps: usize, seed: u64) -> (Pair, Vec<Vec<u8>>, Vec<Vec<u8>>) {
     let p = Params {

@@ -991,6 +991,15 @@ impl Receiver {
         };
         if m.info.is_none() {
             if e.chunk != 0 {
+                // A message has at most MAX_CHUNKS chunks: more before chunk 0 come
+                // from a broken sender, and must not grow the list without bound.
+                if m.early.len() + 1 >= MAX_CHUNKS {
+                    return Err(corrupt(format!(
+                        "{} chunks of message {} before its chunk 0",
+                        m.early.len() + 1,
+                        m.seq
+                    )));
+                }
                 m.early.push(e);
                 return Ok(());
             }
