@@ -146,6 +146,12 @@ impl MemNet {
             return false;
         };
         let peer = 1 - side;
+        // The write's own completion; a copy (`duplicate_front`) reports none.
+        let local = |w: &mut World, c: Completion| {
+            if !wr.copy {
+                w.sides[side].cq.push_back(c);
+            }
+        };
         let done = |status| Completion {
             wr_id: wr.wr_id,
             qp,
@@ -163,12 +169,12 @@ impl MemNet {
                 wr.local.len as u64,
             )
         {
-            w.sides[side].cq.push_back(done(WcStatus::LocalProtection));
+            local(w, done(WcStatus::LocalProtection));
             Self::qp_fail(&mut w.sides[side], qp);
             return true;
         }
         if w.sides[peer].lost || w.sides[peer].qps[qp].error {
-            w.sides[side].cq.push_back(done(WcStatus::RetryExceeded));
+            local(w, done(WcStatus::RetryExceeded));
             Self::qp_fail(&mut w.sides[side], qp);
             return true;
         }
@@ -180,7 +186,7 @@ impl MemNet {
                 wr.local.len as u64,
             )
         {
-            w.sides[side].cq.push_back(done(WcStatus::RemoteAccess));
+            local(w, done(WcStatus::RemoteAccess));
             Self::qp_fail(&mut w.sides[side], qp);
             Self::qp_fail(&mut w.sides[peer], qp);
             return true;
@@ -190,7 +196,7 @@ impl MemNet {
                 Some(r) => Some(r),
                 None => {
                     // Receiver not ready, retries exhausted.
-                    w.sides[side].cq.push_back(done(WcStatus::Other(13)));
+                    local(w, done(WcStatus::Other(13)));
                     Self::qp_fail(&mut w.sides[side], qp);
                     return true;
                 }
@@ -221,9 +227,7 @@ impl MemNet {
                 byte_len: wr.local.len,
             });
         }
-        if !wr.copy {
-            w.sides[side].cq.push_back(done(WcStatus::Success));
-        }
+        local(w, done(WcStatus::Success));
         true
     }
 
@@ -268,6 +272,7 @@ impl MemNet {
         q.error = true;
         let mut flushed: Vec<Completion> =
             q.sq.drain(..)
+                .filter(|wr| !wr.copy)
                 .map(|wr| Completion {
                     wr_id: wr.wr_id,
                     qp,
