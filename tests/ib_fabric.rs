@@ -345,13 +345,8 @@ fn land_before_chunk_zero(
 #[test]
 fn chunks_before_chunk_zero_wait_for_the_info_record() {
     // Small chunks on 4 QPs, host memory, raw and compressed.
-    let p = Params {
-        max_chunk: 4096,
-        min_chunk: 4096,
-        ..Params::default()
-    };
     for mode in [CompressMode::Off, CompressMode::On] {
-        let pair = Pair::new(4, p.clone(), mode, 0);
+        let pair = Pair::new(4, small_chunks(), mode, 0);
         land_before_chunk_zero(pair, bf16_data(64 << 10, 7), None, None, || {});
     }
 }
@@ -465,24 +460,48 @@ fn oversized_message_is_invalid_usage() {
     assert!(dst.iter().all(|&b| b == 0), "nothing may be written");
 }
 
+/// 4 KiB chunks: a 64 KiB message has 16, spread over the QPs.
+fn small_chunks() -> Params {
+    Params {
+        max_chunk: 4096,
+        min_chunk: 4096,
+        ..Params::default()
+    }
+}
+
+/// A pair whose one 64 KiB bf16 message (small chunks, 4 QPs) has its CTS
+/// landed and every write queued, none executed. Fields drop in order: the
+/// fabrics before the buffers they registered (so keep it whole and use
+/// `.pair`: destructuring it would free the buffers first).
+struct Queued {
+    pair: Pair,
+    _src: Vec<u8>,
+    _dst: Vec<u8>,
+}
+
+fn queued_message(mode: CompressMode, seed: u64) -> Queued {
+    let mut pair = Pair::new(4, small_chunks(), mode, seed);
+    let mut src = bf16_data(64 << 10, seed + 8);
+    let mut dst = vec![0u8; src.len()];
+    let (smr, rmr) = (reg(&mut pair.fs, &mut src), reg(&mut pair.fr, &mut dst));
+    pair.irecv(&mut dst, &rmr);
+    pair.isend(&mut src, &smr);
+    pair.land_cts(&mut Vec::new());
+    Queued {
+        pair,
+        _src: src,
+        _dst: dst,
+    }
+}
+
 #[test]
 fn a_chunk_that_comes_twice_fails_the_receive() {
     // One 64 KiB message in 4 KiB chunks on 4 QPs, raw and compressed: a data
     // write delivered twice (a broken sender; RC never does it) must fail the
     // receiver, not complete the message with another chunk's bytes missing.
-    let p = Params {
-        max_chunk: 4096,
-        min_chunk: 4096,
-        ..Params::default()
-    };
     for mode in [CompressMode::Off, CompressMode::On] {
-        let mut pair = Pair::new(4, p.clone(), mode, 3);
-        let mut src = bf16_data(64 << 10, 11);
-        let mut dst = vec![0u8; src.len()];
-        let (smr, rmr) = (reg(&mut pair.fs, &mut src), reg(&mut pair.fr, &mut dst));
-        pair.irecv(&mut dst, &rmr);
-        pair.isend(&mut src, &smr);
-        pair.land_cts(&mut Vec::new());
+        let mut q = queued_message(mode, 3);
+        let pair = &mut q.pair;
         // QP 1 carries data chunks only (the info record rides with chunk 0).
         assert!(pair.net.duplicate_front(0, 1), "no write queued on QP 1");
         let (_, b) = pair.settle_errors();
@@ -503,18 +522,8 @@ fn chunks_before_chunk_zero_are_bounded() {
     // A broken sender that repeats a chunk before chunk 0 (and its info record)
     // lands: the receiver keeps such chunks for later, but never more than a
     // message can have.
-    let p = Params {
-        max_chunk: 4096,
-        min_chunk: 4096,
-        ..Params::default()
-    };
-    let mut pair = Pair::new(4, p, CompressMode::Off, 5);
-    let mut src = bf16_data(64 << 10, 12);
-    let mut dst = vec![0u8; src.len()];
-    let (smr, rmr) = (reg(&mut pair.fs, &mut src), reg(&mut pair.fr, &mut dst));
-    pair.irecv(&mut dst, &rmr);
-    pair.isend(&mut src, &smr);
-    pair.land_cts(&mut Vec::new());
+    let mut q = queued_message(CompressMode::Off, 5);
+    let pair = &mut q.pair;
     for _ in 0..MAX_CHUNKS {
         assert!(pair.net.duplicate_front(0, 1), "no write queued on QP 1");
     }
