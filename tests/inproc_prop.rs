@@ -59,12 +59,10 @@ use std::io::{self, Write};
 use std::net::{Shutdown, TcpStream};
 use std::time::{Duration, Instant};
 
-use inproc_util::{bf16_gaussian, pattern, raw_peer};
+use inproc_util::{bf16_gaussian, hdr, pattern, post, raw_peer, wait};
 use nccl_net_zip::error::Error;
 use nccl_net_zip::proto::slots::Slot;
-use nccl_net_zip::proto::wire::{
-    ChunkHeader, CHUNK_HEADER_SIZE, FLAG_COMPRESSED, MAX_MESSAGE, MAX_SEQ,
-};
+use nccl_net_zip::proto::wire::{CHUNK_HEADER_SIZE, FLAG_COMPRESSED, MAX_MESSAGE, MAX_SEQ};
 use nccl_net_zip::transport::tcp::RecvComm;
 use nccl_zip_codec::{compress, decompress, max_compressed_size, DtypeHint, EncodeOptions};
 use proptest::collection::vec;
@@ -413,18 +411,6 @@ fn content(m: &MsgSpec) -> Vec<u8> {
     }
 }
 
-fn header(flags: u16, seq: u64, total: usize, offset: usize, raw: usize, wire: usize) -> [u8; 32] {
-    ChunkHeader {
-        flags,
-        seq,
-        total: total as u32,
-        offset: offset as u32,
-        raw_len: raw as u32,
-        wire_len: wire as u32,
-    }
-    .encode()
-}
-
 fn frame(src: &[u8], spec: &ChunkSpec) -> Vec<u8> {
     let opt = EncodeOptions {
         dtype: DtypeHint::Auto,
@@ -451,7 +437,7 @@ fn build(s: &Schedule) -> Wire {
         let n = data.len();
         let seq = k as u64;
         if m.inline {
-            let h = header(0, seq, n, 0, n, n);
+            let h = hdr(0, seq, n, 0, n, n).encode();
             w.streams[INLINE].push(WChunk {
                 hdr: h,
                 payload: data.clone(),
@@ -482,12 +468,12 @@ fn build(s: &Schedule) -> Wire {
                 let f = frame(raw, &spec);
                 w.compressed_chunks += 1;
                 WChunk {
-                    hdr: header(FLAG_COMPRESSED, seq, n, off, len, f.len()),
+                    hdr: hdr(FLAG_COMPRESSED, seq, n, off, len, f.len()).encode(),
                     payload: f,
                 }
             } else {
                 WChunk {
-                    hdr: header(0, seq, n, off, len, len),
+                    hdr: hdr(0, seq, n, off, len, len).encode(),
                     payload: raw.to_vec(),
                 }
             };
@@ -1262,7 +1248,7 @@ fn regression_a_receive_posted_as_the_comm_fails_does_not_hang() {
         // The I/O thread holds the header, and the frame is in its socket, before
         // the receive for it is posted.
         socks[0]
-            .write_all(&header(FLAG_COMPRESSED, 0, n, 0, n, f.len()))
+            .write_all(&hdr(FLAG_COMPRESSED, 0, n, 0, n, f.len()).encode())
             .unwrap();
         socks[0].write_all(&f).unwrap();
         std::thread::sleep(Duration::from_millis(5));
@@ -1312,25 +1298,14 @@ fn regression_sequence_number_u64_max_is_refused_not_a_panic() {
     for stream in [0, INLINE] {
         let (r, mut socks) = raw_peer();
         let mut buf = vec![CANARY; 64];
-        let rq = r
-            .irecv(buf.as_mut_ptr(), buf.len(), None)
-            .unwrap()
-            .expect("a free slot");
+        let rq = post(&r, &mut buf);
         socks[stream]
-            .write_all(&header(0, u64::MAX, 8, 0, 8, 8))
+            .write_all(&hdr(0, u64::MAX, 8, 0, 8, 8).encode())
             .unwrap();
         socks[stream].write_all(&[1; 8]).unwrap();
-        let t0 = Instant::now();
-        let err = loop {
-            match rq.test() {
-                Ok(None) => assert!(
-                    t0.elapsed() < DEADLINE,
-                    "stream {stream}: the receive hangs"
-                ),
-                Ok(Some(n)) => panic!("stream {stream}: completed with {n} bytes"),
-                Err(e) => break e,
-            }
-            std::thread::yield_now();
+        let err = match wait(rq) {
+            Ok(n) => panic!("stream {stream}: completed with {n} bytes"),
+            Err(e) => e,
         };
         assert!(
             matches!(&err, Error::Remote(m) if m.contains("out of range")),
