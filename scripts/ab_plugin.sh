@@ -3,6 +3,8 @@
 # machine's noise falls on both alike: for each round, A and B each run
 # NCCL_ZIP_COMPRESS=auto and =off, and the script prints one line per run and the
 # means. Used to compare adaptive-policy changes (bench/results/adapt-*.md).
+# MODES (default "auto off") picks the NCCL_ZIP_COMPRESS settings, e.g. MODES=on
+# to compare codec speed.
 #   A=path/to/old/libnccl_net_zip.so B=path/to/new/libnccl_net_zip.so \
 #   RATE=none|2gbit|... SIZE=4M BYTES=$((512<<20)) DATA=bf16 N=6 scripts/ab_plugin.sh
 # Needs root (network namespaces, scripts/netns.sh) and a built nccl-zip-perf
@@ -12,6 +14,7 @@ cd "$(dirname "$0")/.."
 ROOT=$PWD
 : "${A:?A=old plugin .so}" "${B:?B=new plugin .so}"
 PERF=${PERF:-${CARGO_TARGET_DIR:-$ROOT/target}/release/nccl-zip-perf}
+MODES=${MODES:-auto off}
 RATE=${RATE:-none} SIZE=${SIZE:-4M} BYTES=${BYTES:-$((512 << 20))} DATA=${DATA:-bf16} N=${N:-6}
 WORK=$(mktemp -d)
 trap '"$ROOT/scripts/netns.sh" down >/dev/null 2>&1; rm -rf "$WORK"' EXIT
@@ -29,7 +32,7 @@ echo "RATE=$RATE SIZE=$SIZE BYTES=$BYTES DATA=$DATA N=$N"
 for ((i = 0; i < N; i++)); do
   for v in A B; do
     SO=${!v}
-    for m in auto off; do
+    for m in $MODES; do
       r=$(NCCL_ZIP_COMPRESS=$m run_pair netns zip "$SIZE" "$BYTES") || continue
       echo "$v $m $(field GBps <<<"$r") $(field wire_per_payload <<<"$r")"
     done

@@ -4,7 +4,8 @@
 use crate::adapt::{Decision, Policy};
 use crate::codec::{self, EncodeOptions};
 use crate::error::{Error, Result};
-use crate::stats::{Staging, Stats};
+use crate::stats::{Staging, Stats, HELD};
+use std::sync::atomic::Ordering;
 
 /// Largest wire payload of one chunk whose uncompressed size is at most `max_chunk`.
 pub fn max_wire(max_chunk: usize) -> usize {
@@ -86,8 +87,47 @@ impl Coder {
 
 /// Decodes one compressed chunk into `dst`, which must come out exactly full.
 pub fn decode_chunk(frame: &[u8], dst: &mut [u8], stats: &Stats) -> Result<()> {
+    decode_by(codec::decompress, frame, dst, stats)
+}
+
+/// A receiving thread's decoder: [`decode_chunk`] that keeps the codec's decode
+/// tables from chunk to chunk ([`codec::Decoder`], at most 128 KiB, allocated on the
+/// first compressed chunk). Counted in [`HELD`]`.decode_tables` while it lives.
+#[derive(Default)]
+pub struct ChunkDecoder {
+    dec: codec::Decoder,
+    counted: u64,
+}
+
+impl ChunkDecoder {
+    pub fn decode(&mut self, frame: &[u8], dst: &mut [u8], stats: &Stats) -> Result<()> {
+        let r = decode_by(|f, d| self.dec.decompress(f, d), frame, dst, stats);
+        // The decoder's tables only grow.
+        let held = self.dec.held_bytes() as u64;
+        if held > self.counted {
+            HELD.decode_tables
+                .fetch_add(held - self.counted, Ordering::Relaxed);
+            self.counted = held;
+        }
+        r
+    }
+}
+
+impl Drop for ChunkDecoder {
+    fn drop(&mut self) {
+        HELD.decode_tables
+            .fetch_sub(self.counted, Ordering::Relaxed);
+    }
+}
+
+fn decode_by(
+    decompress: impl FnOnce(&[u8], &mut [u8]) -> std::result::Result<usize, codec::CodecError>,
+    frame: &[u8],
+    dst: &mut [u8],
+    stats: &Stats,
+) -> Result<()> {
     let t0 = now_ns();
-    let n = codec::decompress(frame, dst)
+    let n = decompress(frame, dst)
         .map_err(|e| Error::Remote(format!("corrupt compressed chunk: {e}")))?;
     stats.add(&stats.codec_ns, now_ns().saturating_sub(t0));
     if n != dst.len() {

@@ -63,6 +63,8 @@ pub struct Held {
     pub staging_bytes: AtomicU64,
     /// GPU lanes (pinned staging + CUDA stream) in the shared pools.
     pub gpu_lanes: AtomicU64,
+    /// Decode tables the receivers keep across chunks (`codec_glue::ChunkDecoder`).
+    pub decode_tables: AtomicU64,
 }
 
 pub static HELD: Held = Held {
@@ -70,15 +72,17 @@ pub static HELD: Held = Held {
     io_threads: AtomicU64::new(0),
     staging_bytes: AtomicU64::new(0),
     gpu_lanes: AtomicU64::new(0),
+    decode_tables: AtomicU64::new(0),
 };
 
 impl Held {
     pub fn summary(&self) -> String {
         format!(
-            "plugin holds {} comms, {} I/O threads, {} KiB staging, {} GPU lanes",
+            "plugin holds {} comms, {} I/O threads, {} KiB staging, {} KiB decode tables, {} GPU lanes",
             self.comms.load(Relaxed),
             self.io_threads.load(Relaxed),
             self.staging_bytes.load(Relaxed) >> 10,
+            self.decode_tables.load(Relaxed) >> 10,
             self.gpu_lanes.load(Relaxed)
         )
     }
@@ -103,6 +107,24 @@ impl Drop for Charge<'_> {
     fn drop(&mut self) {
         self.comm.fetch_sub(self.n, Relaxed);
         HELD.staging_bytes.fetch_sub(self.n, Relaxed);
+    }
+}
+
+/// `n` bytes of staging memory owned by the same object as `stats` (an IB comm's
+/// registered buffers): counted in `stats` and, while this value lives, in [`HELD`].
+pub struct OwnedCharge(u64);
+
+impl OwnedCharge {
+    pub fn new(stats: &Stats, n: u64) -> Self {
+        stats.staging_bytes.fetch_add(n, Relaxed);
+        HELD.staging_bytes.fetch_add(n, Relaxed);
+        OwnedCharge(n)
+    }
+}
+
+impl Drop for OwnedCharge {
+    fn drop(&mut self) {
+        HELD.staging_bytes.fetch_sub(self.0, Relaxed);
     }
 }
 

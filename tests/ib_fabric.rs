@@ -285,6 +285,13 @@ fn split_send_compressed_subchunks() {
         s.summary()
     );
     assert_eq!(r.raw_bytes.load(Relaxed) as usize, raw);
+    // The registered buffers are counted: the receiver's staging slots, the
+    // sender's compression outputs (each holds one chunk's largest frame).
+    let pp = Params::default();
+    let staged = r.staging_bytes.load(Relaxed) as usize;
+    assert!(staged >= pp.stage_slots * pp.stage_bytes, "{}", r.summary());
+    let sent = s.staging_bytes.load(Relaxed) as usize;
+    assert!(sent >= pp.send_bufs * pp.max_chunk, "{}", s.summary());
 }
 
 #[test]

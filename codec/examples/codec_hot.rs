@@ -2,7 +2,8 @@
 //! rounds of single-thread encode and decode GB/s. Also the workload for
 //! `valgrind --tool=callgrind` instruction counts (`--rounds 1`).
 //!
-//! `cargo run --release -p nccl-zip-codec --example codec_hot -- [gauss:SIGMA|FILE] [bf16|fp16|fp32] [--rounds N] [--mib M] [--enc-only|--dec-only]`
+//! `cargo run --release -p nccl-zip-codec --example codec_hot -- [gauss:SIGMA|FILE] [bf16|fp16|fp32] [--rounds N] [--mib M] [--frame-kib K] [--enc-only|--dec-only]`
+//! (`--frame-kib 256`: frames the size of the plugin's default chunk).
 #[path = "../tests/common/mod.rs"]
 mod common;
 use common::*;
@@ -19,6 +20,7 @@ fn main() {
     };
     let mut rounds = 30;
     let mut mib = 16usize;
+    let mut frame = 1usize << 20;
     let (mut enc_on, mut dec_on) = (true, true);
     let mut i = 2;
     while i < v.len() {
@@ -29,6 +31,10 @@ fn main() {
             }
             "--mib" => {
                 mib = v[i + 1].parse().unwrap();
+                i += 1;
+            }
+            "--frame-kib" => {
+                frame = v[i + 1].parse::<usize>().unwrap() << 10;
                 i += 1;
             }
             "--enc-only" => dec_on = false,
@@ -42,7 +48,7 @@ fn main() {
     } else {
         std::fs::read(&src).unwrap()
     };
-    let msgs: Vec<&[u8]> = data.chunks(1 << 20).collect();
+    let msgs: Vec<&[u8]> = data.chunks(frame).collect();
     let opts = EncodeOptions::default();
     let mut frames: Vec<Vec<u8>> = msgs
         .iter()
@@ -53,7 +59,8 @@ fn main() {
         .zip(frames.iter_mut())
         .map(|(m, f)| compress(m, f, &opts).unwrap())
         .collect();
-    let mut out = vec![0u8; 1 << 20];
+    let mut out = vec![0u8; frame];
+    let mut dec = Decoder::new();
     let total = data.len() as f64;
     let (mut be, mut bd) = (f64::MAX, f64::MAX);
     for _ in 0..rounds {
@@ -67,7 +74,7 @@ fn main() {
         if dec_on {
             let t = Instant::now();
             for (j, f) in frames.iter().enumerate() {
-                std::hint::black_box(decompress(&f[..lens[j]], &mut out).unwrap());
+                std::hint::black_box(dec.decompress(&f[..lens[j]], &mut out).unwrap());
             }
             bd = bd.min(t.elapsed().as_secs_f64());
         }
@@ -78,9 +85,10 @@ fn main() {
     }
     let values = total / ty.width() as f64;
     println!(
-        "{src} {}: {:.1} MiB, ratio {:.4}, enc {:.2} GB/s, dec {:.2} GB/s ({:.0} values)",
+        "{src} {}: {:.1} MiB in {} KiB frames, ratio {:.4}, enc {:.2} GB/s, dec {:.2} GB/s ({:.0} values)",
         ty.name(),
         total / (1 << 20) as f64,
+        frame >> 10,
         total / lens.iter().sum::<usize>() as f64,
         total / be / 1e9,
         total / bd / 1e9,

@@ -64,6 +64,14 @@ fn table_slice(src: &[u8], nb: u64) -> Result<&[u8], CodecError> {
 /// bytes, fails its checksum, or is longer than `dst`. Writes `dst[..len]` in
 /// ascending address order; on error, a prefix of `dst` may have been written.
 pub fn decompress(src: &[u8], dst: &mut [u8]) -> Result<usize, CodecError> {
+    decompress_with(src, dst, &mut Tables::new())
+}
+
+fn decompress_with<S: TableSource>(
+    src: &[u8],
+    dst: &mut [u8],
+    tables: &mut S,
+) -> Result<usize, CodecError> {
     let (h, n) = parse_for_decode(src, dst.len())?;
     if h.flags & FLAG_STORED != 0 {
         let end = HEADER_LEN as u64 + h.raw_len;
@@ -82,7 +90,6 @@ pub fn decompress(src: &[u8], dst: &mut [u8]) -> Result<usize, CodecError> {
         let nb = block_count(&h);
         let table = table_slice(src, nb)?;
         let mut pos = table.len() + HEADER_LEN;
-        let mut tables = Tables::new();
         for (i, c) in table.chunks_exact(4).enumerate() {
             let size = u32::from_le_bytes([c[0], c[1], c[2], c[3]]) as usize;
             let end = pos.checked_add(size).ok_or(CodecError::Truncated)?;
@@ -91,7 +98,7 @@ pub fn decompress(src: &[u8], dst: &mut [u8]) -> Result<usize, CodecError> {
             }
             let o = i * b;
             let l = b.min(n - o);
-            decode_block(src, pos, size, &mut dst[o..o + l], &mut tables)?;
+            decode_block(src, pos, size, &mut dst[o..o + l], tables)?;
             pos = end;
         }
         if pos != src.len() {
@@ -145,7 +152,7 @@ pub(crate) fn copy_ascending(dst: &mut [u8], src: &[u8]) {
     }
 }
 
-/// Decode tables of the last coded block, reused while (mode, k, anchor) repeat.
+/// Decode tables of one (mode, k, anchor) choice.
 pub(crate) struct Tables {
     key: Option<(u8, u8, u8)>,
     single: [u32; TABLE],
@@ -153,13 +160,96 @@ pub(crate) struct Tables {
 }
 
 impl Tables {
-    /// 32 KiB, on the caller's stack: decoding does not allocate.
+    /// 32 KiB, on the caller's stack: [`decompress`] does not allocate.
     pub(crate) fn new() -> Tables {
         Tables {
             key: None,
             single: [0; TABLE],
             multi: [0; TABLE],
         }
+    }
+
+    fn build<T: Elem>(&mut self, k: usize, a: u32) {
+        dec_table::<T>(k, a, &mut self.single);
+        multi_table::<T>(&self.single, &mut self.multi);
+        self.key = Some(table_key::<T>(k, a));
+    }
+}
+
+fn table_key<T: Elem>(k: usize, a: u32) -> (u8, u8, u8) {
+    (T::MODE, k as u8, a as u8)
+}
+
+/// Where a coded block's decode tables come from.
+pub(crate) trait TableSource {
+    fn tables<T: Elem>(&mut self, k: usize, a: u32) -> &Tables;
+}
+
+/// One set, rebuilt whenever (mode, k, anchor) changes from the previous block.
+impl TableSource for Tables {
+    fn tables<T: Elem>(&mut self, k: usize, a: u32) -> &Tables {
+        if self.key != Some(table_key::<T>(k, a)) {
+            self.build::<T>(k, a);
+        }
+        self
+    }
+}
+
+/// A decoder that keeps the decode tables of its [`Decoder::SETS`] most recently used
+/// (dtype, code, anchor) choices across frames.
+///
+/// Building a choice's tables costs about as much as decoding a fifth of a 64 KiB
+/// block. Consecutive blocks of one tensor often alternate between a few near-equal
+/// choices, and a frame of 256 KiB (the plugin's default chunk) holds only 4 blocks,
+/// so [`decompress`], which starts every frame with no tables and keeps one set,
+/// rebuilds for about a third of the blocks of real tensors. A receiver that
+/// decodes frame after frame keeps one `Decoder` instead. It holds at most
+/// [`Decoder::SETS`] × 32 KiB, allocated on first use and never sized by a frame.
+#[derive(Default)]
+pub struct Decoder {
+    /// Most recently used first.
+    sets: Vec<Box<Tables>>,
+}
+
+impl Decoder {
+    /// Table sets kept.
+    pub const SETS: usize = 4;
+
+    pub fn new() -> Decoder {
+        Decoder::default()
+    }
+
+    /// [`decompress`] with this decoder's tables: same results and errors.
+    pub fn decompress(&mut self, src: &[u8], dst: &mut [u8]) -> Result<usize, CodecError> {
+        decompress_with(src, dst, self)
+    }
+
+    /// Bytes of table memory held now.
+    pub fn held_bytes(&self) -> usize {
+        self.sets.len() * std::mem::size_of::<Tables>()
+    }
+
+    /// Bytes of table memory a decoder holds at most.
+    pub const MAX_HELD_BYTES: usize = Decoder::SETS * std::mem::size_of::<Tables>();
+}
+
+impl TableSource for Decoder {
+    fn tables<T: Elem>(&mut self, k: usize, a: u32) -> &Tables {
+        let key = Some(table_key::<T>(k, a));
+        let i = match self.sets.iter().position(|s| s.key == key) {
+            Some(i) => i,
+            None => {
+                if self.sets.len() < Decoder::SETS {
+                    self.sets.push(Box::new(Tables::new()));
+                }
+                // The new set, or the least recently used one.
+                let i = self.sets.len() - 1;
+                self.sets[i].build::<T>(k, a);
+                i
+            }
+        };
+        self.sets[..=i].rotate_right(1);
+        &self.sets[0]
     }
 }
 
@@ -178,12 +268,12 @@ fn fill_ascending(dst: &mut [u8], v: u8) {
 }
 
 /// Decodes block at `src[start..start + size]` into `out` (its `L` bytes).
-pub(crate) fn decode_block(
+pub(crate) fn decode_block<S: TableSource>(
     src: &[u8],
     start: usize,
     size: usize,
     out: &mut [u8],
-    tables: &mut Tables,
+    tables: &mut S,
 ) -> Result<(), CodecError> {
     if size == 0 {
         return Err(CodecError::Corrupt("empty block"));
@@ -204,9 +294,9 @@ pub(crate) fn decode_block(
             fill_ascending(out, src[start + 1]);
             Ok(())
         }
-        MODE_BF16 => decode_coded::<Bf16>(src, start, size, out, tables),
-        MODE_FP16 => decode_coded::<Fp16>(src, start, size, out, tables),
-        MODE_FP32 => decode_coded::<Fp32>(src, start, size, out, tables),
+        MODE_BF16 => decode_coded::<Bf16, S>(src, start, size, out, tables),
+        MODE_FP16 => decode_coded::<Fp16, S>(src, start, size, out, tables),
+        MODE_FP32 => decode_coded::<Fp32, S>(src, start, size, out, tables),
         _ => Err(CodecError::Corrupt("unknown block mode")),
     }
 }
@@ -397,44 +487,44 @@ fn dec_one<T: Elem>(lut: &[u32; TABLE], buf: u64) -> (u8, u32, u32) {
     (key as u8, len, t & INVALID)
 }
 
-fn decode_coded<T: Elem>(
+fn decode_coded<T: Elem, S: TableSource>(
     src: &[u8],
     start: usize,
     size: usize,
     out: &mut [u8],
-    tables: &mut Tables,
+    tables: &mut S,
 ) -> Result<(), CodecError> {
     #[cfg(target_arch = "x86_64")]
     {
         if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("bmi2") {
             // SAFETY: the CPU has the features the function is compiled for.
-            return unsafe { decode_coded_avx2::<T>(src, start, size, out, tables) };
+            return unsafe { decode_coded_avx2::<T, S>(src, start, size, out, tables) };
         }
     }
-    decode_coded_body::<T>(src, start, size, out, tables)
+    decode_coded_body::<T, S>(src, start, size, out, tables)
 }
 
 /// # Safety
 /// The CPU must support AVX2 and BMI2.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,bmi1,bmi2")]
-unsafe fn decode_coded_avx2<T: Elem>(
+unsafe fn decode_coded_avx2<T: Elem, S: TableSource>(
     src: &[u8],
     start: usize,
     size: usize,
     out: &mut [u8],
-    tables: &mut Tables,
+    tables: &mut S,
 ) -> Result<(), CodecError> {
-    decode_coded_body::<T>(src, start, size, out, tables)
+    decode_coded_body::<T, S>(src, start, size, out, tables)
 }
 
 #[inline(always)]
-fn decode_coded_body<T: Elem>(
+fn decode_coded_body<T: Elem, S: TableSource>(
     src: &[u8],
     start: usize,
     size: usize,
     out: &mut [u8],
-    tables: &mut Tables,
+    tables: &mut S,
 ) -> Result<(), CodecError> {
     let blk = &src[start..start + size];
     let l = out.len();
@@ -457,13 +547,8 @@ fn decode_coded_body<T: Elem>(
     if streams + total + t != size {
         return Err(CodecError::Corrupt("coded block length mismatch"));
     }
-    let key = Some((T::MODE, k as u8, a as u8));
-    if tables.key != key {
-        dec_table::<T>(k, a, &mut tables.single);
-        multi_table::<T>(&tables.single, &mut tables.multi);
-        tables.key = key;
-    }
-    let (lut, multi) = (&tables.single, &tables.multi);
+    let set = tables.tables::<T>(k, a);
+    let (lut, multi) = (&set.single, &set.multi);
     let mut keys = [[0u8; SEG_ELEMS + KEY_SLACK]; 4];
     let mut sp = start + streams; // absolute position of the next segment
     let mut seg = 0usize;

@@ -25,6 +25,8 @@
 //! * [`decompress`] decodes into a caller buffer (NCCL's receive buffer): an error,
 //!   never a panic, when the frame is corrupt or larger than `dst`; output is written
 //!   in ascending address order (safe for NCCL LL/LL128 flag polling).
+//! * [`Decoder`] decodes frame after frame like [`decompress`], keeping the decode
+//!   tables of its most recent code choices (at most 128 KiB): for receivers.
 //! * [`frame_info`] reads the header and block table only.
 //! * [`compress_parallel`] / [`decompress_parallel`] spread the blocks of large buffers
 //!   over threads (same bytes as the single-thread encoder; the parallel decoder does
@@ -42,7 +44,7 @@ mod parallel;
 
 pub mod cli;
 
-pub use decode::{decompress, frame_info};
+pub use decode::{decompress, frame_info, Decoder};
 pub use encode::{compress, compress_scalar, compress_with_stats};
 pub use parallel::{compress_parallel, decompress_parallel};
 

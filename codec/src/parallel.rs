@@ -133,7 +133,7 @@ pub fn decompress_parallel(
             .enumerate()
             .map(|(t, chunk)| {
                 s.spawn(move || {
-                    let mut tables = crate::decode::Tables::new();
+                    let mut tables = crate::decode::Decoder::new();
                     for (j, blk_out) in chunk.chunks_mut(b).enumerate() {
                         let i = t * per + j;
                         decode_block(src, offs[i], offs[i + 1] - offs[i], blk_out, &mut tables)?;

@@ -24,6 +24,10 @@ fn contents(n: usize, seed: u64) -> Vec<(&'static str, Vec<u8>)> {
     ]
 }
 
+thread_local! {
+    static DECODER: std::cell::RefCell<Decoder> = std::cell::RefCell::new(Decoder::new());
+}
+
 /// Compresses and decompresses, checking every API invariant; returns the stats.
 fn check(src: &[u8], opts: &EncodeOptions) -> FrameStats {
     let n = src.len();
@@ -56,6 +60,18 @@ fn check(src: &[u8], opts: &EncodeOptions) -> FrameStats {
     let mut out = vec![0x55u8; n + 3];
     assert_eq!(decompress(f, &mut out).unwrap(), n);
     assert!(out[..n] == *src, "round trip differs (n = {n}, {opts:?})");
+    assert_eq!(&out[n..], &[0x55; 3]);
+    // A Decoder that lives across every frame this thread checks (its cached
+    // tables come from earlier frames of other types, codes and anchors).
+    let mut out = vec![0x55u8; n + 3];
+    assert_eq!(
+        DECODER.with(|d| d.borrow_mut().decompress(f, &mut out)),
+        Ok(n)
+    );
+    assert!(
+        out[..n] == *src,
+        "Decoder round trip differs (n = {n}, {opts:?})"
+    );
     assert_eq!(&out[n..], &[0x55; 3]);
     if n > 0 {
         let mut small = vec![0u8; n - 1];
@@ -170,6 +186,60 @@ fn fill_blocks_and_stats() {
     d[196608..262144].fill(0xFF);
     let st = check(&d, &EncodeOptions::default());
     assert_eq!((st.blocks_coded, st.blocks_fill, st.blocks_raw), (2, 2, 0));
+}
+
+/// One Decoder over frames whose blocks use more (dtype, code, anchor) choices than it
+/// keeps, in orders that hit, miss and evict: every frame decodes exactly, and the
+/// decoder never holds more than its bound.
+#[test]
+fn decoder_cache_hits_misses_and_evictions() {
+    let mut frames = Vec::new();
+    let mut choices = std::collections::BTreeSet::new();
+    for (i, (ty, sigma)) in [
+        (Ty::Bf16, 1e-3),
+        (Ty::Bf16, 0.5),
+        (Ty::Bf16, 30.0),
+        (Ty::Fp16, 1e-3),
+        (Ty::Fp16, 0.5),
+        (Ty::Fp32, 1e-3),
+        (Ty::Fp32, 30.0),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let src = gaussian(ty, 3 << 16, sigma, 40 + i as u64);
+        let mut f = vec![0u8; max_compressed_size(src.len())];
+        let n = compress(&src, &mut f, &EncodeOptions::default()).unwrap();
+        f.truncate(n);
+        // Each coded block's (mode, k, anchor) from its header (FORMAT.md §2, §4).
+        let nb = frame_info(&f).unwrap().blocks as usize;
+        let mut pos = 24 + 4 * nb;
+        for b in 0..nb {
+            let at = 24 + 4 * b;
+            let size = u32::from_le_bytes(f[at..at + 4].try_into().unwrap()) as usize;
+            choices.insert((f[pos], f[pos + 1], f[pos + 2]));
+            pos += size;
+        }
+        frames.push((src, f));
+    }
+    assert!(
+        choices.len() > Decoder::SETS,
+        "want more choices than the decoder keeps: {choices:?}"
+    );
+    let mut dec = Decoder::new();
+    let mut rng = Rng::new(3);
+    let order: Vec<usize> = (0..frames.len())
+        .chain((0..frames.len()).rev())
+        .chain((0..200).map(|_| (rng.next_u64() % frames.len() as u64) as usize))
+        .collect();
+    for i in order {
+        let (src, f) = &frames[i];
+        let mut out = vec![0u8; src.len()];
+        assert_eq!(dec.decompress(f, &mut out), Ok(src.len()));
+        assert!(out == *src, "frame {i} differs");
+        assert!(dec.held_bytes() <= Decoder::MAX_HELD_BYTES);
+    }
+    assert_eq!(dec.held_bytes(), Decoder::MAX_HELD_BYTES);
 }
 
 #[test]

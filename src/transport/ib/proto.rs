@@ -30,13 +30,13 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-use crate::codec_glue::{decode_chunk, max_wire, Coder};
+use crate::codec_glue::{max_wire, ChunkDecoder, Coder};
 use crate::error::{Error, Result};
 use crate::gpu::pool::Dir;
 use crate::gpu::Backend;
 use crate::proto::plan;
 use crate::proto::slots::NSLOTS;
-use crate::stats::Stats;
+use crate::stats::{OwnedCharge, Stats};
 
 use super::fabric::{Completion, Fabric, Local, Mr, Remote, WcOp, WcStatus};
 use super::gdr::DevLane;
@@ -349,6 +349,8 @@ pub struct Sender {
     /// GPU lane for compressed chunks of device buffers (made on first use).
     lane: DevLane,
     pub stats: Stats,
+    /// The regions and `bufs`, counted in the stats and `HELD`.
+    _held: OwnedCharge,
     failed: Failure,
     wc: Vec<Completion>,
 }
@@ -373,6 +375,9 @@ impl Sender {
             buf_mrs.push(unsafe { fab.reg_mr(b.as_mut_ptr(), b.len())? });
             bufs.push(b);
         }
+        let stats = Stats::default();
+        let held = fifo.len() + info_src.len() + bufs.iter().map(Vec::len).sum::<usize>();
+        let held = OwnedCharge::new(&stats, held as u64);
         Ok(Sender {
             free_bufs: (0..bufs.len()).rev().collect(),
             nqps,
@@ -388,7 +393,8 @@ impl Sender {
             sq_used: vec![0; nqps],
             coders,
             lane: DevLane::new(Dir::Send, p.max_chunk, p.gpu_lanes),
-            stats: Stats::default(),
+            stats,
+            _held: held,
             failed: Failure::default(),
             wc: Vec::new(),
             p,
@@ -771,7 +777,11 @@ pub struct Receiver {
     sq_used: usize,
     /// GPU lane decoding compressed chunks into device buffers (made on first use).
     lane: DevLane,
+    /// Host chunks' decoder (keeps decode tables across chunks).
+    decoder: ChunkDecoder,
     pub stats: Stats,
+    /// The regions, counted in the stats and `HELD`.
+    _held: OwnedCharge,
     failed: Failure,
     wc: Vec<Completion>,
 }
@@ -792,6 +802,8 @@ impl Receiver {
                 fab.post_recv(qp, wr_id(WR_RECV, 0, 0, 0))?;
             }
         }
+        let stats = Stats::default();
+        let held = OwnedCharge::new(&stats, (info.len() + stage.len() + cts_src.len()) as u64);
         Ok(Receiver {
             free_stage: (0..p.stage_slots).rev().collect(),
             nqps,
@@ -807,7 +819,9 @@ impl Receiver {
             next_seq: 0,
             sq_used: 0,
             lane: DevLane::new(Dir::Recv, p.max_chunk, p.gpu_lanes),
-            stats: Stats::default(),
+            decoder: ChunkDecoder::default(),
+            stats,
+            _held: held,
             failed: Failure::default(),
             wc: Vec::new(),
             p,
@@ -1087,7 +1101,7 @@ impl Receiver {
                     // SAFETY: NCCL's buffer holds cap >= total bytes and is ours
                     // until the request is reported done; chunks never overlap.
                     let dst = unsafe { std::slice::from_raw_parts_mut(dst as *mut u8, raw_len) };
-                    decode_chunk(frame, dst, &self.stats)?;
+                    self.decoder.decode(frame, dst, &self.stats)?;
                 }
                 // Device memory: only a GPU lane writes it (decode, or CPU decode
                 // and copy up); the call returns when the bytes are in place.

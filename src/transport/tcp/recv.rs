@@ -16,6 +16,7 @@ use tracing::info;
 
 use super::core::{spawn_io, Core, RxLimits};
 use super::sock::{configure_data_socket, recv_exact, recv_exact_or_eof};
+use crate::codec_glue::ChunkDecoder;
 use crate::config::Config;
 use crate::devpath::DevSide;
 use crate::error::{Error, Result};
@@ -118,6 +119,7 @@ fn recv_chunks(core: &Core, stream: usize, max_wire: usize, lanes: usize) -> Res
     let peer = core.peer;
     let io_err = |e| Error::io(format!("receive from {peer} (stream {stream})"), e);
     let mut staging = Staging::new(&core.stats.staging_bytes);
+    let mut decoder = ChunkDecoder::default();
     // Device chunks: a lane from the device's shared pool per chunk, taken only
     // after the chunk's header arrived (see gpu::pool on why that order matters).
     let mut dev_side = DevSide::new(
@@ -171,7 +173,7 @@ fn recv_chunks(core: &Core, stream: usize, max_wire: usize, lanes: usize) -> Res
             if h.compressed() {
                 let frame = staging.get(h.wire_len as usize);
                 recv_exact(sock, frame).map_err(io_err)?;
-                crate::codec_glue::decode_chunk(frame, dst, &core.stats)?;
+                decoder.decode(frame, dst, &core.stats)?;
             } else {
                 recv_exact(sock, dst).map_err(io_err)?;
             }
