@@ -156,22 +156,27 @@ pub(crate) fn copy_ascending(dst: &mut [u8], src: &[u8]) {
 pub(crate) struct Tables {
     key: Option<(u8, u8, u8)>,
     single: [u32; TABLE],
+    /// Multi-symbol table: up to [`MULTI`] keys per entry (first in the low byte).
     multi: [u32; TABLE],
+    /// Per multi entry: bits used (bits 0..4) and key count (bits 4..8); count 0
+    /// means "decode one element the slow way" (escape, invalid, or too long).
+    meta: [u8; TABLE],
 }
 
 impl Tables {
-    /// 32 KiB, on the caller's stack: [`decompress`] does not allocate.
+    /// 36 KiB, on the caller's stack: [`decompress`] does not allocate.
     pub(crate) fn new() -> Tables {
         Tables {
             key: None,
             single: [0; TABLE],
             multi: [0; TABLE],
+            meta: [0; TABLE],
         }
     }
 
     fn build<T: Elem>(&mut self, k: usize, a: u32) {
         dec_table::<T>(k, a, &mut self.single);
-        multi_table::<T>(&self.single, &mut self.multi);
+        multi_table::<T>(&self.single, &mut self.multi, &mut self.meta);
         self.key = Some(table_key::<T>(k, a));
     }
 }
@@ -204,7 +209,7 @@ impl TableSource for Tables {
 /// so [`decompress`], which starts every frame with no tables and keeps one set,
 /// rebuilds for about a third of the blocks of real tensors. A receiver that
 /// decodes frame after frame keeps one `Decoder` instead. It holds at most
-/// [`Decoder::SETS`] × 32 KiB, allocated on first use and never sized by a frame.
+/// [`Decoder::SETS`] × 36 KiB, allocated on first use and never sized by a frame.
 #[derive(Default)]
 pub struct Decoder {
     /// Most recently used first.
@@ -327,15 +332,17 @@ fn dec_table<T: Elem>(k: usize, a: u32, t: &mut [u32; TABLE]) {
     }
 }
 
-/// Multi-symbol table: for the next 12 stream bits, up to 3 whole elements.
-/// Entry: bits 0..24 keys (first in the low byte), 24..28 bits used, 28..30 count;
-/// count 0 means "decode one element the slow way" (escape, invalid, or too long).
-fn multi_table<T: Elem>(single: &[u32; TABLE], m: &mut [u32; TABLE]) {
-    for (idx, slot) in m.iter_mut().enumerate() {
+/// Keys one multi-symbol lookup decodes at most.
+const MULTI: usize = 4;
+
+/// Multi-symbol tables: for the next 12 stream bits, up to [`MULTI`] whole elements
+/// (keys in `m`, bits used and count in `meta`, see [`Tables`]).
+fn multi_table<T: Elem>(single: &[u32; TABLE], m: &mut [u32; TABLE], meta: &mut [u8; TABLE]) {
+    for (idx, (slot, info)) in m.iter_mut().zip(meta.iter_mut()).enumerate() {
         let mut used = 0u32;
         let mut keys = 0u32;
         let mut cnt = 0u32;
-        while cnt < 3 {
+        while (cnt as usize) < MULTI {
             let t = single[(idx >> used) & (TABLE - 1)];
             let len = ((t >> 12) & 0x1F) + T::XBITS;
             if t & INVALID != 0 || (t >> 24) != 0 || used + len > MAXLEN {
@@ -351,7 +358,8 @@ fn multi_table<T: Elem>(single: &[u32; TABLE], m: &mut [u32; TABLE]) {
             used += len;
             cnt += 1;
         }
-        *slot = keys | (used << 24) | (cnt << 28);
+        *slot = keys;
+        *info = (used | (cnt << 4)) as u8;
     }
 }
 
@@ -365,15 +373,17 @@ struct Lane {
 }
 
 /// Slack after a segment's keys: a table entry is stored as 4 bytes.
-const KEY_SLACK: usize = 16;
-const _: () = assert!(KEY_SLACK >= 13);
+const KEY_SLACK: usize = 20;
+/// Keys one [`lane_step`] decodes at most.
+const STEP_KEYS: usize = 4 * MULTI;
+const _: () = assert!(KEY_SLACK >= STEP_KEYS);
 
-/// One refill and up to 4 multi-symbol lookups (at most 12 keys). Callers keep
-/// `lane.kp + 12 <= SEG_ELEMS`; memory safety holds regardless (`kp` is clamped).
+/// One refill and up to 4 multi-symbol lookups (at most [`STEP_KEYS`] keys, 48
+/// stream bits). Callers keep `lane.kp + STEP_KEYS <= SEG_ELEMS`; memory safety
+/// holds regardless (`kp` is clamped).
 #[inline(always)]
 fn lane_step<T: Elem>(
-    single: &[u32; TABLE],
-    multi: &[u32; TABLE],
+    t: &Tables,
     src: &[u8],
     keys: &mut [u8; SEG_ELEMS + KEY_SLACK],
     l: &mut Lane,
@@ -381,49 +391,50 @@ fn lane_step<T: Elem>(
     let mut buf = load64(src, l.base + (l.bp >> 3) as usize) >> (l.bp & 7);
     let mut kp = l.kp.min(SEG_ELEMS);
     for _ in 0..4 {
-        let t = multi[(buf & (TABLE as u64 - 1)) as usize];
-        let cnt = (t >> 28) as usize;
+        let idx = (buf & (TABLE as u64 - 1)) as usize;
+        let info = t.meta[idx] as u32;
+        let cnt = (info >> 4) as usize;
         if cnt == 0 {
             let buf = load64(src, l.base + (l.bp >> 3) as usize) >> (l.bp & 7);
-            let (k, n, b) = dec_one::<T>(single, buf);
+            let (k, n, b) = dec_one::<T>(&t.single, buf);
             keys[kp] = k;
             kp += 1;
             l.bp += n as u64;
             l.bad |= b;
             break;
         }
-        // SAFETY: kp <= SEG_ELEMS on entry and grows by at most 3 per lookup, so
-        // kp + 4 <= SEG_ELEMS + 13 <= keys.len() whatever the input.
+        // SAFETY: kp <= SEG_ELEMS on entry and grows by at most MULTI per lookup,
+        // so kp + 4 <= SEG_ELEMS + STEP_KEYS <= keys.len() whatever the input.
         unsafe {
             keys.as_mut_ptr()
                 .add(kp)
                 .cast::<[u8; 4]>()
-                .write_unaligned(t.to_le_bytes())
+                .write_unaligned(t.multi[idx].to_le_bytes())
         };
         kp += cnt;
-        let n = (t >> 24) & 0xF;
+        let n = info & 0xF;
         buf >>= n;
         l.bp += n as u64;
     }
     l.kp = kp;
 }
 
-/// Finishes a lane: multi-symbol steps while 12 keys fit, then one key at a time.
+/// Finishes a lane: multi-symbol steps while [`STEP_KEYS`] keys fit, then one key
+/// at a time.
 #[inline(always)]
 fn lane_finish<T: Elem>(
-    single: &[u32; TABLE],
-    multi: &[u32; TABLE],
+    t: &Tables,
     src: &[u8],
     keys: &mut [u8; SEG_ELEMS + KEY_SLACK],
     n: usize,
     l: &mut Lane,
 ) {
-    while l.kp + 12 <= n {
-        lane_step::<T>(single, multi, src, keys, l);
+    while l.kp + STEP_KEYS <= n {
+        lane_step::<T>(t, src, keys, l);
     }
     while l.kp < n {
         let buf = load64(src, l.base + (l.bp >> 3) as usize) >> (l.bp & 7);
-        let (k, b, f) = dec_one::<T>(single, buf);
+        let (k, b, f) = dec_one::<T>(&t.single, buf);
         keys[l.kp.min(SEG_ELEMS)] = k;
         l.kp += 1;
         l.bp += b as u64;
@@ -434,24 +445,23 @@ fn lane_finish<T: Elem>(
 /// Decodes 4 full segments interleaved (4 independent dependency chains).
 #[inline(always)]
 fn dec_segments4<T: Elem>(
-    single: &[u32; TABLE],
-    multi: &[u32; TABLE],
+    t: &Tables,
     src: &[u8],
     keys: &mut [[u8; SEG_ELEMS + KEY_SLACK]; 4],
     lanes: &mut [Lane; 4],
 ) {
     let [k0, k1, k2, k3] = keys;
     let [l0, l1, l2, l3] = lanes;
-    while l0.kp.max(l1.kp).max(l2.kp.max(l3.kp)) + 12 <= SEG_ELEMS {
-        lane_step::<T>(single, multi, src, k0, l0);
-        lane_step::<T>(single, multi, src, k1, l1);
-        lane_step::<T>(single, multi, src, k2, l2);
-        lane_step::<T>(single, multi, src, k3, l3);
+    while l0.kp.max(l1.kp).max(l2.kp.max(l3.kp)) + STEP_KEYS <= SEG_ELEMS {
+        lane_step::<T>(t, src, k0, l0);
+        lane_step::<T>(t, src, k1, l1);
+        lane_step::<T>(t, src, k2, l2);
+        lane_step::<T>(t, src, k3, l3);
     }
-    lane_finish::<T>(single, multi, src, k0, SEG_ELEMS, l0);
-    lane_finish::<T>(single, multi, src, k1, SEG_ELEMS, l1);
-    lane_finish::<T>(single, multi, src, k2, SEG_ELEMS, l2);
-    lane_finish::<T>(single, multi, src, k3, SEG_ELEMS, l3);
+    lane_finish::<T>(t, src, k0, SEG_ELEMS, l0);
+    lane_finish::<T>(t, src, k1, SEG_ELEMS, l1);
+    lane_finish::<T>(t, src, k2, SEG_ELEMS, l2);
+    lane_finish::<T>(t, src, k3, SEG_ELEMS, l3);
 }
 
 /// Little-endian 64-bit load at byte `p` of `src`, zero-filled past its end.
@@ -548,7 +558,6 @@ fn decode_coded_body<T: Elem, S: TableSource>(
         return Err(CodecError::Corrupt("coded block length mismatch"));
     }
     let set = tables.tables::<T>(k, a);
-    let (lut, multi) = (&set.single, &set.multi);
     let mut keys = [[0u8; SEG_ELEMS + KEY_SLACK]; 4];
     let mut sp = start + streams; // absolute position of the next segment
     let mut seg = 0usize;
@@ -569,11 +578,11 @@ fn decode_coded_body<T: Elem, S: TableSource>(
             sp += lens[i];
         }
         if g1 - g0 == GROUP {
-            dec_segments4::<T>(lut, multi, src, &mut keys, &mut lanes);
+            dec_segments4::<T>(set, src, &mut keys, &mut lanes);
         } else {
             for i in 0..nsg {
                 let n = (g1 - g0 - i * SEG_ELEMS).min(SEG_ELEMS);
-                lane_finish::<T>(lut, multi, src, &mut keys[i], n, &mut lanes[i]);
+                lane_finish::<T>(set, src, &mut keys[i], n, &mut lanes[i]);
             }
         }
         let bad = lanes.iter().fold(0, |b, l| b | l.bad);

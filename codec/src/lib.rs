@@ -26,7 +26,7 @@
 //!   never a panic, when the frame is corrupt or larger than `dst`; output is written
 //!   in ascending address order (safe for NCCL LL/LL128 flag polling).
 //! * [`Decoder`] decodes frame after frame like [`decompress`], keeping the decode
-//!   tables of its most recent code choices (at most 128 KiB): for receivers.
+//!   tables of its most recent code choices (at most 144 KiB): for receivers.
 //! * [`frame_info`] reads the header and block table only.
 //! * [`compress_parallel`] / [`decompress_parallel`] spread the blocks of large buffers
 //!   over threads (same bytes as the single-thread encoder; the parallel decoder does
