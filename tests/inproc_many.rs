@@ -1,0 +1,116 @@
+//! Many comms at once, as a large job opens them (channels × peers): compressed
+//! traffic on all of them together, every comm's staging within its bound, the
+//! plugin's totals equal to what the comms hold, and everything given back when
+//! the comms close. One test in its own binary: `HELD` is process-wide.
+
+mod inproc_util;
+
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::{Duration, Instant};
+
+use inproc_util::{bf16_gaussian, pair, pattern, transfer_and_check};
+use nccl_net_zip::codec::Decoder;
+use nccl_net_zip::codec_glue::max_wire;
+use nccl_net_zip::stats::{Stats, HELD};
+
+const PAIRS: usize = 40;
+const NSTREAMS: usize = 4;
+const CHUNK: usize = 256 << 10;
+
+/// Each pair holds 2 × (NSTREAMS data + 1 inline) sockets, plus listeners: more
+/// than a default soft limit of 1024 allows for some runners.
+fn raise_open_file_limit() {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: plain libc calls on a local struct.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
+            lim.rlim_cur = lim.rlim_max.min(65536);
+            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+        }
+    }
+}
+
+fn wait_until(what: &str, mut ok: impl FnMut() -> bool) {
+    let t0 = Instant::now();
+    while !ok() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "{what}: {}",
+            HELD.summary()
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+fn staging(st: &Stats) -> u64 {
+    st.staging_bytes.load(Relaxed)
+}
+
+#[test]
+fn many_comms_bounded_visible_and_released() {
+    raise_open_file_limit();
+    std::env::set_var("NCCL_ZIP_COMPRESS", "on");
+    std::env::set_var("NCCL_ZIP_NSTREAMS", NSTREAMS.to_string());
+    std::env::set_var("NCCL_ZIP_CHUNK_SIZE", CHUNK.to_string());
+    let pairs: Vec<_> = (0..PAIRS).map(|_| pair()).collect();
+    assert_eq!(HELD.comms.load(Relaxed), 2 * PAIRS as u64);
+    // Each comm runs one I/O thread per data stream (the inline stream is served
+    // by the caller's thread).
+    let threads = (2 * PAIRS * NSTREAMS) as u64;
+    wait_until("I/O threads", || HELD.io_threads.load(Relaxed) == threads);
+
+    // Compressed and raw messages on every comm at once, from four threads.
+    let msgs = vec![
+        bf16_gaussian(1, 1 << 20, 0.02),
+        pattern(2, 300_001),
+        bf16_gaussian(3, 3 << 20, 1.0),
+        vec![0u8; 70_000],
+    ];
+    std::thread::scope(|sc| {
+        for group in pairs.chunks(PAIRS / 4) {
+            let msgs = &msgs;
+            sc.spawn(move || {
+                for (s, r) in group {
+                    transfer_and_check(s, r, msgs, 3 << 20);
+                }
+            });
+        }
+    });
+
+    // Per comm: one compressed chunk's frame per I/O thread, whatever the traffic,
+    // and within the 4 MiB of NCCL's own buffers for a connection.
+    let bound = (NSTREAMS * max_wire(CHUNK)) as u64;
+    assert!(bound <= 4 << 20);
+    let mut sum = 0;
+    for (i, (s, r)) in pairs.iter().enumerate() {
+        assert!(
+            s.stats().chunks_compressed.load(Relaxed) > 0,
+            "pair {i}: {}",
+            s.stats().summary()
+        );
+        for st in [s.stats(), r.stats()] {
+            assert!(staging(st) <= bound, "pair {i}: {}", st.summary());
+            sum += staging(st);
+        }
+    }
+    // What the plugin says it holds is what its comms hold.
+    assert_eq!(HELD.staging_bytes.load(Relaxed), sum, "{}", HELD.summary());
+    assert!(sum > 0);
+    let tables = HELD.decode_tables.load(Relaxed);
+    assert!(tables > 0, "{}", HELD.summary());
+    assert!(
+        tables <= (PAIRS * NSTREAMS * Decoder::MAX_HELD_BYTES) as u64,
+        "{}",
+        HELD.summary()
+    );
+
+    // Closing gives everything back.
+    drop(pairs);
+    assert_eq!(HELD.comms.load(Relaxed), 0, "{}", HELD.summary());
+    assert_eq!(HELD.io_threads.load(Relaxed), 0, "{}", HELD.summary());
+    assert_eq!(HELD.staging_bytes.load(Relaxed), 0, "{}", HELD.summary());
+    assert_eq!(HELD.decode_tables.load(Relaxed), 0, "{}", HELD.summary());
+}
