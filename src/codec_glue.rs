@@ -96,18 +96,17 @@ pub fn decode_chunk(frame: &[u8], dst: &mut [u8], stats: &Stats) -> Result<()> {
 #[derive(Default)]
 pub struct ChunkDecoder {
     dec: codec::Decoder,
-    counted: u64,
 }
 
 impl ChunkDecoder {
     pub fn decode(&mut self, frame: &[u8], dst: &mut [u8], stats: &Stats) -> Result<()> {
+        let before = self.dec.held_bytes();
         let r = decode_by(|f, d| self.dec.decompress(f, d), frame, dst, stats);
-        // The decoder's tables only grow.
-        let held = self.dec.held_bytes() as u64;
-        if held > self.counted {
+        // The decoder's tables only grow; HELD has what it held before.
+        let grown = self.dec.held_bytes() - before;
+        if grown > 0 {
             HELD.decode_tables
-                .fetch_add(held - self.counted, Ordering::Relaxed);
-            self.counted = held;
+                .fetch_add(grown as u64, Ordering::Relaxed);
         }
         r
     }
@@ -116,7 +115,7 @@ impl ChunkDecoder {
 impl Drop for ChunkDecoder {
     fn drop(&mut self) {
         HELD.decode_tables
-            .fetch_sub(self.counted, Ordering::Relaxed);
+            .fetch_sub(self.dec.held_bytes() as u64, Ordering::Relaxed);
     }
 }
 
