@@ -16,8 +16,8 @@
 # through the plugin, against NCCL's Socket transport: scripts/e2e.sh, bench part.
 #
 # Env: RATE (2gbit | 10gbit | none), SIZES (512K,4M), BYTES (bytes per run, 96M),
-#      REPS (1), OUT (results file; default bench/results/demo-<rate>-<date>.md,
-#      demo-<rate>-cuda-<date>.md with MEM=cuda),
+#      REPS (1), OUT (results file; default a temporary file whose path is
+#      printed; set e.g. OUT=bench/results/demo-<rate>-<date>.md to record it),
 #      MEM (host | cuda: `--mem` of both ranks; cuda needs a GPU, or
 #      NCCL_ZIP_GPU_EMULATE=1 for emulated device memory; MEM=cuda always runs the
 #      two-namespace demo, never the PyTorch one).
@@ -110,7 +110,9 @@ done
 
 DATE=$(date -u +%Y-%m-%d)
 SUFFIX=; [[ $MEM == cuda ]] && SUFFIX=-cuda
-OUT=${OUT:-$ROOT/bench/results/demo-${RATE}$SUFFIX-$DATE.md}
+# Results go to bench/results/ only when asked (OUT=bench/results/demo-...md);
+# otherwise to a temporary file, so a demo run leaves the git tree clean.
+OUT=${OUT:-$(mktemp "${TMPDIR:-/tmp}/nccl-zip-demo-${RATE}$SUFFIX-$DATE-XXXXXX.md")}
 mkdir -p "$(dirname "$OUT")"
 {
   echo "# Demo: compressed vs uncompressed through the plugin, $LINK, $MEM memory ($DATE)"
@@ -129,3 +131,4 @@ mkdir -p "$(dirname "$OUT")"
 } >"$OUT"
 echo
 echo "written to ${OUT#$ROOT/}"
+[[ $OUT == "$ROOT"/* ]] || echo "(a temporary file: set OUT=bench/results/demo-$RATE$SUFFIX-$DATE.md to keep it with the project's results)"

@@ -1,32 +1,47 @@
 #!/usr/bin/env bash
 # The test command (README): builds everything and runs every test that this
 # machine can run. GPU tests skip with a printed reason when no GPU is present.
+# Each step prints its wall time; the total comes last.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+T0=$SECONDS
+STEP= STEP_T0=$SECONDS
+step() { # step NAME: ends the running step (printing its time), starts NAME
+  [ -n "$STEP" ] && echo "== [$((SECONDS - STEP_T0)) s] $STEP"
+  STEP=$1 STEP_T0=$SECONDS
+  [ -n "$STEP" ] && echo "== $STEP"
+  return 0
+}
+
+step "setup checks (scripts/tests/detect_test.sh)"
+scripts/tests/detect_test.sh >/dev/null || scripts/tests/detect_test.sh
+step "setup (installs what is missing)"
 scripts/setup.sh
 
 export CARGO_TERM_COLOR=never
 # CUDA kernels are compiled on every run, GPU or not: nvcc 13.0 from the PyPI
 # wheels, and build.rs fails the build if any kernel does not compile.
-echo "== nvcc: $(scripts/setup_cuda.sh)"
+step "nvcc"
+echo "nvcc: $(scripts/setup_cuda.sh)"
 export NCCL_ZIP_REQUIRE_KERNELS=1
-echo "== build (debug, all targets)"
+step "build (debug, all targets)"
 cargo build --workspace --all-targets
 
-echo "== cargo test (plugin; the codec's suite runs below, in release)"
+step "cargo test (plugin; the codec's suite runs below, in release)"
 cargo test --workspace --exclude nccl-zip-codec --no-fail-fast
 
-echo "== GPU tests (print SKIP and the reason when there is no usable GPU)"
+step "GPU tests (print SKIP and the reason when there is no usable GPU)"
 cargo test --test gpu_codec --test gpu_bench --test gpu_path -- --nocapture 2>&1 | grep -E "^SKIP|^test result|^test .*(FAILED|ok)$|panicked"
 
 if [ -x scripts/ci_codec.sh ]; then
-  echo "== codec CI (fuzz smoke)"
+  step "codec CI (fuzz smoke)"
   scripts/ci_codec.sh
 fi
-echo "== end-to-end NCCL (issue 6)"
+step "end-to-end NCCL"
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
   echo "GPU present: run scripts/e2e.sh for the real-NCCL check (long; not part of this suite)"
 else
   scripts/e2e.sh
 fi
-echo "== all tests passed"
+step ""
+echo "== all tests passed in $((SECONDS - T0)) s"

@@ -6,11 +6,16 @@
 # CUDA_HOME as set, a toolkit in /usr/local/cuda*, else the PyPI wheels
 # (scripts/setup_cuda.sh). Fails when there is none.
 nzc_find_nvcc() {
-  if command -v nvcc >/dev/null || [ -n "${NVCC:-}" ] || [ -n "${CUDA_HOME:-}" ]; then return 0; fi
+  # Each candidate must compile a kernel (scripts/lib/detect.sh), not merely exist.
+  source scripts/lib/detect.sh
+  if [ -n "${NVCC:-}" ] && nvcc_works "$NVCC"; then return 0; fi
+  if [ -n "${CUDA_HOME:-}" ] && nvcc_works "$CUDA_HOME/bin/nvcc"; then return 0; fi
+  if command -v nvcc >/dev/null && nvcc_works "$(command -v nvcc)"; then return 0; fi
   local d
   for d in /usr/local/cuda /usr/local/cuda-13.0; do
-    if [ -x "$d/bin/nvcc" ]; then export CUDA_HOME=$d; return 0; fi
+    if nvcc_works "$d/bin/nvcc"; then export CUDA_HOME=$d; return 0; fi
   done
+  unset NVCC
   NVCC=$(scripts/setup_cuda.sh 2>/dev/null) && export NVCC
 }
 
