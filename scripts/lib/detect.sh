@@ -78,6 +78,12 @@ nvcc_works() {
 
 # tc_has_tbf: succeeds when `tc` can parse a tbf qdisc (iproute2 present and the
 # right one); whether the kernel accepts it is checked by scripts/netns.sh itself.
+# (Output is captured, not piped into grep -q: under pipefail an early grep exit
+# would fail the pipeline through SIGPIPE.)
 tc_has_tbf() {
-  command -v tc >/dev/null && tc qdisc help 2>&1 | grep -q 'qdisc' && command -v ip >/dev/null && ip netns help 2>&1 | grep -q 'netns'
+  command -v tc >/dev/null && command -v ip >/dev/null || return 1
+  local tcu ipu
+  tcu=$(tc qdisc help 2>&1 || true)
+  ipu=$(ip netns help 2>&1 || true)
+  [[ $tcu == *"tc qdisc"* && $ipu == *"ip netns add"* ]]
 }

@@ -45,4 +45,8 @@ expect no "an nvcc that writes no PTX does not count" nvcc_works "$d/nvcc"
 expect no "a missing nvcc" nvcc_works "$d/none"
 expect no "python module that does not exist" python_has nzc_no_such_module_xyz
 expect yes "python module json" python_has json
+# Under the same shell options setup.sh runs with (pipefail), on this machine.
+if command -v tc >/dev/null && command -v ip >/dev/null; then
+  expect yes "iproute2 with netns and tc, under pipefail" tc_has_tbf
+fi
 exit $fail
