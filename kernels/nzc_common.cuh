@@ -223,12 +223,23 @@ NZC_HD void crc_x2n_table(u32* x2n) {
     }
 }
 
+// x^(2^k) mod P for any k: the table up to 31, squaring beyond. The powers do not
+// repeat with period 32 for the Castagnoli polynomial (x^(2^32) mod P is x^2, not
+// x, unlike zlib's CRC-32 polynomial), so `x2n[k & 31]` would be wrong for
+// len(B) >= 2^29 bytes (k >= 32). Squaring runs only for parts of 512 MiB or more.
+NZC_HD u32 crc_x2n_at(const u32* x2n, u32 k) {
+    if (k < 32) return x2n[k];
+    u32 p = x2n[31];
+    for (u32 j = 31; j < k; j++) p = crc_multmodp(p, p);
+    return p;
+}
+
 // crc32c(A || B) from crc32c(A), crc32c(B) and len(B).
 NZC_HD u32 crc32c_combine(const u32* x2n, u32 crc_a, u32 crc_b, u64 len_b) {
     u32 op = 1u << 31;  // x^0
     u32 k = 3;          // x^(8*len) = product of x^(2^(k+3)) over set bits
     while (len_b) {
-        if (len_b & 1) op = crc_multmodp(x2n[k & 31], op);
+        if (len_b & 1) op = crc_multmodp(crc_x2n_at(x2n, k), op);
         len_b >>= 1;
         k++;
     }
