@@ -421,7 +421,8 @@ impl Spinner {
     }
     fn spinning(&self) -> bool {
         // SAFETY: a plain query of a stream of this context.
-        unsafe { sys::cuStreamQuery(self.stream.cu_stream()) } == sys::CUresult::CUDA_ERROR_NOT_READY
+        let r = unsafe { sys::cuStreamQuery(self.stream.cu_stream()) };
+        r == sys::CUresult::CUDA_ERROR_NOT_READY
     }
     fn release(&self) {
         // SAFETY: 4 bytes of the mapped allocation; the kernel only reads it.
@@ -561,7 +562,10 @@ where
         spinning,
         "{hazard}: the spinner stopped before it was released (the test proved nothing)"
     );
-    eprintln!("{hazard}: plugin thread done in {:?} while the kernel spun", t0.elapsed());
+    eprintln!(
+        "{hazard}: plugin thread done in {:?} while the kernel spun",
+        t0.elapsed()
+    );
     app_result
 }
 
@@ -586,7 +590,9 @@ fn plugin_moves_data_while_another_thread_lazily_loads_a_module() {
             let m = ctx
                 .load_module(Ptx::from_src(FRESH_PTX))
                 .map_err(|e| e.to_string())?;
-            let f = m.load_function("nzc_test_fresh").map_err(|e| e.to_string())?;
+            let f = m
+                .load_function("nzc_test_fresh")
+                .map_err(|e| e.to_string())?;
             let s = ctx.new_stream().map_err(|e| e.to_string())?;
             let mut b = s.launch_builder(&f);
             b.arg(&out_ptr);
@@ -606,7 +612,11 @@ fn plugin_moves_data_while_another_thread_lazily_loads_a_module() {
     loaded.expect("the application's lazy load failed");
     let mut v = [0u8; 4];
     out.read(0, &mut v).unwrap();
-    assert_eq!(u32::from_le_bytes(v), 7, "the freshly loaded kernel did not run");
+    assert_eq!(
+        u32::from_le_bytes(v),
+        7,
+        "the freshly loaded kernel did not run"
+    );
     chunk.check(11);
 }
 

@@ -141,7 +141,7 @@ fn session_in_child() {
             v.listen.unwrap()(0, handle.as_mut_ptr() as *mut c_void, &mut lc),
             "listen",
         );
-        let (mut sc, mut rc) = (null_mut(), null_mut());
+        let (mut sc, mut rc): (*mut c_void, *mut c_void) = (null_mut(), null_mut());
         let (mut sdev, mut rdev) = (null_mut(), null_mut());
         let t0 = Instant::now();
         while sc.is_null() || rc.is_null() {
@@ -159,7 +159,7 @@ fn session_in_child() {
         let n = 1 << 20;
         let src: Vec<u8> = (0..n).map(|i| (i * 7 % 251) as u8).collect();
         let mut dst = vec![0u8; n];
-        let (mut smh, mut rmh) = (null_mut(), null_mut());
+        let (mut smh, mut rmh): (*mut c_void, *mut c_void) = (null_mut(), null_mut());
         ok(
             v.regMr.unwrap()(
                 sc,
@@ -193,7 +193,7 @@ fn session_in_child() {
             );
             assert_eq!(r, ncclResult_t::ncclInvalidArgument);
         }
-        let (mut sreq, mut rreq) = (null_mut(), null_mut());
+        let (mut sreq, mut rreq): (*mut c_void, *mut c_void) = (null_mut(), null_mut());
         let mut rbuf = dst.as_mut_ptr() as *mut c_void;
         let (mut cap, mut tag) = (n as i32, 0);
         let t0 = Instant::now();

@@ -373,7 +373,8 @@ mod tests {
         let p = pool(&b, Dir::Send, 4096, 2);
         let never = || false;
         p.prewarm(2).unwrap();
-        let (l0, l1) = (p.acquire(&never).unwrap(), p.acquire(&never).unwrap());
+        // The free list is a stack: the lane made second (flags[1]) comes out first.
+        let (l1, l0) = (p.acquire(&never).unwrap(), p.acquire(&never).unwrap());
         let flags = fake.0.lock().clone();
         flags[1].store(true, SeqCst);
         assert!(l1.wedged() && !l0.wedged());
