@@ -25,6 +25,7 @@
 //!   a lane (pinned and device allocations, a stream) and moves data; the plugin's
 //!   calls must succeed and the capture must still end with a valid graph (the
 //!   plugin's threads run the driver in relaxed capture mode).
+//!
 //! The GPU tests of this binary run one at a time (a process-wide lock).
 //!
 //! A step that makes no progress for `STEP_TIMEOUT` waited for the spinner: the
