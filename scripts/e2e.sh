@@ -23,7 +23,10 @@
 #
 # Env: RATE (10gbit; "none" for unshaped), OUT (results folder; default
 # bench/results/e2e-<date>), STEPS (30), MAX_BYTES (256M for bench),
-# MAX_BYTES_CHECK (16M), PARTS (check,bench,train: which parts to run),
+# MAX_BYTES_CHECK (per protocol when unset: Simple 4 MiB, LL and LL128 1 MiB: two
+# ranks time-slice one GPU, and LL/LL128 move 2x data at a few GB/s; sizes run
+# smallest first and each rank writes NAME.rankN.json.partial as it goes, so a
+# stopped run still tells which sizes passed), PARTS (check,bench,train: which parts to run),
 # PROTOS (Simple,LL,LL128: check's protocols), BENCH_ARGS (more e2e_torch.py
 # arguments for bench, e.g. "--iters 20"), PYTHON (python3), NETNS (0: loopback,
 # never namespaces), RUN_TIMEOUT (480: seconds per run), GRACE (20: seconds a rank
@@ -197,7 +200,10 @@ run() {
   # and MNNVL cannot apply; they are disabled anyway so that nothing but the net
   # carries data (e2e_report.py paths fails a run that logs any other path).
   # shellcheck disable=SC2054 # INIT,NET,ENV is one value
-  local common=(NCCL_PROTO="$proto" NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET,ENV NCCL_P2P_DISABLE=1
+  # TUNING: NCCL's algorithm/protocol/channel choice per collective and size (rank
+  # 0), summarised by scripts/nccl_tuning.py into NAME.tuning.md. REF_COUNT=1:
+  # NCCL 2.28-2.29 cannot reload a plugin once unloaded (DESIGN.md 2a).
+  local common=(NCCL_PROTO="$proto" NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET,ENV,TUNING NCCL_NET_PLUGIN_REF_COUNT=1 NCCL_P2P_DISABLE=1
     NCCL_SHM_DISABLE=1 NCCL_NVLS_ENABLE=0 NCCL_MNNVL_ENABLE=0 NCCL_NET_GDR_LEVEL=SYS NCCL_NET_GDR_READ=1
     CUBLAS_WORKSPACE_CONFIG=:4096:8 WORLD_SIZE=2 MASTER_ADDR="$MASTER" MASTER_PORT=$((29500 + RANDOM % 1000)))
   # NCCL_ZIP_GPU=on: GPU buffers through the GPU codec (the plugin's default is off
@@ -247,18 +253,27 @@ run() {
   fi
   [[ $DRYRUN == 1 ]] && paths="dry run: gloo, no NCCL, no plugin (says: $paths)"
   log "$name ok, $took; $paths"
+  [[ $DRYRUN == 1 ]] || "$PY" "$ROOT/scripts/nccl_tuning.py" "$OUT/$name.rank0.log" >"$OUT/$name.tuning.md" 2>&1 ||
+    log "$name: no NCCL tuning lines in rank 0's log (see $name.tuning.md)"
 }
 
 FAIL=0
 part() { [[ ,$PARTS, == *,$1,* ]]; }
 if part check; then
-  CHECK_MAX=${MAX_BYTES_CHECK:-$((16 << 20))}
   for proto in ${PROTOS//,/ }; do
+    case $proto in Simple) CHECK_MAX=${MAX_BYTES_CHECK:-$((4 << 20))} ;; *) CHECK_MAX=${MAX_BYTES_CHECK:-$((1 << 20))} ;; esac
     for t in socket off zip; do
       run "check-$proto-$t" "$t" "$proto" check --max-bytes "$CHECK_MAX" || FAIL=1
     done
   done
   "$PY" "$ROOT/scripts/e2e_report.py" check "$OUT" --protos "$PROTOS" 2>&1 | tee -a "$OUT/e2e.log" || FAIL=1
+  # NCCL's choices over Socket next to the plugin's (what our speed/latency make it do).
+  if [[ $DRYRUN != 1 ]]; then
+    for proto in ${PROTOS//,/ }; do
+      "$PY" "$ROOT/scripts/nccl_tuning.py" "$OUT/check-$proto-socket.rank0.log" "$OUT/check-$proto-zip.rank0.log" \
+        >"$OUT/tuning-$proto.md" 2>&1 || true
+    done
+  fi
 fi
 
 if part bench; then

@@ -137,9 +137,11 @@ def sha(t):
 def mode_check(a, rank, world, dev):
     res = {}
     skip = unsupported(a, rank, world, dev)
-    for dt in a.dtypes.split(","):
-        for kind in ("gauss", "random"):
-            for nbytes in sizes(a.min_bytes, a.max_bytes):
+    # Smallest sizes first, every dtype and kind at each: a run stopped at its time
+    # limit still leaves whole sizes in the .partial file.
+    for nbytes in sizes(a.min_bytes, a.max_bytes):
+        for dt in a.dtypes.split(","):
+            for kind in ("gauss", "random"):
                 x = data(nbytes, DTYPES[dt], rank, 1, kind, dev)
                 for c in COLLECTIVES:
                     if (c, x.dtype) in skip:
@@ -147,6 +149,8 @@ def mode_check(a, rank, world, dev):
                     y = run_collective(c, x, rank, world)
                     sync(dev)
                     res[f"{c}/{dt}/{kind}/{nbytes}"] = sha(y)
+        with open(a.out + ".partial", "w") as f:
+            json.dump({"done_up_to_bytes": nbytes, "result": res}, f)
     if not res:
         raise SystemExit("check: no collective ran")
     return res

@@ -11,6 +11,14 @@
 # gpu_codec, gpu_path, gpu_hazards, gpu_bench, gpu_load (cargo's test harness: pass
 # --nocapture etc. directly), MANIFEST (commit, nvcc, sizes). Debug info is
 # stripped to keep it small (the device tool carries at most 64 MiB).
+#
+# Also, so that no variant needs a rebuild on the GPU machine:
+#   variant-O/gpu_bench   the benchmark with -DNZC_UNORDERED_ROUNDS (docs/GPU.md,
+#                         variant O; `scripts/gpu_run.sh bench-O`), built in
+#                         target-variant-O/ (VARIANTS= skips it)
+#   data/*.bf16           the first DATA_MB (8) MiB of each real tensor file of
+#                         bench/data (scripts/make_tensors.sh; not in git), when present
+# The bundle must stay under BUNDLE_MAX_MB (56): the tree travels with it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 B=.gpu-bundle
@@ -44,6 +52,33 @@ PY
 rm -f "$json"
 cp "$TD/release/libnccl_net_zip.so" "$TD/release/nccl-zip-perf" "$TD/release/nccl-zip" "$B/"
 strip --strip-debug "$B"/*
+for v in ${VARIANTS-O}; do
+  case $v in
+    O) flags=-DNZC_UNORDERED_ROUNDS ;;
+    *) echo "gpu_bundle: unknown variant $v" >&2; exit 1 ;;
+  esac
+  vjson=$(mktemp)
+  NCCL_ZIP_NVCC_FLAGS=$flags CARGO_TARGET_DIR=$PWD/target-variant-$v \
+    cargo test --release --no-run --message-format=json --test gpu_bench >"$vjson"
+  mkdir -p "$B/variant-$v"
+  exe=$(python3 -c 'import json,sys
+for l in open(sys.argv[1]):
+    try: m = json.loads(l)
+    except ValueError: continue
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and (m.get("target") or {}).get("name") == "gpu_bench": print(m["executable"])' "$vjson")
+  rm -f "$vjson"
+  cp "$exe" "$B/variant-$v/gpu_bench"
+  strip --strip-debug "$B/variant-$v/gpu_bench"
+  echo "variant $v: NCCL_ZIP_NVCC_FLAGS=$flags, commit $(git rev-parse HEAD)" >"$B/variant-$v/MANIFEST"
+done
+if compgen -G "bench/data/*.bf16" >/dev/null; then
+  mkdir -p "$B/data"
+  for f in bench/data/*.bf16; do
+    head -c $((${DATA_MB:-8} << 20)) "$f" >"$B/data/$(basename "$f")"
+  done
+else
+  echo "gpu_bundle: no bench/data/*.bf16 (scripts/make_tensors.sh): the bundle carries no real tensors" >&2
+fi
 {
   echo "commit: $(git rev-parse HEAD) ($(git status --porcelain | wc -l) dirty files)"
   echo "built: $(date -u +%Y-%m-%dT%H:%MZ) on $(uname -m), $(ldd --version | head -1)"
@@ -52,3 +87,8 @@ strip --strip-debug "$B"/*
 } >"$B/MANIFEST"
 cat "$B/MANIFEST"
 du -sh "$B"
+mb=$(du -sm "$B" | cut -f1)
+if [ "$mb" -gt "${BUNDLE_MAX_MB:-56}" ]; then
+  echo "gpu_bundle: $B is $mb MiB, over BUNDLE_MAX_MB=${BUNDLE_MAX_MB:-56} (the device tool carries 64 MiB with the tree): lower DATA_MB" >&2
+  exit 1
+fi

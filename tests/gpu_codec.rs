@@ -2,6 +2,7 @@
 //! "SKIP: <reason>" and passes when no usable GPU is present (CPU-only CI).
 //! scripts/gpu_validate.sh runs these on the GPU machine, also under compute-sanitizer.
 
+mod frozen;
 mod gpu_util;
 
 use std::time::Duration;
@@ -165,34 +166,30 @@ fn gpu_decode(g: &GpuCodec, frames: &[(Vec<u8>, usize)]) -> Vec<Result<Vec<u8>, 
     out
 }
 
+/// The frozen vectors, embedded at build time (tests/frozen/mod.rs): the GPU
+/// machine runs this binary from a tree at another path.
 fn vectors() -> Vec<(String, Case)> {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("codec/tests/vectors");
-    let man = std::fs::read_to_string(dir.join("MANIFEST.txt")).unwrap();
-    man.lines()
-        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
-        .map(|l| {
-            let f: Vec<&str> = l.split_whitespace().collect();
-            let kv = |k: &str| {
-                f.iter()
-                    .find_map(|x| x.strip_prefix(k))
-                    .unwrap()
-                    .to_string()
-            };
-            let dtype = DtypeHint::parse(&kv("dtype=")).unwrap_or_else(|| panic!("dtype in {l}"));
-            let opts = EncodeOptions {
-                dtype,
-                checksum: kv("checksum=") == "true",
-                block_log2: kv("block_log2=").parse().unwrap(),
-            };
+    frozen::manifest()
+        .into_iter()
+        .map(|(v, opts)| {
             (
-                f[0].to_string(),
+                v.name.to_string(),
                 Case {
-                    input: std::fs::read(dir.join(format!("{}.in", f[0]))).unwrap(),
+                    input: v.input.to_vec(),
                     opts,
                 },
             )
         })
         .collect()
+}
+
+/// The frozen frame of vector `name`.
+fn frozen_frame(name: &str) -> &'static [u8] {
+    frozen::VECTORS
+        .iter()
+        .find(|v| v.name == name)
+        .map(|v| v.frame)
+        .unwrap_or_else(|| panic!("no embedded vector {name}"))
 }
 
 fn gauss(rng: &mut impl Rng) -> f64 {
@@ -275,11 +272,7 @@ fn gpu_encode_frozen_vectors_byte_identical() {
         })
         .collect();
     for ((name, c), r) in v.iter().zip(gpu_encode(&g, &cases)) {
-        let want = std::fs::read(
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join(format!("codec/tests/vectors/{name}.nzf")),
-        )
-        .unwrap();
+        let want = frozen_frame(name);
         let got = r.unwrap_or_else(|s| panic!("vector {name}: GPU encode status {s:?}"));
         assert!(
             got == want,
@@ -295,15 +288,9 @@ fn gpu_encode_frozen_vectors_byte_identical() {
 fn gpu_decode_frozen_vectors() {
     let Some(g) = codec() else { return };
     let v = vectors();
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("codec/tests/vectors");
     let frames: Vec<(Vec<u8>, usize)> = v
         .iter()
-        .map(|(n, c)| {
-            (
-                std::fs::read(dir.join(format!("{n}.nzf"))).unwrap(),
-                c.input.len(),
-            )
-        })
+        .map(|(n, c)| (frozen_frame(n).to_vec(), c.input.len()))
         .collect();
     for ((name, c), r) in v.iter().zip(gpu_decode(&g, &frames)) {
         assert_eq!(r.as_deref().ok(), Some(&c.input[..]), "vector {name}");

@@ -8,6 +8,8 @@
 //!   corrupted frames (and never touches memory out of bounds: ASan aborts otherwise),
 //! * and that its code table and shared-memory carve equal the Rust ones.
 
+mod frozen;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
@@ -15,18 +17,26 @@ use std::sync::OnceLock;
 use nccl_zip_codec::{compress, decompress, max_compressed_size, DtypeHint, EncodeOptions};
 use rand::{Rng, RngCore, SeedableRng};
 
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
 /// A fresh directory per call (tests run in parallel threads of one process).
+/// Everything this binary needs is embedded (tests/frozen/mod.rs), so it runs from
+/// any copy of the tree, or from none.
 fn work_dir() -> PathBuf {
     static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
     let k = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let d = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("kernels_host_{}_{k}", std::process::id()));
+    let d = frozen::scratch_dir("kernels_host").join(format!("w{k}"));
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// The embedded kernel sources written out as a tree, for g++.
+fn source_tree() -> PathBuf {
+    let d = frozen::scratch_dir("kernels_host").join("src");
+    for (path, text) in frozen::KERNEL_SOURCES {
+        let f = d.join(path);
+        std::fs::create_dir_all(f.parent().unwrap()).unwrap();
+        std::fs::write(&f, text).unwrap();
+    }
     d
 }
 
@@ -34,8 +44,8 @@ fn work_dir() -> PathBuf {
 fn harness() -> &'static Path {
     static H: OnceLock<PathBuf> = OnceLock::new();
     H.get_or_init(|| {
-        let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("nzc_host");
-        let src = root().join("kernels/host/harness.cpp");
+        let out = frozen::scratch_dir("kernels_host").join("nzc_host");
+        let src = source_tree().join("kernels/host/harness.cpp");
         let cxx = std::env::var("CXX").unwrap_or_else(|_| "g++".into());
         let base = ["-std=c++17", "-O1", "-g", "-Wall", "-Wextra", "-Werror"];
         let san = [
@@ -174,7 +184,7 @@ fn cpu_frame(input: &[u8], opts: &EncodeOptions) -> Vec<u8> {
 
 #[test]
 fn code_table_matches_codec_crate() {
-    let text = std::fs::read_to_string(root().join("kernels/nzc_codes.cuh")).unwrap();
+    let text = frozen::kernel_source("kernels/nzc_codes.cuh");
     let rows: Vec<Vec<u8>> = text
         .lines()
         .map(str::trim)
@@ -209,73 +219,66 @@ fn smem_formula_matches_kernels() {
     }
 }
 
-fn parse_manifest() -> Vec<(String, EncodeOptions)> {
-    let m = std::fs::read_to_string(root().join("codec/tests/vectors/MANIFEST.txt")).unwrap();
-    m.lines()
-        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
-        .map(|l| {
-            let f: Vec<&str> = l.split_whitespace().collect();
-            let kv = |k: &str| {
-                f.iter()
-                    .find_map(|x| x.strip_prefix(k))
-                    .unwrap()
-                    .to_string()
-            };
-            let dtype = match kv("dtype=").as_str() {
-                "Auto" => DtypeHint::Auto,
-                "Raw" => DtypeHint::Raw,
-                "Bf16" => DtypeHint::Bf16,
-                "Fp16" => DtypeHint::Fp16,
-                "Fp32" => DtypeHint::Fp32,
-                "Fp8E4m3" => DtypeHint::Fp8E4m3,
-                "Fp8E5m2" => DtypeHint::Fp8E5m2,
-                d => panic!("unknown dtype {d} in MANIFEST"),
-            };
-            let opts = EncodeOptions {
-                dtype,
-                checksum: kv("checksum=") == "true",
-                block_log2: kv("block_log2=").parse().unwrap(),
-            };
-            (f[0].to_string(), opts)
-        })
-        .collect()
-}
-
 #[test]
 fn frozen_vectors_byte_for_byte() {
-    let dir = root().join("codec/tests/vectors");
-    let man = parse_manifest();
+    let man = frozen::manifest();
     assert!(man.len() >= 10, "MANIFEST lists {} vectors", man.len());
     let cases: Vec<EncCase> = man
         .iter()
-        .map(|(name, opts)| EncCase {
-            input: std::fs::read(dir.join(format!("{name}.in"))).unwrap(),
+        .map(|(v, opts)| EncCase {
+            input: v.input.to_vec(),
             opts: *opts,
         })
         .collect();
     let frames = harness_encode(&cases);
     let mut dec = Vec::new();
-    for ((name, _), (frame, case)) in man.iter().zip(frames.iter().zip(&cases)) {
-        let want = std::fs::read(dir.join(format!("{name}.nzf"))).unwrap();
+    for ((v, _), (frame, case)) in man.iter().zip(frames.iter().zip(&cases)) {
         assert!(
-            frame == &want,
-            "vector {name}: harness frame ({} bytes) != frozen frame ({} bytes)",
+            frame[..] == *v.frame,
+            "vector {}: harness frame ({} bytes) != frozen frame ({} bytes)",
+            v.name,
             frame.len(),
-            want.len()
+            v.frame.len()
         );
-        dec.push((want, case.input.len()));
+        dec.push((v.frame.to_vec(), case.input.len()));
     }
-    for ((name, _), (r, case)) in man.iter().zip(harness_decode(&dec).into_iter().zip(&cases)) {
+    for ((v, _), (r, case)) in man.iter().zip(harness_decode(&dec).into_iter().zip(&cases)) {
         assert_eq!(
             r.as_deref().ok(),
             Some(&case.input[..]),
-            "vector {name}: harness decode"
+            "vector {}: harness decode",
+            v.name
         );
     }
     eprintln!(
         "kernels_host: {} frozen vectors reproduced and decoded",
         man.len()
     );
+}
+
+/// The embedded vectors are the ones on disk when the tree is at hand (a stale
+/// build would otherwise test old bytes); from a copy without them, nothing to do.
+#[test]
+fn embedded_vectors_match_the_tree() {
+    let dir = std::path::Path::new("codec/tests/vectors");
+    if !dir.join("MANIFEST.txt").exists() {
+        eprintln!("embedded_vectors_match_the_tree: no codec/tests/vectors under the current directory; embedded copies only");
+        return;
+    }
+    assert_eq!(
+        std::fs::read_to_string(dir.join("MANIFEST.txt")).unwrap(),
+        frozen::MANIFEST
+    );
+    for (v, _) in frozen::manifest() {
+        for (ext, bytes) in [("in", v.input), ("nzf", v.frame)] {
+            let disk = std::fs::read(dir.join(format!("{}.{ext}", v.name))).unwrap();
+            assert!(
+                disk == bytes,
+                "{}.{ext} differs from the embedded copy",
+                v.name
+            );
+        }
+    }
 }
 
 // ---- seeded inputs --------------------------------------------------------------

@@ -137,21 +137,44 @@ impl GpuCodec {
                 info.compute_capability.0, info.compute_capability.1
             )));
         }
+        // The context and the module are never released, also when a step below
+        // fails: unloading a module (or destroying the context) may wait for the
+        // device, where NCCL's kernels may be spinning (driver::keep_forever).
+        driver::keep_forever(ctx.clone());
         let (module, source) = load_module(&ctx)?;
+        driver::keep_forever(module.clone());
+        // cuModuleGetFunction loads the kernel (driver API, lazy loading: CUDA
+        // Programming Guide, "Lazy Loading").
         let encode_fn = module.load_function("nzc_encode").map_err(dc)?;
         let decode_fn = module.load_function("nzc_decode").map_err(dc)?;
         // Load both kernels now, not lazily at their first launch
-        // (CUDA_MODULE_LOADING=LAZY is the default): a lazy load may synchronize the
-        // context, which would wait on NCCL kernels that wait on this plugin.
-        for f in [&encode_fn, &decode_fn] {
+        // (CUDA_MODULE_LOADING=LAZY is the default since CUDA 12.2): a lazy load
+        // may wait for the device, which would wait on NCCL kernels that wait on
+        // this plugin. Drivers >= 12.4 can say so: cuFuncLoad, then cuFuncIsLoaded
+        // must read LOADED, else the kernels count as unavailable (lanes then copy
+        // and the CPU codec runs: slower, never stuck).
+        for (name, f) in [("nzc_encode", &encode_fn), ("nzc_decode", &decode_fn)] {
             // SAFETY: a function handle of a module that stays loaded. A driver
-            // older than 12.4 lacks the call: cudarc panics, `guarded` (our
-            // caller) would turn that into "unavailable", so probe it separately.
+            // older than 12.4 lacks the calls: cudarc panics, `guarded` (our
+            // caller) would turn that into "unavailable", so probe them separately.
             let r = driver::guarded("cuFuncLoad", || unsafe {
                 cudarc::driver::sys::cuFuncLoad(f.cu_function())
             });
             if let Ok(r) = r {
                 r.result().map_err(dc)?;
+            }
+            use cudarc::driver::sys::CUfunctionLoadingState as L;
+            let mut state = L::CU_FUNCTION_LOADING_STATE_UNLOADED;
+            // SAFETY: as above; writes one enum through a valid pointer.
+            let r = driver::guarded("cuFuncIsLoaded", || unsafe {
+                cudarc::driver::sys::cuFuncIsLoaded(&mut state, f.cu_function())
+            });
+            if let Ok(cudarc::driver::sys::CUresult::CUDA_SUCCESS) = r {
+                if state != L::CU_FUNCTION_LOADING_STATE_LOADED {
+                    return Err(Unavailable::NoKernels(format!(
+                        "{name} is still not loaded after cuFuncLoad ({state:?}): a lazy load at its first launch could wait on NCCL's kernels"
+                    )));
+                }
             }
         }
         // Largest block size whose shared memory fits this device.

@@ -16,6 +16,7 @@
 //! written). The emulated backend runs the same data-path logic in the test suite.
 
 use std::ffi::c_void;
+use std::mem::ManuallyDrop;
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -44,8 +45,13 @@ fn cuda_err(what: &str) -> impl Fn(DriverError) -> Error + '_ {
     move |e| Error::Cuda(format!("{what}: {e}"))
 }
 
-/// Runs `f` with cudarc's panics (missing library or symbol) turned into errors.
+/// Runs `f` with cudarc's panics (missing library or symbol) turned into errors,
+/// and with the calling thread in relaxed stream-capture mode
+/// ([`driver::RelaxedCapture`]): every driver call of the device path goes through
+/// here, on NCCL's threads and on the plugin's own, so none of them can fail or
+/// invalidate a CUDA graph the application is capturing meanwhile.
 fn guarded<T>(what: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
+    let _relaxed = driver::RelaxedCapture::enter();
     driver::guarded(what, f).map_err(|u| Error::Cuda(u.to_string()))?
 }
 
@@ -133,6 +139,9 @@ pub fn backend_for(ptr: u64) -> Result<Arc<dyn Backend>> {
     let mut m = opened().lock();
     m.entry(ordinal)
         .or_insert_with(|| {
+            // Module load, context, attributes: on NCCL's proxy thread, maybe while
+            // the application captures a graph.
+            let _relaxed = driver::RelaxedCapture::enter();
             CudaBackend::open(ordinal)
                 .map(|b| {
                     tracing::info!("device path: {}", b.describe());
@@ -177,6 +186,8 @@ impl CudaBackend {
                 // SAFETY: as in GpuCodec::open: no CudaSlice is used, and tracking
                 // would make the first stream synchronize the shared context.
                 unsafe { ctx.disable_event_tracking() };
+                // Our reference to the primary context is never released.
+                driver::keep_forever(ctx.clone());
                 Ok(ctx)
             })?,
         };
@@ -243,17 +254,24 @@ impl Backend for CudaBackend {
             // never synchronizes the context.
             debug_assert!(!self.ctx.is_event_tracking());
             let (_, greatest) = cudarc::driver::result::stream::get_priority_range().map_err(&e)?;
+            //
+            // Nothing made here is ever given back (see driver::keep_forever): not
+            // when a later step fails, and not when the lane is dropped (pools keep
+            // their lanes for the process's life anyway).
             let stream = self.ctx.new_stream_with_priority(greatest).map_err(&e)?;
-            let staging = MappedHost::new(&self.ctx, max_wire).map_err(&e)?;
+            driver::keep_forever(stream.clone());
+            let staging = ManuallyDrop::new(MappedHost::new(&self.ctx, max_wire).map_err(&e)?);
             let batch = match &self.codec {
-                Some(c) => Some(
+                Some(c) => Some(ManuallyDrop::new(
                     c.new_batch(1, max_wire as u64)
                         .map_err(|e| Error::Cuda(format!("GPU batch: {e}")))?,
-                ),
+                )),
                 None => None,
             };
             let scratch = match (&batch, self.zero_copy) {
-                (Some(_), false) => Some(DeviceBuffer::new(&self.ctx, max_wire).map_err(&e)?),
+                (Some(_), false) => Some(ManuallyDrop::new(
+                    DeviceBuffer::new(&self.ctx, max_wire).map_err(&e)?,
+                )),
                 _ => None,
             };
             let held = max_wire as u64 * if scratch.is_some() { 2 } else { 1 };
@@ -275,11 +293,12 @@ struct CudaLane<'a> {
     ctx: Arc<CudaContext>,
     codec: Option<Arc<GpuCodec>>,
     stream: Arc<CudaStream>,
-    batch: Option<GpuBatch>,
-    staging: MappedHost,
+    // Never freed (ManuallyDrop): see `CudaBackend::lane`.
+    batch: Option<ManuallyDrop<GpuBatch>>,
+    staging: ManuallyDrop<MappedHost>,
     /// Device memory the kernels read frames from and write them to (as large as
     /// `staging`); None with zero-copy or without kernels.
-    scratch: Option<DeviceBuffer>,
+    scratch: Option<ManuallyDrop<DeviceBuffer>>,
     /// Set when the stream did not drain within [`KERNEL_TIMEOUT`] or reported an
     /// error: it may never drain, so every later operation fails at once instead of
     /// queueing behind it, and the pool parks the lane (see [`Lane::wedged`]).
@@ -391,7 +410,7 @@ impl CudaLane<'_> {
         };
         let bufs = Lanebufs {
             staging_host: self.staging.host_ptr() as u64,
-            scratch: self.scratch.as_ref().map(DeviceBuffer::ptr),
+            scratch: self.scratch.as_ref().map(|d| d.ptr()),
         };
         let ctx = self.ctx.clone();
         let stream = self.stream.clone();
@@ -428,7 +447,7 @@ impl CudaLane<'_> {
     fn frame_dev(&self) -> u64 {
         self.scratch
             .as_ref()
-            .map_or(self.staging.dev_ptr(), DeviceBuffer::ptr)
+            .map_or(self.staging.dev_ptr(), |d| d.ptr())
     }
 }
 

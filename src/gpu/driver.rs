@@ -63,6 +63,61 @@ pub fn guarded<T>(what: &str, f: impl FnOnce() -> T) -> Result<T, Unavailable> {
     })
 }
 
+/// Sets the calling thread's stream-capture mode to relaxed until dropped, then puts
+/// the previous mode back (`cuThreadExchangeStreamCaptureMode`, the exchange NCCL
+/// wraps around its own allocations, e.g. `ncclCudaMalloc` in NCCL 2.28.9
+/// src/include/alloc.h).
+///
+/// While any thread of the process captures a CUDA graph in global mode (PyTorch's
+/// and vLLM's default), "potentially unsafe" driver calls (allocations, synchronous
+/// copies, queries) made by a thread in global or thread-local mode fail with
+/// `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED` and invalidate the user's capture. Every
+/// driver call of the plugin runs inside one of these: on NCCL's threads (which
+/// stay in whatever mode NCCL left them) and on the plugin's own I/O threads.
+///
+/// Call only once libcuda is known to be present; a driver without the call (or
+/// any failure) leaves the mode as it was, and the drop does nothing.
+pub struct RelaxedCapture(Option<sys::CUstreamCaptureMode>);
+
+impl RelaxedCapture {
+    pub fn enter() -> RelaxedCapture {
+        let mut mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
+        // SAFETY: a thread-local setting, written through a valid pointer.
+        let r = guarded("cuThreadExchangeStreamCaptureMode", || unsafe {
+            sys::cuThreadExchangeStreamCaptureMode(&mut mode)
+        });
+        match r {
+            Ok(sys::CUresult::CUDA_SUCCESS) => RelaxedCapture(Some(mode)),
+            _ => RelaxedCapture(None),
+        }
+    }
+    /// The mode the thread had before (None: the exchange did not happen).
+    pub fn previous(&self) -> Option<sys::CUstreamCaptureMode> {
+        self.0
+    }
+}
+
+impl Drop for RelaxedCapture {
+    fn drop(&mut self) {
+        if let Some(mut prev) = self.0 {
+            // SAFETY: as in `enter`; gives the thread its own mode back.
+            let _ = guarded("cuThreadExchangeStreamCaptureMode", || unsafe {
+                sys::cuThreadExchangeStreamCaptureMode(&mut prev)
+            });
+        }
+    }
+}
+
+/// Keeps `v` alive for the rest of the process: what the plugin allocates from the
+/// driver (modules, streams, pinned and device memory, its reference to the
+/// primary context) is never given back while the process may run NCCL kernels,
+/// because `cuMemFree`, `cuMemFreeHost`, `cuStreamDestroy` and `cuModuleUnload` may
+/// wait for the device, and NCCL's kernels may be spinning on data this plugin has
+/// to move (a deadlock). Also on error paths: a half-made lane is leaked, not freed.
+pub fn keep_forever<T>(v: T) {
+    std::mem::forget(v);
+}
+
 /// Device `ordinal`'s primary context, or why there is none (no driver library,
 /// no device, a cudarc panic): for the GPU tests and tools, which skip with the
 /// reason.

@@ -90,16 +90,26 @@ pub fn pool(b: &Arc<dyn Backend>, dir: Dir, max_wire: usize, cap: usize) -> Arc<
 }
 
 impl LanePool {
-    /// A lane for one chunk: a free one, a new one while fewer than `cap` exist,
-    /// else the next one released. `stop` (checked every 50 ms) abandons the wait.
+    /// A lane for one chunk (the data path): a free one, else the next one
+    /// released. It makes a lane only when the pool has none at all (a pool nobody
+    /// prewarmed: the comm's buffers were never registered); lanes are otherwise
+    /// made by [`LanePool::prewarm`] alone, at `regMr`, so that an I/O thread never
+    /// allocates pinned or device memory or creates a stream while NCCL's kernels
+    /// may be waiting for it. `stop` (checked every 50 ms) abandons the wait.
     pub fn acquire(self: &Arc<Self>, stop: &dyn Fn() -> bool) -> Result<LaneGuard> {
+        self.acquire_or_make(stop, false)
+    }
+
+    /// As [`LanePool::acquire`]; `grow`: also makes a lane while fewer than `cap`
+    /// exist (prewarm only).
+    fn acquire_or_make(self: &Arc<Self>, stop: &dyn Fn() -> bool, grow: bool) -> Result<LaneGuard> {
         let t0 = Instant::now();
         let mut st = self.state.lock();
         loop {
             if let Some(l) = st.free.pop() {
                 return Ok(self.guard(l));
             }
-            if st.made < self.cap {
+            if st.made < self.cap && (grow || st.made == 0) {
                 st.made += 1;
                 drop(st);
                 return match self.backend.lane(self.max_wire, &POOLED_STAGING) {
@@ -180,7 +190,7 @@ impl LanePool {
         };
         let mut made = Vec::new();
         while self.made() < target {
-            made.push(self.acquire(&|| false)?);
+            made.push(self.acquire_or_make(&|| false, true)?);
         }
         drop(made); // back into the free list
         Ok(())
@@ -245,6 +255,7 @@ mod tests {
         // A size no other test uses, so this pool is ours alone.
         let p = pool(&b, Dir::Send, 12_345, 2);
         let never = || false;
+        p.prewarm(2).unwrap();
         let a = p.acquire(&never).unwrap();
         let c = p.acquire(&never).unwrap();
         assert_eq!(p.made(), 2);
@@ -286,6 +297,27 @@ mod tests {
             .err()
             .expect("a stopped comm gets an error");
         assert!(e.to_string().contains("stopped"), "{e}");
+    }
+
+    #[test]
+    fn the_data_path_makes_no_lane_once_the_pool_has_one() {
+        let b = backend_for(0, Emulation::Kernels).unwrap();
+        let p = pool(&b, Dir::Recv, 23_456, 4);
+        let never = || false;
+        // A pool nobody prewarmed still serves (one lane, made on demand)...
+        let a = p.acquire(&never).unwrap();
+        assert_eq!(p.made(), 1);
+        // ...but a second user waits for it instead of allocating in the data path.
+        let e = p
+            .acquire(&|| true)
+            .err()
+            .expect("a second concurrent user must wait, not make a lane");
+        assert!(e.to_string().contains("stopped"), "{e}");
+        assert_eq!(p.made(), 1, "acquire made a lane in the data path");
+        drop(a);
+        // prewarm (regMr) is what grows the pool.
+        p.prewarm(3).unwrap();
+        assert_eq!(p.made(), 3);
     }
 
     /// A backend whose lanes the test can wedge: lane k (in order of making) reports
@@ -340,7 +372,9 @@ mod tests {
         let b: Arc<dyn Backend> = fake.clone();
         let p = pool(&b, Dir::Send, 4096, 2);
         let never = || false;
-        let (l0, l1) = (p.acquire(&never).unwrap(), p.acquire(&never).unwrap());
+        p.prewarm(2).unwrap();
+        // The free list is a stack: the lane made second (flags[1]) comes out first.
+        let (l1, l0) = (p.acquire(&never).unwrap(), p.acquire(&never).unwrap());
         let flags = fake.0.lock().clone();
         flags[1].store(true, SeqCst);
         assert!(l1.wedged() && !l0.wedged());
