@@ -3,18 +3,23 @@
 //!
 //! Three gates, cheapest first:
 //! 1. **Size.** Chunks below [`MIN_COMPRESS_BYTES`] go raw.
-//! 2. **Static cost model.** The stream threads overlap: while one compresses a
-//!    chunk, others send. With an aggregate codec throughput `C` (one thread's
-//!    rate, in wall time per chunk, times the streams) and a link rate `L`,
-//!    compressed traffic moves `min(C, L * r)` bytes per second against `L` raw.
-//!    Compression can pay only when the ratio `r >= MIN_RATIO` and
-//!    `C > L * COST_MARGIN`. Otherwise chunks go raw for [`REPROBE_EVERY`] chunks,
-//!    then the codec is probed again. This gate keeps fast links and
-//!    incompressible data off the codec.
+//! 2. **Static cost model.** Compression can pay only when the ratio
+//!    `r >= MIN_RATIO` and, when the user gave the link's speed `L`
+//!    (`NCCL_ZIP_LINK_MBPS`), the codec's aggregate throughput `C` (one thread's
+//!    rate in its own CPU time, times the streams up to the cores) beats
+//!    `L * COST_MARGIN`. Otherwise chunks go raw for [`REPROBE_EVERY`] chunks, then
+//!    one chunk goes through the codec again. A device's nominal speed is not
+//!    used (issue 21: a veth says 10 Gbit/s whatever shapes it, and a shared
+//!    uplink is slower than its port); without it, fast links are kept off the
+//!    codec by the measurement below: compression is not explored while raw
+//!    already sends faster than `C * COST_MARGIN`.
 //! 3. **Measured throughput.** The model cannot see everything that competes for
 //!    the CPU: the receiver's decoder, the kernel's TCP stack, the training job.
 //!    So the policy runs epochs of [`EPOCH_BYTES`] in one mode and measures
-//!    the rate at which the sender takes raw bytes. In steady state that is the
+//!    the rate at which the sender takes raw bytes, plus what the process
+//!    received meanwhile ([`RECEIVED`]): when nodes send to each other, the
+//!    decoding this comm's compression causes at the peer slows what the peer
+//!    sends back. In steady state that is the
 //!    pipeline's throughput, backpressure from a slow receiver or link included.
 //!    The faster mode runs. Now and then an epoch runs the other mode, so that a
 //!    change in the link, the data or the load that makes it faster is noticed:
