@@ -23,7 +23,9 @@ BIN=$WORK/perf
 printf '#!/bin/sh\nrole=$1; shift\nexec "%s" "$role" --mem host "$@"\n' "$PERF" >"$BIN"
 chmod +x "$BIN"
 scripts/netns.sh up "$RATE" >&2
-if [[ $RATE != none ]]; then
+# The link's speed is not passed (users do not); HINT=1 passes it as
+# NCCL_ZIP_LINK_MBPS, as this script did before issue 21.
+if [[ ${HINT:-0} == 1 && $RATE != none ]]; then
   export NCCL_ZIP_LINK_MBPS=$(awk -v r="${RATE,,}" 'BEGIN{ if (r ~ /gbit$/) print r*1000; else if (r ~ /mbit$/) print r+0; else print 10000 }')
 fi
 echo "A=$A"

@@ -74,10 +74,11 @@ if [[ $RATE == none ]]; then
 else
   "$ROOT/scripts/netns.sh" up "$RATE" >&2
   LINK="veth shaped to $RATE"
-  # tbf is invisible to the plugin (the veth says 10 Gbit/s): tell its cost model.
-  mbps=$(awk -v r="${RATE,,}" 'BEGIN{ if (r ~ /gbit$/) print r*1000; else if (r ~ /mbit$/) print r+0; else print 10000 }')
-  export NCCL_ZIP_LINK_MBPS=$mbps
 fi
+# auto as users run it: the plugin is not told the link's speed (tbf is invisible
+# to it; the veth says 10 Gbit/s). A NCCL_ZIP_LINK_MBPS from the caller is
+# dropped, so that no figure here is a hinted one.
+unset NCCL_ZIP_LINK_MBPS
 
 echo
 echo "nccl-net-zip demo: 2 ranks, 2 network namespaces, $LINK, messages $SIZES, memory $MEMDESC"
@@ -121,7 +122,7 @@ mkdir -p "$(dirname "$OUT")"
   echo "- Memory: \`--mem $MEM\` on both ranks: $MEMDESC; buffers registered $([[ $MEM == host ]] && echo NCCL_PTR_HOST || echo NCCL_PTR_CUDA)"
   echo "- Commit: $(git -C "$ROOT" rev-parse --short HEAD)$(git -C "$ROOT" diff --quiet HEAD -- src codec || echo ' (modified)')"
   echo "- Command: \`RATE=$RATE SIZES=$SIZES BYTES=$BYTES REPS=$REPS MEM=$MEM $CMD\`"
-  echo "- Every column: the same plugin, link and data, in the same run; only NCCL_ZIP_COMPRESS differs: auto (the default: adaptive), on (always run the codec), off (the uncompressed baseline)."
+  echo "- Every column: the same plugin, link and data, in the same run; only NCCL_ZIP_COMPRESS differs: auto (the default: adaptive), on (always run the codec), off (the uncompressed baseline). NCCL_ZIP_LINK_MBPS unset: auto is not told the link's speed."
   echo "- Throughput: receiver side, GB/s = 1e9 B/s (median of $REPS); wire: bytes counted by the receiving veth per payload byte (Ethernet/IP/TCP headers included)."
   echo "- Sender and receiver share this machine's 2 cores, so the encoder, the decoder and both TCP stacks compete for them: where \"on\" falls below \"off\", the CPU codec (not the link) is the limit."
   echo

@@ -325,7 +325,7 @@ mod tests {
 
     fn coder(mode: CompressMode) -> Coder {
         Coder {
-            policy: Policy::new(mode, 10_000, 1),
+            policy: Policy::new(mode, Some(10_000), 1),
             opts: EncodeOptions::default(),
         }
     }

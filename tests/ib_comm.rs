@@ -31,7 +31,7 @@ fn cfg(mode: CompressMode, nqps: usize) -> Arc<IbConfig> {
         compress: mode,
         dtype: DtypeHint::Bf16,
         checksum: false,
-        link_mbps: 100_000,
+        link_mbps: Some(100_000),
         handshake_timeout: Duration::from_secs(20),
     })
 }

@@ -37,7 +37,7 @@ struct Pair {
 
 fn coder(mode: CompressMode) -> Coders {
     let c = || Coder {
-        policy: Policy::new(mode, 100_000, 4),
+        policy: Policy::new(mode, Some(100_000), 4),
         opts: EncodeOptions {
             dtype: DtypeHint::Bf16,
             ..EncodeOptions::default()

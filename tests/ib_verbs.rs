@@ -103,7 +103,7 @@ fn ib_hw_loopback_transfer() {
     fs.connect(&ir).unwrap();
     fr.connect(&is).unwrap();
     let coder = || Coder {
-        policy: Policy::new(CompressMode::On, 100_000, nqps),
+        policy: Policy::new(CompressMode::On, Some(100_000), nqps),
         opts: EncodeOptions {
             dtype: DtypeHint::Bf16,
             ..EncodeOptions::default()

@@ -343,8 +343,13 @@ fn drive<'a>(
                 .map_err(|e| Fail::Check(format!("writing {}: {e}", f.display())))?;
         }
     }
-    if o.role == Role::Send {
-        let b = wait_for_file(o.handle_file.as_ref().expect("cli"), dl)?;
+    let peer_file = match o.role {
+        Role::Send => o.handle_file.as_ref(),
+        Role::Bidir => o.peer_handle_file.as_ref(),
+        _ => None,
+    };
+    if let Some(f) = peer_file {
+        let b = wait_for_file(f, dl)?;
         if b.len() != 128 {
             return Err(Fail::Check(format!(
                 "handle file holds {} bytes, not 128",
@@ -369,7 +374,7 @@ fn drive<'a>(
         dl.check("connecting")?;
         idle(o);
     }
-    if o.role == Role::Recv {
+    if matches!(o.role, Role::Recv | Role::Bidir) {
         // NCCL closes the listen comm once its peer is connected.
         net.close_listen(st.listen)?;
         st.listen = std::ptr::null_mut();

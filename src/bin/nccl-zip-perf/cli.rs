@@ -10,6 +10,10 @@ USAGE:
   nccl-zip-perf recv     --handle-file F [options]   listen, publish the handle, accept, receive, verify
   nccl-zip-perf send     --handle-file F [options]   wait for the handle, connect, send
   nccl-zip-perf loop     [options]                   both sides in one thread (connect/accept interleaved)
+  nccl-zip-perf bidir    --handle-file F --peer-handle-file G [options]
+                         both directions at once with another bidir process: publish this
+                         side's handle in F, connect to the one in G, send to the peer while
+                         receiving from it (a 2-rank ring step); BENCH lines for both
   nccl-zip-perf stranger --handle-file F --mode garbage|silent|bad-secret [--hold-ms N]
 
 Schedule (both sides must agree):
@@ -54,6 +58,8 @@ pub enum Role {
     Recv,
     Send,
     Loop,
+    /// Sends to and receives from another `bidir` process at once.
+    Bidir,
     Stranger,
 }
 
@@ -95,6 +101,8 @@ pub enum StrangerMode {
 pub struct Opts {
     pub role: Role,
     pub handle_file: Option<PathBuf>,
+    /// `bidir`: where the peer publishes its handle.
+    pub peer_handle_file: Option<PathBuf>,
     pub plugin: Option<PathBuf>,
     pub sizes: Option<Vec<usize>>,
     pub size_range: Option<(usize, usize)>,
@@ -160,6 +168,7 @@ impl Opts {
             Some("recv") => Role::Recv,
             Some("send") => Role::Send,
             Some("loop") => Role::Loop,
+            Some("bidir") => Role::Bidir,
             Some("stranger") => Role::Stranger,
             Some(r) => return Err(format!("unknown role {r:?}")),
             None => return Err("missing role".into()),
@@ -167,6 +176,7 @@ impl Opts {
         let mut o = Opts {
             role,
             handle_file: None,
+            peer_handle_file: None,
             plugin: None,
             sizes: None,
             size_range: None,
@@ -208,6 +218,7 @@ impl Opts {
             };
             match a.as_str() {
                 "--handle-file" => o.handle_file = Some(val()?.into()),
+                "--peer-handle-file" => o.peer_handle_file = Some(val()?.into()),
                 "--plugin" => o.plugin = Some(val()?.into()),
                 "--sizes" => {
                     o.sizes = Some(
@@ -300,6 +311,12 @@ impl Opts {
         }
         if o.role != Role::Loop && o.handle_file.is_none() {
             return Err("--handle-file is required for this role".into());
+        }
+        if (o.role == Role::Bidir) != o.peer_handle_file.is_some() {
+            return Err("--peer-handle-file goes with the bidir role, which needs it".into());
+        }
+        if o.role == Role::Bidir && (o.baseline_tcp || o.latency) {
+            return Err("bidir drives the plugin: it excludes --baseline and --latency".into());
         }
         if o.role == Role::Stranger && o.mode.is_none() {
             return Err("stranger needs --mode".into());

@@ -55,13 +55,16 @@ pub struct IbConfig {
     pub compress: CompressMode,
     pub dtype: DtypeHint,
     pub checksum: bool,
-    /// The link speed the adaptive policy assumes.
-    pub link_mbps: u64,
+    /// The link speed the user gave (`NCCL_ZIP_LINK_MBPS`) for the adaptive
+    /// policy's static model; the port's nominal speed is not used (see
+    /// [`crate::adapt`]).
+    pub link_mbps: Option<u64>,
     pub handshake_timeout: Duration,
 }
 
 impl IbConfig {
-    pub fn from_config(c: &Config, link_mbps: u64) -> IbConfig {
+    /// `_nominal_mbps`: the port's speed, which the policy does not take (see above).
+    pub fn from_config(c: &Config, _nominal_mbps: u64) -> IbConfig {
         IbConfig {
             nqps: c.ib_qps,
             params: Params {
@@ -75,7 +78,7 @@ impl IbConfig {
             compress: c.compress,
             dtype: c.dtype,
             checksum: c.checksum,
-            link_mbps: c.link_mbps.unwrap_or(link_mbps),
+            link_mbps: c.link_mbps,
             handshake_timeout: c.handshake_timeout,
         }
     }

@@ -1124,6 +1124,7 @@ impl Receiver {
         std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
         self.stats.add(&self.stats.wire_bytes, e.byte_len as u64);
         self.stats.add(&self.stats.raw_bytes, raw_len as u64);
+        crate::adapt::RECEIVED.add(raw_len as u64);
         m.placed |= 1 << e.chunk;
         Ok(())
     }

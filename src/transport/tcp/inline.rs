@@ -338,6 +338,7 @@ impl Inline {
             s.add(&s.chunks_inline, 1);
             s.add(&s.wire_bytes, len as u64);
             s.add(&s.raw_bytes, len as u64);
+            crate::adapt::RECEIVED.add(len as u64);
             if slot.bytes_placed(len) {
                 s.add(&s.messages, 1);
             }

@@ -188,6 +188,7 @@ fn recv_chunks(core: &Core, stream: usize, max_wire: usize, lanes: usize) -> Res
         );
         core.stats.add(&core.stats.wire_bytes, h.wire_len as u64);
         core.stats.add(&core.stats.raw_bytes, h.raw_len as u64);
+        crate::adapt::RECEIVED.add(h.raw_len as u64);
         if slot.bytes_placed(h.raw_len as usize) {
             core.stats.add(&core.stats.messages, 1);
             core.maybe_report();

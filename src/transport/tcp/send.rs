@@ -51,7 +51,8 @@ pub struct SendComm {
 }
 
 impl SendComm {
-    /// `link_mbps` feeds the adaptive policy's cost model.
+    /// `link_mbps`: the device's nominal speed (logged; the adaptive policy takes
+    /// only a speed the user gave, `NCCL_ZIP_LINK_MBPS`).
     pub fn new(
         socks: Vec<Socket>,
         peer: SocketAddr,
@@ -79,11 +80,11 @@ impl SendComm {
         // Host and device chunks run at different codec speeds: one policy each.
         let coders = Arc::new(Coders {
             host: Coder {
-                policy: Policy::new(cfg.compress, link_mbps, n),
+                policy: Policy::new(cfg.compress, cfg.link_mbps, n),
                 opts,
             },
             dev: Coder {
-                policy: Policy::new(cfg.compress, link_mbps, n),
+                policy: Policy::new(cfg.compress, cfg.link_mbps, n),
                 opts,
             },
         });

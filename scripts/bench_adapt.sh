@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# The adaptive policy's matrix (issue 21): {one direction, both directions} x
+# {2gbit, 10gbit, none} x {real bf16 weights, random bytes}, two ranks in two
+# network namespaces (scripts/netns.sh), each pinned to its own core with taskset
+# (one "node" each), NCCL_ZIP_LINK_MBPS unset (as users run it). auto, on and off
+# run interleaved, N rounds; per cell it prints the median and minimum of
+# auto/off and auto/max(on, off) (per round), and writes bench/results/.
+#   N=5 BYTES=$((1<<30)) CELLS='both:2gbit:bf16 one:none:*' SIZE=1M scripts/bench_adapt.sh
+#   A=old.so B=new.so scripts/bench_adapt.sh     compares two builds (same rounds)
+# CELLS: space-separated DIR:RATE:DATA globs (default all). CORES: two CPUs
+# (default "0 1"). Both directions: each rank sends BYTES and receives as much;
+# the figure is the sum of both receivers' rates. Needs root.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+CMD="$0 $*"
+N=${N:-5} BYTES=${BYTES:-$((1 << 30))} SIZE=${SIZE:-1M} CELLS=${CELLS:-*:*:*}
+read -r CA CB <<<"${CORES:-0 1}"
+TD=${CARGO_TARGET_DIR:-$ROOT/target}
+PERF=${PERF:-$TD/release/nccl-zip-perf}
+if [[ -n ${A:-} || -n ${B:-} ]]; then
+  : "${A:?A=old .so}" "${B:?B=new .so}"
+  BUILDS="A B"
+else
+  A=$TD/release/libnccl_net_zip.so
+  BUILDS=A
+  [[ -f $PERF && -f $A ]] || cargo build --release --quiet --lib --bins
+fi
+unset NCCL_ZIP_LINK_MBPS
+WORK=$(mktemp -d)
+trap '"$ROOT/scripts/netns.sh" down >/dev/null 2>&1; rm -rf "$WORK"' EXIT
+source scripts/lib/pair.sh
+source scripts/lib/results.sh
+BIN=$WORK/perf
+printf '#!/bin/sh\nrole=$1; shift\nexec "%s" "$role" --mem host "$@"\n' "$PERF" >"$BIN"
+chmod +x "$BIN"
+[[ -f bench/data/weights.bf16 ]] || scripts/make_tensors.sh >"$WORK/tensors.log" 2>&1 \
+  || { echo "bench_adapt: scripts/make_tensors.sh failed" >&2; exit 1; }
+export PIN_A=$CA PIN_B=$CB
+
+wanted() { # dir rate data
+  local c
+  for c in $CELLS; do
+    # shellcheck disable=SC2053
+    [[ $1 == ${c%%:*} && $2 == $(cut -d: -f2 <<<"$c") && $3 == ${c##*:} ]] && return 0
+  done
+  return 1
+}
+
+echo "N=$N BYTES=$BYTES SIZE=$SIZE CELLS=$CELLS cores $CA,$CB builds: $(for v in $BUILDS; do echo -n "$v=${!v} "; done)"
+: >"$WORK/runs"
+for rate in 2gbit 10gbit none; do
+  cells=()
+  for dir in one both; do
+    for data in bf16 random; do
+      wanted "$dir" "$rate" "$data" && cells+=("$dir:$data")
+    done
+  done
+  ((${#cells[@]})) || continue
+  scripts/netns.sh up "$rate" >/dev/null
+  for ((i = 0; i < N; i++)); do
+    for cell in "${cells[@]}"; do
+      dir=${cell%%:*} data=${cell##*:}
+      case $data in bf16) DATA=file:$ROOT/bench/data/weights.bf16 ;; *) DATA=random ;; esac
+      for v in $BUILDS; do
+        SO=${!v}
+        for m in auto on off; do
+          if [[ $dir == both ]]; then
+            r=$(NCCL_ZIP_COMPRESS=$m run_bidir "$SIZE" "$BYTES") || continue
+          else
+            r=$(NCCL_ZIP_COMPRESS=$m run_pair netns zip "$SIZE" "$BYTES") || continue
+          fi
+          line="$v $dir $rate $data $i $m $(field GBps <<<"$r") $(field wire_per_payload <<<"$r")"
+          echo "$line"
+          echo "$line" >>"$WORK/runs"
+        done
+      done
+    done
+  done
+done
+# Per build and cell: per round auto/off and auto/max(on,off); median and minimum.
+SUMMARY=$(awk 'function srt(a, n,  i, j, x) { for (i = 2; i <= n; i++) { x = a[i]; for (j = i - 1; j >= 1 && a[j] > x; j--) a[j + 1] = a[j]; a[j + 1] = x } }
+  {k=$1" "$2" "$3" "$4; r=k" "$5; g[r" "$6]=$7; w[r" "$6]=$8; rounds[k]=rounds[k]" "$5; keys[k]=1}
+  END {
+    for (k in keys) {
+      n=split(rounds[k], rs, " "); m=0; split("", seen)
+      for (j=1; j<=n; j++) { r=k" "rs[j]; if (seen[r]++) continue
+        a=g[r" auto"]; o=g[r" off"]; c=g[r" on"]; if (a=="" || o=="" || c=="") continue
+        m++; vo[m]=a/o; vb[m]=a/(c>o?c:o); vc[m]=c/o; ww[m]=w[r" auto"] }
+      if (!m) continue
+      srt(vo, m); srt(vb, m); srt(vc, m); srt(ww, m)
+      kk=k; gsub(/ /, " | ", kk)
+      printf "| %s | %.3f | %.3f | %.3f | %.3f | %.3f | %.4f | %d |\n", kk, vo[int((m+1)/2)], vo[1], vb[int((m+1)/2)], vb[1], vc[int((m+1)/2)], ww[int((m+1)/2)], m
+    }
+  }' "$WORK/runs" | sort)
+HEAD="| build | direction | link | data | auto/off median | auto/off min | auto/best median | auto/best min | on/off median | auto wire/payload | rounds |"
+echo
+echo "$HEAD"
+echo "|---|---|---|---|---|---|---|---|---|---|---|"
+echo "$SUMMARY"
+OUT=$(results_path adapt-matrix)
+{
+  results_head "Adaptive policy matrix: one and both directions, pinned nodes" \
+    "; ranks pinned to cores $CA and $CB (taskset), NCCL_ZIP_LINK_MBPS unset" "$CMD" \
+    "N=$N BYTES=$BYTES SIZE=$SIZE CELLS='$CELLS'"
+  for v in $BUILDS; do echo "- Build $v: ${!v}"; done
+  echo "- Per round (auto, on, off of one build back to back): auto/off and auto/max(on, off); median and minimum over the rounds. Both directions: the sum of both receivers' rates; wire: receiver-side veth bytes per payload byte (mean of both ranks)."
+  echo
+  echo "$HEAD"
+  echo "|---|---|---|---|---|---|---|---|---|---|---|"
+  echo "$SUMMARY"
+  echo
+  echo "## Runs (build direction link data round mode GB/s wire/payload)"
+  echo
+  echo '```'
+  cat "$WORK/runs"
+  echo '```'
+} >"$OUT"
+echo
+echo "written to ${OUT#$ROOT/}"
