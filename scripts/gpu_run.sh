@@ -85,8 +85,12 @@ IFS=, read -ra list <<<"$parts"
 for item in "${list[@]}"; do
   part=${item%%:*}
   cap=$(part_cap "$part")
-  [[ $item == *:* ]] && cap=${item#*:}
+  # An unknown part is refused before anything runs, with or without NAME:SECONDS.
   if [ "$cap" = 0 ]; then echo "unknown part $part" | tee -a "$dest/$part.txt"; worst=2; continue; fi
+  if [[ $item == *:* ]]; then
+    cap=${item#*:}
+    [[ $cap =~ ^[0-9]+$ ]] || { echo "part $part: cap '$cap' is not a number of seconds" | tee -a "$dest/$part.txt"; worst=2; continue; }
+  fi
   work=$(mktemp -d)
   {
     echo "part: $part"
