@@ -35,6 +35,32 @@ fn main() {
 
     build_test_logger();
     build_gpu_kernels();
+    git_commit();
+}
+
+/// NZ_GIT_COMMIT: the commit the library is built from, for the init banner
+/// ("unknown" outside a git checkout).
+fn git_commit() {
+    use std::process::Command;
+    let git = |args: &[&str]| {
+        Command::new("git")
+            .args(args)
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+    };
+    let commit = git(&["rev-parse", "--short=12", "HEAD"]).unwrap_or_else(|| "unknown".into());
+    // Rebuild when HEAD moves: HEAD itself, and the ref it points to.
+    if let Some(head) = git(&["rev-parse", "--git-path", "HEAD"]) {
+        println!("cargo:rerun-if-changed={head}");
+    }
+    if let Some(r) = git(&["symbolic-ref", "-q", "HEAD"]) {
+        if let Some(p) = git(&["rev-parse", "--git-path", &r]) {
+            println!("cargo:rerun-if-changed={p}");
+        }
+    }
+    println!("cargo:rustc-env=NZ_GIT_COMMIT={commit}");
 }
 
 // ---------------------------------------------------------------------------

@@ -739,9 +739,9 @@ impl Shared {
         let first = g.is_none();
         if first {
             if self.ring.idle() && matches!(e, Error::Remote(_)) {
-                info!("IB connection ({} {}): {e}", self.what, self.peer);
-            } else {
-                warn!("IB connection ({} {}) failed: {e}", self.what, self.peer);
+                info!("{}: {e}", self.ring.report().label());
+            } else if self.ring.report().first() {
+                warn!("{} failed: {e}", self.ring.report().label());
             }
             *g = Some(e);
         }
@@ -989,6 +989,15 @@ impl Comm {
             what,
             stats: Stats::default(),
         });
+        sh.ring.report().set_label(format!(
+            "IB {} comm #{} ({what} {peer})",
+            if what.starts_with("send") {
+                "send"
+            } else {
+                "recv"
+            },
+            crate::proto::slots::Report::next_comm_id()
+        ));
         let (tx, rx) = crossbeam_channel::unbounded();
         let sh2 = sh.clone();
         let thread = std::thread::Builder::new()
@@ -1099,6 +1108,11 @@ impl IbSendComm {
         &self.c.mrs
     }
 
+    /// This comm's failure report (one WARN per comm).
+    pub fn report(&self) -> &crate::proto::slots::Report {
+        self.c.sh.ring.report()
+    }
+
     pub fn stats(&self) -> &Stats {
         &self.c.sh.stats
     }
@@ -1143,6 +1157,11 @@ impl IbRecvComm {
 
     pub fn mrs(&self) -> &MrCache {
         &self.c.mrs
+    }
+
+    /// This comm's failure report (one WARN per comm).
+    pub fn report(&self) -> &crate::proto::slots::Report {
+        self.c.sh.ring.report()
     }
 
     pub fn stats(&self) -> &Stats {
