@@ -69,6 +69,15 @@ fn git_commit() {
 // linked into the binaries only; the cdylib never sees it.
 // ---------------------------------------------------------------------------
 fn build_test_logger() {
+    println!("cargo:rerun-if-changed=tools/profile_logger.c");
+    // The profile driver's logger (tests/nccl_profiles.rs): integration tests only.
+    for o in cc::Build::new()
+        .file("tools/profile_logger.c")
+        .warnings(true)
+        .compile_intermediates()
+    {
+        println!("cargo:rustc-link-arg-tests={}", o.display());
+    }
     println!("cargo:rerun-if-changed=tools/test_logger.c");
     let objs = cc::Build::new()
         .file("tools/test_logger.c")

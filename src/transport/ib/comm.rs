@@ -459,8 +459,6 @@ pub struct IbConnect<L: Link> {
     stage: Stage,
     peer: SocketAddr,
     secret: u64,
-    since: Instant,
-    limit: Duration,
     fab: L,
     sender: Sender,
 }
@@ -478,21 +476,20 @@ impl<L: Link> IbConnect<L> {
             stage: Stage::Connecting,
             peer: h.addr,
             secret: h.secret,
-            since: Instant::now(),
-            limit: cfg.handshake_timeout,
             fab,
             sender,
         })
     }
 
     /// One non-blocking step; true once both sides are connected (then
-    /// [`IbConnect::finish`]).
+    /// [`IbConnect::finish`]). No deadline of its own: the reply comes when the
+    /// peer's `accept` runs, which NCCL may call long after (runtime connect),
+    /// and NCCL calls `connect` again until then or until the job aborts.
     pub fn progress(&mut self) -> Result<bool> {
         let peer = self.peer;
         let what = format!("IB connect to {peer}");
         if let Stage::Connecting = self.stage {
             if !writable(&self.sock).map_err(|e| Error::io("poll", e))? {
-                timed_out(self.since, self.limit, &what)?;
                 return Ok(false);
             }
             if let Some(e) = self
@@ -511,7 +508,6 @@ impl<L: Link> IbConnect<L> {
         }
         if let Stage::Hello(x) = &mut self.stage {
             if !x.write(&self.sock, "IB bootstrap")? {
-                timed_out(self.since, self.limit, &what)?;
                 return Ok(false);
             }
             self.stage = Stage::Reply(BootReader::new());
@@ -520,10 +516,7 @@ impl<L: Link> IbConnect<L> {
             return Err(Error::Internal("IB connect in an impossible stage".into()));
         };
         match r.read(&self.sock, self.secret)? {
-            None => {
-                timed_out(self.since, self.limit, &what)?;
-                Ok(false)
-            }
+            None => Ok(false),
             Some(b) => {
                 if b.qps.len() != self.fab.nqps() {
                     return Err(Error::Remote(format!(
