@@ -296,6 +296,7 @@ fn profile_child() {
         "reinit_same_library" => reinit_same_library(),
         "regmr_concurrent_with_traffic" => regmr_concurrent_with_traffic(),
         "close_in_flight_and_leftovers" => close_in_flight_and_leftovers(),
+        "protocol_mismatch" => protocol_mismatch(),
         other => panic!("unknown profile {other}"),
     }
     println!("PROFILE-OK {name}");
@@ -473,7 +474,7 @@ fn regmr_concurrent_with_traffic() {
                 }
             }
         });
-        traffic(v, &p, 300, 256 << 10, 77);
+        traffic(v, &p, 100, 256 << 10, 77);
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
     });
     println!(
@@ -542,6 +543,29 @@ fn close_in_flight_and_leftovers() {
     println!("LEFTOVER fds {dfd} threads {dth}");
     assert!(dfd <= 1, "a listen comm left behind holds {dfd} fds");
     assert_eq!(dth, 0, "a listen comm left behind holds {dth} threads");
+}
+
+/// A peer whose handle says another protocol version: connect fails with an
+/// error naming both versions (the parent checks the WARN), never a hang.
+fn protocol_mismatch() {
+    let lib = Lib::open();
+    ok(lib.init(), "init");
+    let v = lib.v;
+    let mut handle = [0u8; HANDLE];
+    let mut l = null_mut();
+    ok(
+        unsafe { (v.listen)(0, handle.as_mut_ptr() as P, &mut l) },
+        "listen",
+    );
+    let ours = u16::from_le_bytes([handle[4], handle[5]]);
+    let mut copy = handle;
+    copy[4..6].copy_from_slice(&(ours - 1).to_le_bytes());
+    let mut s: P = null_mut();
+    let r = unsafe { (v.connect)(0, copy.as_mut_ptr() as P, &mut s, null_mut()) };
+    assert_ne!(r, 0, "connect with another protocol version succeeded");
+    assert!(s.is_null());
+    println!("OURS v{ours} THEIRS v{}", ours - 1);
+    ok(unsafe { (v.close_listen)(l) }, "closeListen");
 }
 
 // ---------------------------------------------------------------------------
@@ -710,4 +734,34 @@ fn nccl_2_24_regmr_concurrent_with_compressed_traffic() {
 #[test]
 fn abort_closes_in_flight_and_leftovers_hold_no_thread() {
     run("close_in_flight_and_leftovers", &[]);
+}
+
+#[test]
+fn peers_of_another_protocol_version_fail_the_connect_naming_both() {
+    let o = run("protocol_mismatch", &[]);
+    let ours = o
+        .stdout
+        .split("OURS v")
+        .nth(1)
+        .unwrap()
+        .split_whitespace()
+        .next()
+        .unwrap();
+    let theirs = o
+        .stdout
+        .split("THEIRS v")
+        .nth(1)
+        .unwrap()
+        .split_whitespace()
+        .next()
+        .unwrap();
+    let warn = o
+        .stderr
+        .lines()
+        .find(|l| l.starts_with("NZLOG 2 "))
+        .expect("a WARN");
+    assert!(
+        warn.contains(&format!("v{ours}")) && warn.contains(&format!("v{theirs}")),
+        "the WARN does not name both versions: {warn}"
+    );
 }
