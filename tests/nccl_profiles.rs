@@ -94,7 +94,7 @@ impl Lib {
             let s = lib
                 .get::<*const NetV8>(b"ncclNetPlugin_v8\0")
                 .expect("ncclNetPlugin_v8");
-            &*(*s as *const NetV8)
+            &**s
         };
         Lib { lib, v }
     }
