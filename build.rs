@@ -35,6 +35,32 @@ fn main() {
 
     build_test_logger();
     build_gpu_kernels();
+    git_commit();
+}
+
+/// NZ_GIT_COMMIT: the commit the library is built from, for the init banner
+/// ("unknown" outside a git checkout).
+fn git_commit() {
+    use std::process::Command;
+    let git = |args: &[&str]| {
+        Command::new("git")
+            .args(args)
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+    };
+    let commit = git(&["rev-parse", "--short=12", "HEAD"]).unwrap_or_else(|| "unknown".into());
+    // Rebuild when HEAD moves: HEAD itself, and the ref it points to.
+    if let Some(head) = git(&["rev-parse", "--git-path", "HEAD"]) {
+        println!("cargo:rerun-if-changed={head}");
+    }
+    if let Some(r) = git(&["symbolic-ref", "-q", "HEAD"]) {
+        if let Some(p) = git(&["rev-parse", "--git-path", &r]) {
+            println!("cargo:rerun-if-changed={p}");
+        }
+    }
+    println!("cargo:rustc-env=NZ_GIT_COMMIT={commit}");
 }
 
 // ---------------------------------------------------------------------------
@@ -43,6 +69,15 @@ fn main() {
 // linked into the binaries only; the cdylib never sees it.
 // ---------------------------------------------------------------------------
 fn build_test_logger() {
+    println!("cargo:rerun-if-changed=tools/profile_logger.c");
+    // The profile driver's logger (tests/nccl_profiles.rs): integration tests only.
+    for o in cc::Build::new()
+        .file("tools/profile_logger.c")
+        .warnings(true)
+        .compile_intermediates()
+    {
+        println!("cargo:rustc-link-arg-tests={}", o.display());
+    }
     println!("cargo:rerun-if-changed=tools/test_logger.c");
     let objs = cc::Build::new()
         .file("tools/test_logger.c")

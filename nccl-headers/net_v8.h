@@ -37,8 +37,11 @@ typedef enum {
   NCCL_LOG_TRACE = 5
 } ncclDebugLogLevel;
 
-/* Subsystem flag for network messages (NCCL_DEBUG_SUBSYS=NET). */
+/* Subsystem flags (NCCL_DEBUG_SUBSYS). NCCL's default mask includes INIT;
+ * NCCL's own WARN lines carry every flag (NCCL_ALL, ~0). */
+#define NCCL_INIT 0x1
 #define NCCL_NET 0x10
+#define NCCL_ALL (~0UL)
 
 /* The logger is a C variadic: printf-style format plus arguments. */
 typedef void (*ncclDebugLogger_t)(ncclDebugLogLevel level, unsigned long flags,

@@ -208,7 +208,9 @@ run() {
     CUBLAS_WORKSPACE_CONFIG=:4096:8 WORLD_SIZE=2 MASTER_ADDR="$MASTER" MASTER_PORT=$((29500 + RANDOM % 1000)))
   # NCCL_ZIP_GPU=on: GPU buffers through the GPU codec (the plugin's default is off
   # until this very run has validated that path).
-  local plugin=(NCCL_NET=Zip NCCL_ZIP_GPU="${NCCL_ZIP_GPU:-on}" NCCL_NET_PLUGIN="$PLUGIN_REF" LD_LIBRARY_PATH="$PLUGIN_DIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}")
+  # NCCL_NET_PLUGIN_REF_COUNT=1: NCCL 2.28.x-2.29.x unload the plugin after the
+  # last communicator and cannot load it again (NVIDIA/nccl#1978); harmless elsewhere.
+  local plugin=(NCCL_NET=Zip NCCL_NET_PLUGIN_REF_COUNT=1 NCCL_ZIP_GPU="${NCCL_ZIP_GPU:-on}" NCCL_NET_PLUGIN="$PLUGIN_REF" LD_LIBRARY_PATH="$PLUGIN_DIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}")
   case $transport in
     # NCCL_NET_PLUGIN=none: the baseline loads no external plugin at all (NCCL would
     # otherwise dlopen any libnccl-net.so on the library path, then skip it).

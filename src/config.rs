@@ -2,6 +2,7 @@
 //!
 //! Variables are read once, at `init`, so the hot path never touches the environment.
 
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use crate::error::{Error, Result};
@@ -83,6 +84,17 @@ pub struct Config {
     pub gpu_emulate: crate::gpu::Emulation,
     /// GPU lanes per device and direction, shared by all comms (`NCCL_ZIP_GPU_LANES`).
     pub gpu_lanes: usize,
+    /// Most SMs one GPU codec launch may use (`NCCL_ZIP_GPU_SMS`).
+    pub gpu_sms: u32,
+    /// Largest block (log2 bytes) the GPU decoder takes (`NCCL_ZIP_GPU_DECODE_BLOCK_LOG2`).
+    pub gpu_decode_block_log2: u32,
+    /// Kernels read and write pinned staging directly (`NCCL_ZIP_GPU_ZEROCOPY`).
+    pub gpu_zerocopy: bool,
+    /// Compile the kernels with NVRTC instead of loading the fatbin (`NCCL_ZIP_GPU_FORCE_NVRTC`).
+    pub gpu_force_nvrtc: bool,
+    /// NCCL's `NCCL_DMABUF_ENABLE` (default 1): whether NCCL itself registers GPU
+    /// buffers through DMA-BUF.
+    pub nccl_dmabuf_enable: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -107,7 +119,7 @@ impl Default for Config {
             min_chunk: 32 << 10,
             inline_max: 64 << 10,
             handshake_timeout: Duration::from_secs(30),
-            peer_timeout: Duration::from_secs(10),
+            peer_timeout: DEFAULT_PEER_TIMEOUT,
             socket_ifname: None,
             socket_family: None,
             checksum: false,
@@ -116,9 +128,22 @@ impl Default for Config {
             gpu: false,
             gpu_emulate: crate::gpu::Emulation::Off,
             gpu_lanes: 16,
+            gpu_sms: 16,
+            gpu_decode_block_log2: 16,
+            gpu_zerocopy: false,
+            gpu_force_nvrtc: false,
+            nccl_dmabuf_enable: true,
         }
     }
 }
+
+/// `NCCL_ZIP_PEER_TIMEOUT_MS` default. A dead peer must be told from a fabric
+/// hiccup: NCCL's IB transport retries a stalled link for about 30 s
+/// (`NCCL_IB_TIMEOUT` 20 × `NCCL_IB_RETRY_CNT` 7) and its Socket transport has no
+/// keepalive at all, while PyTorch's watchdog waits 10 minutes by default. Two
+/// minutes rides out anything IB itself survives and still fails the job with
+/// our error (naming the peer) long before the watchdog kills it.
+pub const DEFAULT_PEER_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// Upper bounds that keep memory and thread counts sane whatever the user sets.
 pub const MAX_STREAMS: usize = 16;
@@ -127,26 +152,33 @@ pub const MAX_CHUNK_LIMIT: usize = 4 << 20;
 pub const MAX_IB_QPS: usize = 16;
 
 impl Config {
+    /// Parses the process environment. Called once, by `init`.
     pub fn from_env() -> Result<Self> {
         Self::from_lookup(|k| std::env::var(k).ok())
     }
 
-    /// Parses from any key → value lookup (tests pass a map).
+    /// Parses from any key → value lookup (tests pass a map). Every variable the
+    /// plugin honours is read here and nowhere else; the first bad value is an
+    /// error naming the variable, the value and what was expected. An empty value
+    /// means "unset", as in NCCL.
     pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Self> {
+        let get = |k: &str| get(k).filter(|v| !v.trim().is_empty());
         let mut c = Config::default();
         let bad = |k: &str, v: &str, want: &str| {
             Error::InvalidArgument(format!("{k}={v}: expected {want}"))
         };
         if let Some(v) = get("NCCL_ZIP_COMPRESS") {
-            c.compress = match v.to_ascii_lowercase().as_str() {
-                "auto" | "" => CompressMode::Auto,
-                "on" | "1" | "true" => CompressMode::On,
-                "off" | "0" | "false" => CompressMode::Off,
-                _ => return Err(bad("NCCL_ZIP_COMPRESS", &v, "auto|on|off")),
+            c.compress = match v.trim().to_ascii_lowercase().as_str() {
+                "auto" => CompressMode::Auto,
+                s => match parse_bool(s) {
+                    Some(true) => CompressMode::On,
+                    Some(false) => CompressMode::Off,
+                    None => return Err(bad("NCCL_ZIP_COMPRESS", &v, "auto|on|off")),
+                },
             };
         }
-        if let Some(v) = get("NCCL_ZIP_DTYPE").filter(|v| !v.is_empty()) {
-            c.dtype = DtypeHint::parse(&v).ok_or_else(|| {
+        if let Some(v) = get("NCCL_ZIP_DTYPE") {
+            c.dtype = DtypeHint::parse(v.trim()).ok_or_else(|| {
                 bad(
                     "NCCL_ZIP_DTYPE",
                     &v,
@@ -154,7 +186,8 @@ impl Config {
                 )
             })?;
         }
-        let num = |k: &str, lo: usize, hi: usize| -> Result<Option<usize>> {
+        // A byte count: a number with an optional K/M/G suffix (powers of 2).
+        let size = |k: &str, lo: usize, hi: usize| -> Result<Option<usize>> {
             match get(k) {
                 None => Ok(None),
                 Some(v) => match parse_size(&v) {
@@ -162,104 +195,243 @@ impl Config {
                     _ => Err(bad(
                         k,
                         &v,
-                        &format!("a number in {lo}..={hi} (K/M suffix allowed)"),
+                        &format!("a byte count in {lo}..={hi} (K/M suffix allowed)"),
                     )),
                 },
             }
         };
-        if let Some(n) = num("NCCL_ZIP_NSTREAMS", 1, MAX_STREAMS)? {
-            c.nstreams = n;
+        // A plain count or duration: digits only, no suffix.
+        let int = |k: &str, lo: u64, hi: u64, what: &str| -> Result<Option<u64>> {
+            match get(k) {
+                None => Ok(None),
+                Some(v) => match v.trim().parse::<u64>() {
+                    Ok(n) if (lo..=hi).contains(&n) => Ok(Some(n)),
+                    _ => Err(bad(k, &v, &format!("{what} in {lo}..={hi}, digits only"))),
+                },
+            }
+        };
+        let boolean = |k: &str| -> Result<Option<bool>> {
+            match get(k) {
+                None => Ok(None),
+                Some(v) => parse_bool(&v)
+                    .map(Some)
+                    .ok_or_else(|| bad(k, &v, "1|0|true|false|yes|no|on|off")),
+            }
+        };
+        if let Some(n) = int("NCCL_ZIP_NSTREAMS", 1, MAX_STREAMS as u64, "a number")? {
+            c.nstreams = n as usize;
         }
-        if let Some(n) = num("NCCL_ZIP_CHUNK_SIZE", 4096, MAX_CHUNK_LIMIT)? {
+        if let Some(n) = size("NCCL_ZIP_CHUNK_SIZE", 4096, MAX_CHUNK_LIMIT)? {
             c.max_chunk = n;
         }
-        if let Some(n) = num("NCCL_ZIP_MIN_CHUNK", 512, MAX_CHUNK_LIMIT)? {
+        if let Some(n) = size("NCCL_ZIP_MIN_CHUNK", 512, MAX_CHUNK_LIMIT)? {
             c.min_chunk = n;
         }
-        if let Some(n) = num("NCCL_ZIP_HANDSHAKE_TIMEOUT_MS", 10, 3_600_000)? {
-            c.handshake_timeout = Duration::from_millis(n as u64);
+        if let Some(n) = int(
+            "NCCL_ZIP_HANDSHAKE_TIMEOUT_MS",
+            10,
+            3_600_000,
+            "milliseconds",
+        )? {
+            c.handshake_timeout = Duration::from_millis(n);
         }
-        if let Some(n) = num("NCCL_ZIP_PEER_TIMEOUT_MS", 1000, 3_600_000)? {
-            c.peer_timeout = Duration::from_millis(n as u64);
+        if let Some(n) = int("NCCL_ZIP_PEER_TIMEOUT_MS", 1000, 3_600_000, "milliseconds")? {
+            c.peer_timeout = Duration::from_millis(n);
         }
-        if let Some(n) = num("NCCL_ZIP_LINK_MBPS", 1, 100_000_000)? {
-            c.link_mbps = Some(n as u64);
+        if let Some(n) = int("NCCL_ZIP_LINK_MBPS", 1, 100_000_000, "Mbit/s")? {
+            c.link_mbps = Some(n);
         }
         if let Some(v) = get("NCCL_ZIP_TRANSPORT") {
-            c.transport = match v.to_ascii_lowercase().as_str() {
-                "auto" | "" => TransportChoice::Auto,
+            c.transport = match v.trim().to_ascii_lowercase().as_str() {
+                "auto" => TransportChoice::Auto,
                 "ib" => TransportChoice::Ib,
                 "tcp" => TransportChoice::Tcp,
                 _ => return Err(bad("NCCL_ZIP_TRANSPORT", &v, "auto|ib|tcp")),
             };
         }
-        if let Some(n) = num("NCCL_ZIP_IB_QPS", 1, MAX_IB_QPS)? {
-            c.ib_qps = n;
+        if let Some(n) = int("NCCL_ZIP_IB_QPS", 1, MAX_IB_QPS as u64, "a number")? {
+            c.ib_qps = n as usize;
         }
-        if let Some(n) = num("NCCL_ZIP_IB_STAGE_SLOTS", 1, 32)? {
-            c.ib_stage_slots = n;
+        if let Some(n) = int("NCCL_ZIP_IB_STAGE_SLOTS", 1, 32, "a number")? {
+            c.ib_stage_slots = n as usize;
         }
-        if let Some(n) = num("NCCL_ZIP_IB_STAGE_BYTES", 64 << 10, 64 << 20)? {
+        if let Some(n) = size("NCCL_ZIP_IB_STAGE_BYTES", 64 << 10, 64 << 20)? {
             c.ib_stage_bytes = n;
         }
-        c.ib_hca = get("NCCL_IB_HCA").filter(|s| !s.is_empty());
-        if let Some(v) = get("NCCL_IB_GID_INDEX").filter(|s| !s.is_empty()) {
-            c.ib_gid_index = Some(
-                v.trim()
-                    .parse::<u8>()
-                    .map_err(|_| bad("NCCL_IB_GID_INDEX", &v, "a number in 0..=255"))?,
-            );
+        c.ib_hca = get("NCCL_IB_HCA");
+        if let Some(v) = get("NCCL_IB_GID_INDEX") {
+            // NCCL's own default is -1: "choose" (as unset).
+            c.ib_gid_index = match v.trim().parse::<i64>() {
+                Ok(-1) => None,
+                Ok(n) if (0..=255).contains(&n) => Some(n as u8),
+                _ => {
+                    return Err(bad(
+                        "NCCL_IB_GID_INDEX",
+                        &v,
+                        "-1 (choose) or a GID index in 0..=255",
+                    ))
+                }
+            };
         }
-        if let Some(n) = num("NCCL_ZIP_INLINE_MAX", 0, MAX_CHUNK_LIMIT)? {
+        if let Some(n) = size("NCCL_ZIP_INLINE_MAX", 0, MAX_CHUNK_LIMIT)? {
             c.inline_max = n;
         }
         c.min_chunk = c.min_chunk.min(c.max_chunk);
         c.inline_max = c.inline_max.min(c.max_chunk);
-        c.socket_ifname = get("NCCL_SOCKET_IFNAME").filter(|s| !s.is_empty());
+        c.socket_ifname = get("NCCL_SOCKET_IFNAME");
         if let Some(v) = get("NCCL_SOCKET_FAMILY") {
-            c.socket_family = match v.as_str() {
+            c.socket_family = match v.trim() {
                 "AF_INET" => Some(Family::V4),
                 "AF_INET6" => Some(Family::V6),
-                "" => None,
                 _ => return Err(bad("NCCL_SOCKET_FAMILY", &v, "AF_INET|AF_INET6")),
             };
         }
-        if let Some(n) = num("NCCL_ZIP_GPU_LANES", 1, 256)? {
-            c.gpu_lanes = n;
+        if let Some(n) = int("NCCL_ZIP_GPU_LANES", 1, 256, "a number")? {
+            c.gpu_lanes = n as usize;
         }
         if let Some(v) = get("NCCL_ZIP_GPU") {
-            c.gpu = match v.to_ascii_lowercase().as_str() {
-                "auto" | "on" | "1" => true,
-                "off" | "0" | "" => false,
-                _ => return Err(bad("NCCL_ZIP_GPU", &v, "on|off")),
+            // `auto` is `on`: CUDA is offered only where a device is present anyway.
+            c.gpu = match v.trim().to_ascii_lowercase().as_str() {
+                "auto" => true,
+                s => parse_bool(s).ok_or_else(|| bad("NCCL_ZIP_GPU", &v, "on|off|auto"))?,
             };
         }
         if let Some(v) = get("NCCL_ZIP_GPU_EMULATE") {
-            c.gpu_emulate = crate::gpu::Emulation::parse(&v)
+            c.gpu_emulate = crate::gpu::Emulation::parse(v.trim())
                 .ok_or_else(|| bad("NCCL_ZIP_GPU_EMULATE", &v, "0|1|nokernels"))?;
         }
         if c.gpu_emulate != crate::gpu::Emulation::Off {
             c.gpu = true;
         }
-        let flag = |k: &str| {
-            get(k)
-                .map(|v| matches!(v.as_str(), "1" | "on" | "true" | "yes"))
-                .unwrap_or(false)
-        };
-        c.checksum = flag("NCCL_ZIP_CHECKSUM");
-        c.stats = flag("NCCL_ZIP_STATS");
+        if let Some(n) = int("NCCL_ZIP_GPU_SMS", 1, 4096, "a number of SMs")? {
+            c.gpu_sms = n as u32;
+        }
+        if let Some(n) = int(
+            "NCCL_ZIP_GPU_DECODE_BLOCK_LOG2",
+            12,
+            20,
+            "log2 of a block size",
+        )? {
+            c.gpu_decode_block_log2 = n as u32;
+        }
+        if let Some(b) = boolean("NCCL_ZIP_GPU_ZEROCOPY")? {
+            c.gpu_zerocopy = b;
+        }
+        if let Some(b) = boolean("NCCL_ZIP_GPU_FORCE_NVRTC")? {
+            c.gpu_force_nvrtc = b;
+        }
+        if let Some(b) = boolean("NCCL_ZIP_CHECKSUM")? {
+            c.checksum = b;
+        }
+        if let Some(b) = boolean("NCCL_ZIP_STATS")? {
+            c.stats = b;
+        }
+        // NCCL's own variable, read exactly as NCCL reads it (never an error).
+        c.nccl_dmabuf_enable =
+            crate::transport::ib::dmabuf::nccl_dmabuf_enable(get("NCCL_DMABUF_ENABLE").as_deref());
         Ok(c)
+    }
+
+    /// Every setting that differs from its default, as `NAME=value`, for the
+    /// banner `init` logs.
+    pub fn non_defaults(&self) -> Vec<String> {
+        let d = Config::default();
+        let mut out = Vec::new();
+        let mut cmp = |name: &str, a: String, b: String| {
+            if a != b {
+                out.push(format!("{name}={a}"));
+            }
+        };
+        macro_rules! field {
+            ($name:literal, $f:ident) => {
+                cmp($name, format!("{:?}", self.$f), format!("{:?}", d.$f))
+            };
+        }
+        field!("NCCL_ZIP_TRANSPORT", transport);
+        field!("NCCL_ZIP_IB_QPS", ib_qps);
+        field!("NCCL_ZIP_IB_STAGE_SLOTS", ib_stage_slots);
+        field!("NCCL_ZIP_IB_STAGE_BYTES", ib_stage_bytes);
+        field!("NCCL_IB_HCA", ib_hca);
+        field!("NCCL_IB_GID_INDEX", ib_gid_index);
+        field!("NCCL_ZIP_COMPRESS", compress);
+        field!("NCCL_ZIP_DTYPE", dtype);
+        field!("NCCL_ZIP_NSTREAMS", nstreams);
+        field!("NCCL_ZIP_CHUNK_SIZE", max_chunk);
+        field!("NCCL_ZIP_MIN_CHUNK", min_chunk);
+        field!("NCCL_ZIP_INLINE_MAX", inline_max);
+        field!("NCCL_ZIP_HANDSHAKE_TIMEOUT_MS", handshake_timeout);
+        field!("NCCL_ZIP_PEER_TIMEOUT_MS", peer_timeout);
+        field!("NCCL_SOCKET_IFNAME", socket_ifname);
+        field!("NCCL_SOCKET_FAMILY", socket_family);
+        field!("NCCL_ZIP_CHECKSUM", checksum);
+        field!("NCCL_ZIP_STATS", stats);
+        field!("NCCL_ZIP_LINK_MBPS", link_mbps);
+        field!("NCCL_ZIP_GPU", gpu);
+        field!("NCCL_ZIP_GPU_EMULATE", gpu_emulate);
+        field!("NCCL_ZIP_GPU_LANES", gpu_lanes);
+        field!("NCCL_ZIP_GPU_SMS", gpu_sms);
+        field!("NCCL_ZIP_GPU_DECODE_BLOCK_LOG2", gpu_decode_block_log2);
+        field!("NCCL_ZIP_GPU_ZEROCOPY", gpu_zerocopy);
+        field!("NCCL_ZIP_GPU_FORCE_NVRTC", gpu_force_nvrtc);
+        field!("NCCL_DMABUF_ENABLE", nccl_dmabuf_enable);
+        out
     }
 }
 
-/// "4096", "64K", "1M" → bytes.
+static CURRENT: OnceLock<Arc<Config>> = OnceLock::new();
+
+/// The configuration `init` parsed. Code that runs without `init` (tools, tests
+/// that use the library directly) gets the environment parsed on first use, with
+/// defaults if a value is bad (the plugin itself never gets there: `init`
+/// installs its configuration first).
+pub fn current() -> Arc<Config> {
+    CURRENT
+        .get_or_init(|| Arc::new(Config::from_env().unwrap_or_default()))
+        .clone()
+}
+
+/// Makes `cfg` what [`current`] returns, unless something already read it.
+pub fn install(cfg: Arc<Config>) {
+    let _ = CURRENT.set(cfg);
+}
+
+/// NCCL's `NCCL_DEBUG`, as the most detailed level worth formatting (NCCL's
+/// logger filters again). Read when the log bridge is installed, before the
+/// rest of the configuration, so that configuration errors can be logged.
+pub fn nccl_debug_level() -> tracing::Level {
+    match std::env::var("NCCL_DEBUG")
+        .unwrap_or_default()
+        .trim()
+        .to_ascii_uppercase()
+        .as_str()
+    {
+        "TRACE" => tracing::Level::TRACE,
+        "INFO" => tracing::Level::INFO,
+        _ => tracing::Level::WARN,
+    }
+}
+
+/// `1|0|true|false|yes|no|on|off`, any case.
+pub fn parse_bool(s: &str) -> Option<bool> {
+    match s.trim().to_ascii_lowercase().as_str() {
+        "1" | "true" | "yes" | "on" => Some(true),
+        "0" | "false" | "no" | "off" => Some(false),
+        _ => None,
+    }
+}
+
+/// "4096", "64K", "1M", "1G" → bytes.
 fn parse_size(s: &str) -> Option<usize> {
     let s = s.trim();
     let (num, mult) = match s.chars().last()? {
         'k' | 'K' => (&s[..s.len() - 1], 1 << 10),
         'm' | 'M' => (&s[..s.len() - 1], 1 << 20),
+        'g' | 'G' => (&s[..s.len() - 1], 1 << 30),
         _ => (s, 1),
     };
+    if num.is_empty() || !num.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
     num.parse::<usize>().ok()?.checked_mul(mult)
 }
 
@@ -335,9 +507,105 @@ mod tests {
             ("NCCL_ZIP_GPU", "maybe"),
             ("NCCL_ZIP_GPU_EMULATE", "2"),
             ("NCCL_ZIP_GPU_LANES", "0"),
+            ("NCCL_ZIP_NSTREAMS", "999"),
+            ("NCCL_ZIP_NSTREAMS", "4K"),
+            ("NCCL_ZIP_HANDSHAKE_TIMEOUT_MS", "30K"),
+            ("NCCL_ZIP_PEER_TIMEOUT_MS", "1M"),
+            ("NCCL_ZIP_CHECKSUM", "2"),
+            ("NCCL_ZIP_STATS", "maybe"),
+            ("NCCL_ZIP_GPU_SMS", "x"),
+            ("NCCL_ZIP_GPU_DECODE_BLOCK_LOG2", "24"),
+            ("NCCL_ZIP_GPU_ZEROCOPY", "y"),
+            ("NCCL_ZIP_GPU_FORCE_NVRTC", "2"),
+            ("NCCL_IB_GID_INDEX", "-2"),
+            ("NCCL_IB_GID_INDEX", "256"),
+            ("NCCL_ZIP_CHUNK_SIZE", "-4K"),
         ] {
             let e = cfg(&[(k, v)]).unwrap_err().to_string();
             assert!(e.contains(k), "{e}");
         }
+    }
+
+    #[test]
+    fn booleans_take_the_usual_spellings() {
+        for (v, want) in [
+            ("1", true),
+            ("true", true),
+            ("YES", true),
+            ("On", true),
+            ("0", false),
+            ("false", false),
+            ("no", false),
+            ("OFF", false),
+        ] {
+            let c = cfg(&[
+                ("NCCL_ZIP_CHECKSUM", v),
+                ("NCCL_ZIP_STATS", v),
+                ("NCCL_ZIP_GPU_ZEROCOPY", v),
+                ("NCCL_ZIP_GPU_FORCE_NVRTC", v),
+            ])
+            .unwrap();
+            assert_eq!(
+                (c.checksum, c.stats, c.gpu_zerocopy, c.gpu_force_nvrtc),
+                (want, want, want, want),
+                "{v}"
+            );
+        }
+        assert_eq!(
+            cfg(&[("NCCL_ZIP_COMPRESS", "yes")]).unwrap().compress,
+            CompressMode::On
+        );
+        assert!(cfg(&[("NCCL_ZIP_GPU", "auto")]).unwrap().gpu);
+        assert!(!cfg(&[("NCCL_ZIP_GPU", "no")]).unwrap().gpu);
+    }
+
+    #[test]
+    fn nccl_defaults_and_empty_values_mean_unset() {
+        // NCCL's own default for the GID index is -1: choose.
+        assert_eq!(
+            cfg(&[("NCCL_IB_GID_INDEX", "-1")]).unwrap().ib_gid_index,
+            None
+        );
+        assert_eq!(
+            cfg(&[("NCCL_IB_GID_INDEX", "0")]).unwrap().ib_gid_index,
+            Some(0)
+        );
+        let c = cfg(&[("NCCL_ZIP_NSTREAMS", ""), ("NCCL_ZIP_CHECKSUM", " ")]).unwrap();
+        assert_eq!((c.nstreams, c.checksum), (4, false));
+        assert!(
+            !cfg(&[("NCCL_DMABUF_ENABLE", "0")])
+                .unwrap()
+                .nccl_dmabuf_enable
+        );
+    }
+
+    #[test]
+    fn durations_are_plain_milliseconds_and_gpu_knobs_parse() {
+        let c = cfg(&[
+            ("NCCL_ZIP_HANDSHAKE_TIMEOUT_MS", "1500"),
+            ("NCCL_ZIP_PEER_TIMEOUT_MS", "60000"),
+            ("NCCL_ZIP_GPU_SMS", "8"),
+            ("NCCL_ZIP_GPU_DECODE_BLOCK_LOG2", "14"),
+        ])
+        .unwrap();
+        assert_eq!(c.handshake_timeout, Duration::from_millis(1500));
+        assert_eq!(c.peer_timeout, Duration::from_secs(60));
+        assert_eq!((c.gpu_sms, c.gpu_decode_block_log2), (8, 14));
+        assert_eq!(cfg(&[]).unwrap().peer_timeout, DEFAULT_PEER_TIMEOUT);
+    }
+
+    #[test]
+    fn non_defaults_list_exactly_what_differs() {
+        assert!(cfg(&[]).unwrap().non_defaults().is_empty());
+        let c = cfg(&[
+            ("NCCL_ZIP_NSTREAMS", "4"),
+            ("NCCL_ZIP_CHECKSUM", "1"),
+            ("NCCL_ZIP_COMPRESS", "off"),
+        ])
+        .unwrap();
+        assert_eq!(
+            c.non_defaults(),
+            vec!["NCCL_ZIP_COMPRESS=Off", "NCCL_ZIP_CHECKSUM=true"]
+        );
     }
 }

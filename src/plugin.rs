@@ -6,7 +6,7 @@ use std::ffi::CString;
 use std::sync::{Arc, OnceLock};
 
 use parking_lot::Mutex;
-use tracing::info;
+use tracing::{info, warn};
 
 use crate::config::{Config, TransportChoice};
 use crate::error::{Error, Result};
@@ -33,6 +33,26 @@ pub enum AnyRecv {
     Ib(IbRecvComm),
 }
 
+impl AnySend {
+    /// The comm's failure report (one WARN per comm).
+    pub fn report(&self) -> &crate::proto::slots::Report {
+        match self {
+            AnySend::Tcp(c) => c.report(),
+            AnySend::Ib(c) => c.report(),
+        }
+    }
+}
+
+impl AnyRecv {
+    /// The comm's failure report (one WARN per comm).
+    pub fn report(&self) -> &crate::proto::slots::Report {
+        match self {
+            AnyRecv::Tcp(c) => c.report(),
+            AnyRecv::Ib(c) => c.report(),
+        }
+    }
+}
+
 /// The IB side of the plugin when `init` chose verbs.
 pub struct IbState {
     pub devices: Vec<IbDevice>,
@@ -52,15 +72,62 @@ pub struct Plugin {
     connecting: Mutex<HashSet<usize>>,
     /// `Some` when the data moves over IB verbs (TCP then only bootstraps).
     pub ib: Option<IbState>,
+    /// Why `init` left the plugin without devices.
+    pub disabled: Option<String>,
+}
+
+impl Plugin {
+    /// A plugin with 0 devices: what a failed initialization leaves.
+    fn disabled(why: String) -> Plugin {
+        Plugin {
+            cfg: Arc::new(Config::default()),
+            devices: Vec::new(),
+            names: Vec::new(),
+            connecting: Mutex::new(HashSet::new()),
+            ib: None,
+            disabled: Some(why),
+        }
+    }
 }
 
 static PLUGIN: OnceLock<Plugin> = OnceLock::new();
 
-pub fn init() -> Result<&'static Plugin> {
-    if let Some(p) = PLUGIN.get() {
-        return Ok(p);
+/// `init`: builds the plugin once per process (later calls, after a reload or
+/// from NCCL 2.28+'s per-communicator init, find it built). Never fails: a bad
+/// variable, no usable interface or no IB port where `NCCL_ZIP_TRANSPORT=ib`
+/// asks for one leaves a plugin with 0 devices, logged with one WARN, so that
+/// every NCCL version disables it cleanly (a failed `init` makes NCCL
+/// 2.28.3–2.29.3 call a NULL `finalize`). A panic while building does the same.
+pub fn init() -> &'static Plugin {
+    PLUGIN.get_or_init(|| {
+        let built = std::panic::catch_unwind(build)
+            .unwrap_or_else(|_| Err(Error::Internal("panic while initializing".into())));
+        match built {
+            Ok(p) => p,
+            Err(e) => {
+                warn!(
+                    "nccl-net-zip {} is disabled (0 devices), NCCL will not use it: {e}",
+                    env!("CARGO_PKG_VERSION")
+                );
+                Plugin::disabled(e.to_string())
+            }
+        }
+    })
+}
+
+/// [`init`], with a disabled plugin as the error that disabled it (for tests
+/// and tools that need devices).
+pub fn try_init() -> Result<&'static Plugin> {
+    let p = init();
+    match &p.disabled {
+        Some(why) => Err(Error::InvalidUsage(format!("plugin disabled: {why}"))),
+        None => Ok(p),
     }
-    let cfg = Config::from_env()?;
+}
+
+fn build() -> Result<Plugin> {
+    let cfg = Arc::new(Config::from_env()?);
+    crate::config::install(cfg.clone());
     let devices = discover(&cfg).map_err(|e| Error::io("listing network interfaces", e))?;
     if devices.is_empty() {
         return Err(Error::Internal(format!(
@@ -68,19 +135,23 @@ pub fn init() -> Result<&'static Plugin> {
             cfg.socket_ifname.as_deref().unwrap_or("<unset>")
         )));
     }
+    let ib = choose_ib(&cfg)?;
     let list: Vec<String> = devices
         .iter()
         .enumerate()
         .map(|(i, d)| format!("[{i}]{}:{}", d.name, d.addr))
         .collect();
+    let changed = cfg.non_defaults();
     info!(
-        "nccl-net-zip {} using {} ; compress={:?} dtype={:?} streams={} chunk={}",
+        target: crate::log::BANNER,
+        "nccl-net-zip {} (commit {}, GPU kernels {}) transport {} over {} ; compress={:?} ; settings changed from default: {}",
         env!("CARGO_PKG_VERSION"),
+        env!("NZ_GIT_COMMIT"),
+        if crate::gpu::codec::kernels_embedded() { "embedded" } else { "not embedded (NVRTC only)" },
+        if ib.is_some() { "IB verbs" } else { "TCP" },
         list.join(" "),
         cfg.compress,
-        cfg.dtype,
-        cfg.nstreams,
-        cfg.max_chunk
+        if changed.is_empty() { "none".to_string() } else { changed.join(" ") },
     );
     let names = devices
         .iter()
@@ -93,15 +164,14 @@ pub fn init() -> Result<&'static Plugin> {
             )
         })
         .collect();
-    let ib = choose_ib(&cfg)?;
-    let p = Plugin {
-        cfg: Arc::new(cfg),
+    Ok(Plugin {
+        cfg,
         devices,
         names,
         connecting: Mutex::new(HashSet::new()),
         ib,
-    };
-    Ok(PLUGIN.get_or_init(|| p))
+        disabled: None,
+    })
 }
 
 /// `NCCL_ZIP_TRANSPORT`: `tcp` never looks for IB; `auto` uses IB when an active
@@ -234,10 +304,15 @@ impl Plugin {
             .ok()
             .and_then(|d| self.devices.get(d))
             .ok_or_else(|| {
-                Error::InvalidArgument(format!(
-                    "device {dev} does not exist ({} devices)",
-                    self.devices.len()
-                ))
+                Error::InvalidArgument(match &self.disabled {
+                    Some(why) => {
+                        format!("device {dev} does not exist: the plugin is disabled ({why})")
+                    }
+                    None => format!(
+                        "device {dev} does not exist ({} devices)",
+                        self.devices.len()
+                    ),
+                })
             })
     }
 

@@ -194,6 +194,67 @@ fn transfer(name: &str, schedule: &[&str], env: &[(&str, &str)]) -> (Done, Done)
     (r, s)
 }
 
+/// As [`transfer`], with each rank's own environment.
+fn transfer2(
+    name: &str,
+    schedule: &[&str],
+    env_recv: &[(&str, &str)],
+    env_send: &[(&str, &str)],
+) -> (Done, Done) {
+    let d = scratch(name);
+    let h = d.join("handle");
+    let h = h.to_str().unwrap();
+    let mut common = vec!["--handle-file", h, "--check-leaks", "--timeout", "50"];
+    common.extend_from_slice(schedule);
+    let mut ra = vec!["recv"];
+    ra.extend(&common);
+    let mut sa = vec!["send"];
+    sa.extend(&common);
+    let r = spawn(&format!("{name}/recv"), &ra, env_recv);
+    let s = spawn(&format!("{name}/send"), &sa, env_send);
+    let s = s.wait(LIMIT);
+    let r = r.wait(LIMIT);
+    r.assert_ok();
+    s.assert_ok();
+    (r, s)
+}
+
+/// Ranks that differ in checksum setting or chunk size work, bit-exact, in
+/// both directions (each setting is the sender's choice, stated on the wire).
+#[test]
+fn peers_with_different_checksum_and_chunk_settings_work() {
+    let sched = [
+        "--size-range",
+        "0:4M",
+        "--count",
+        "40",
+        "--seed",
+        "91",
+        "--data",
+        "bf16",
+    ];
+    for (i, (a, b)) in [
+        (("NCCL_ZIP_CHECKSUM", "1"), ("NCCL_ZIP_CHECKSUM", "0")),
+        (("NCCL_ZIP_CHECKSUM", "0"), ("NCCL_ZIP_CHECKSUM", "1")),
+        (
+            ("NCCL_ZIP_CHUNK_SIZE", "64K"),
+            ("NCCL_ZIP_CHUNK_SIZE", "1M"),
+        ),
+        (
+            ("NCCL_ZIP_CHUNK_SIZE", "1M"),
+            ("NCCL_ZIP_CHUNK_SIZE", "64K"),
+        ),
+        (("NCCL_ZIP_NSTREAMS", "2"), ("NCCL_ZIP_NSTREAMS", "8")),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let on = ("NCCL_ZIP_COMPRESS", "on");
+        let (r, _) = transfer2(&format!("differ-{i}"), &sched, &[a, on], &[b, on]);
+        assert_received(&r, 40);
+    }
+}
+
 fn assert_received(r: &Done, n: usize) {
     let want = format!("OK recv {n} messages");
     assert!(r.out.contains(&want), "missing {want:?}\n{}", r.log());

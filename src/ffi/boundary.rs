@@ -28,6 +28,45 @@ pub fn call(entry: &str, f: impl FnOnce() -> Result<()>) -> ncclResult_t {
     }
 }
 
+/// How a data-path entry failed: `Warn` gets the usual WARN; `Logged` was
+/// logged already (once per comm, see [`crate::proto::slots::Report`]) and only
+/// its code is returned.
+pub enum Fail {
+    Warn(Error),
+    Logged(Error),
+}
+
+impl From<Error> for Fail {
+    fn from(e: Error) -> Fail {
+        Fail::Warn(e)
+    }
+}
+
+impl Fail {
+    /// `e` on a comm with report `r`: a WARN naming the comm the first time
+    /// this comm fails, quiet after.
+    pub fn per_comm(entry: &str, r: &crate::proto::slots::Report, e: Error) -> Fail {
+        if r.first() {
+            warn!("{entry} on {}: {e}", r.label());
+        }
+        Fail::Logged(e)
+    }
+}
+
+/// [`call`] for entries whose errors may be logged already ([`Fail`]).
+pub fn call_quiet(entry: &str, f: impl FnOnce() -> Result<(), Fail>) -> ncclResult_t {
+    let mut quiet = None;
+    let r = call(entry, || match f() {
+        Ok(()) => Ok(()),
+        Err(Fail::Warn(e)) => Err(e),
+        Err(Fail::Logged(e)) => {
+            quiet = Some(to_nccl(&e));
+            Ok(())
+        }
+    });
+    quiet.unwrap_or(r)
+}
+
 /// A plugin object behind an opaque pointer. The tag catches a pointer of the wrong
 /// kind (a recv comm passed to isend) and, best effort, one already closed.
 #[repr(C)]
@@ -48,19 +87,47 @@ impl<T: Kind> Obj<T> {
         Box::into_raw(Box::new(Obj { tag: T::TAG, val })) as *mut _
     }
 
+    /// A shared reference: NCCL may use one comm from several threads at once
+    /// (from 2.24 the proxy service thread registers memory on a comm while the
+    /// progress thread is in `isend`/`test` on it), so comm and memory-handle
+    /// objects are used through `&` only, and are `Sync`.
+    ///
     /// # Safety
     /// `p` must be NULL or a pointer this plugin handed out (any kind), not yet freed.
-    pub unsafe fn get<'a>(p: *mut std::ffi::c_void) -> Result<&'a mut T> {
-        let o = (p as *mut Obj<T>)
-            .as_mut()
-            .ok_or_else(|| Error::InvalidArgument(format!("NULL {}", T::NAME)))?;
-        if o.tag != T::TAG {
+    pub unsafe fn get<'a>(p: *mut std::ffi::c_void) -> Result<&'a T>
+    where
+        T: Sync,
+    {
+        Self::checked(p).map(|o| &(*o).val)
+    }
+
+    /// An exclusive reference, for objects NCCL uses from one thread only (a
+    /// listen comm: `accept` runs on the proxy service thread).
+    ///
+    /// # Safety
+    /// As [`Obj::get`], and no other reference to the object may be alive.
+    pub unsafe fn get_mut<'a>(p: *mut std::ffi::c_void) -> Result<&'a mut T> {
+        Self::checked(p).map(|o| &mut (*o).val)
+    }
+
+    /// `p` as an object of this kind, checked by its tag; never turned into a
+    /// reference to the whole object (another thread may hold one to `val`).
+    ///
+    /// # Safety
+    /// As [`Obj::get`].
+    unsafe fn checked(p: *mut std::ffi::c_void) -> Result<*mut Obj<T>> {
+        let o = p as *mut Obj<T>;
+        if o.is_null() {
+            return Err(Error::InvalidArgument(format!("NULL {}", T::NAME)));
+        }
+        let tag = std::ptr::addr_of!((*o).tag).read();
+        if tag != T::TAG {
             return Err(Error::InvalidArgument(format!(
                 "pointer {p:?} is not a live {}",
                 T::NAME
             )));
         }
-        Ok(&mut o.val)
+        Ok(o)
     }
 
     /// Takes the object back; dropping it closes it.
@@ -68,7 +135,7 @@ impl<T: Kind> Obj<T> {
     /// # Safety
     /// As [`Obj::get`]; after this call NCCL must not use `p` again.
     pub unsafe fn take(p: *mut std::ffi::c_void) -> Result<T> {
-        Self::get(p)?;
+        Self::checked(p)?;
         // Kill the tag before freeing: a later use of the stale pointer is then
         // likely (not certain) to be caught instead of touching freed memory.
         (*(p as *mut Obj<T>)).tag = 0;

@@ -3,7 +3,7 @@
 use std::ffi::{c_char, c_int, c_void};
 
 use super::abi::*;
-use super::boundary::{call, out, Kind, Obj};
+use super::boundary::{call, call_quiet, out, Fail, Kind, Obj};
 use crate::error::{Error, Result};
 use crate::gpu::pool::Dir;
 use crate::gpu::Backend;
@@ -137,9 +137,16 @@ unsafe fn handle_bytes<'a>(h: *mut c_void) -> Result<&'a mut [u8; HANDLE_SIZE]> 
     out(h as *mut [u8; HANDLE_SIZE], "handle")
 }
 
+/// Never fails (see [`plugin::init`]): a plugin that cannot work reports 0
+/// devices. Even a panic while installing the logger only leaves `devices()`
+/// to fail.
 unsafe extern "C" fn init(logger: ncclDebugLogger_t) -> ncclResult_t {
-    crate::log::install(logger);
-    call("init", || plugin::init().map(|_| ()))
+    let _ = call("init", || {
+        crate::log::install(logger);
+        plugin::init();
+        Ok(())
+    });
+    ncclResult_t::ncclSuccess
 }
 
 unsafe extern "C" fn devices(ndev: *mut c_int) -> ncclResult_t {
@@ -220,7 +227,7 @@ unsafe extern "C" fn accept(
         if let Some(d) = recv_dev_comm.as_mut() {
             *d = std::ptr::null_mut();
         }
-        let l = Obj::<AnyListen>::get(listen_comm)?;
+        let l = Obj::<AnyListen>::get_mut(listen_comm)?;
         if let Some(c) = plugin::accept_any(l)? {
             *rc = Obj::into_raw(c);
         }
@@ -334,17 +341,21 @@ unsafe extern "C" fn isend(
     mhandle: *mut c_void,
     request: *mut *mut c_void,
 ) -> ncclResult_t {
-    call("isend", || {
+    call_quiet("isend", || {
         let req = out(request, "request")?;
         *req = std::ptr::null_mut();
-        let size = usize::try_from(size)
-            .map_err(|_| Error::InvalidArgument(format!("isend of {size} bytes")))?;
-        let slot = match Obj::<AnySend>::get(send_comm)? {
-            AnySend::Tcp(c) => c.isend(data as *const u8, size, dev_of(mhandle)?)?,
-            AnySend::Ib(c) => {
-                c.isend(data as *const u8, size, ib_mr(mhandle)?, dev_of(mhandle)?)?
+        let comm = Obj::<AnySend>::get(send_comm)?;
+        let slot = (|| {
+            let size = usize::try_from(size)
+                .map_err(|_| Error::InvalidArgument(format!("isend of {size} bytes")))?;
+            match comm {
+                AnySend::Tcp(c) => c.isend(data as *const u8, size, dev_of(mhandle)?),
+                AnySend::Ib(c) => {
+                    c.isend(data as *const u8, size, ib_mr(mhandle)?, dev_of(mhandle)?)
+                }
             }
-        };
+        })()
+        .map_err(|e| Fail::per_comm("isend", comm.report(), e))?;
         if let Some(slot) = slot {
             *req = slot as *const Slot as *mut c_void;
         }
@@ -361,28 +372,27 @@ unsafe extern "C" fn irecv(
     mhandles: *mut *mut c_void,
     request: *mut *mut c_void,
 ) -> ncclResult_t {
-    call("irecv", || {
+    call_quiet("irecv", || {
         let req = out(request, "request")?;
         *req = std::ptr::null_mut();
-        if n != MAX_RECVS {
-            return Err(Error::InvalidArgument(format!(
-                "irecv of {n} buffers: maxRecvs is {MAX_RECVS}"
-            )));
-        }
-        let buf = *out(data, "data")?;
-        let cap = *out(sizes, "sizes")?;
-        let cap = usize::try_from(cap)
-            .map_err(|_| Error::InvalidArgument(format!("irecv of {cap} bytes")))?;
-        let slot = match Obj::<AnyRecv>::get(recv_comm)? {
-            AnyRecv::Tcp(c) => {
-                let mh = mhandles.as_ref().map_or(std::ptr::null_mut(), |m| *m);
-                c.irecv(buf as *mut u8, cap, dev_of(mh)?)?
+        let comm = Obj::<AnyRecv>::get(recv_comm)?;
+        let slot = (|| {
+            if n != MAX_RECVS {
+                return Err(Error::InvalidArgument(format!(
+                    "irecv of {n} buffers: maxRecvs is {MAX_RECVS}"
+                )));
             }
-            AnyRecv::Ib(c) => {
-                let mh = mhandles.as_ref().map_or(std::ptr::null_mut(), |m| *m);
-                c.irecv(buf as *mut u8, cap, ib_mr(mh)?, dev_of(mh)?)?
+            let buf = *out(data, "data")?;
+            let cap = *out(sizes, "sizes")?;
+            let cap = usize::try_from(cap)
+                .map_err(|_| Error::InvalidArgument(format!("irecv of {cap} bytes")))?;
+            let mh = mhandles.as_ref().map_or(std::ptr::null_mut(), |m| *m);
+            match comm {
+                AnyRecv::Tcp(c) => c.irecv(buf as *mut u8, cap, dev_of(mh)?),
+                AnyRecv::Ib(c) => c.irecv(buf as *mut u8, cap, ib_mr(mh)?, dev_of(mh)?),
             }
-        };
+        })()
+        .map_err(|e| Fail::per_comm("irecv", comm.report(), e))?;
         if let Some(slot) = slot {
             *req = slot as *const Slot as *mut c_void;
         }
@@ -442,14 +452,17 @@ unsafe extern "C" fn test(
     done: *mut c_int,
     sizes: *mut c_int,
 ) -> ncclResult_t {
-    call("test", || {
+    call_quiet("test", || {
         let d = out(done, "done")?;
         *d = 0;
         // SAFETY: NCCL passes back a request pointer we returned from isend/irecv.
         let slot = (request as *const Slot)
             .as_ref()
             .ok_or_else(|| Error::InvalidArgument("test on a NULL request".into()))?;
-        if let Some(n) = slot.test()? {
+        let r = slot
+            .test()
+            .map_err(|e| Fail::per_comm("test", slot.report(), e))?;
+        if let Some(n) = r {
             *d = 1;
             if let Some(s) = sizes.as_mut() {
                 *s = n as c_int;

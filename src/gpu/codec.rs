@@ -19,6 +19,11 @@ static KERNEL_SRC: &str = include_str!(env!("NZC_KERNEL_SRC"));
 /// `nvcc --version` release line of the build ("none" without nvcc).
 pub const NVCC_VERSION: &str = env!("NZC_NVCC_VERSION");
 
+/// Whether this build embeds the compiled GPU kernels (else only NVRTC can make them).
+pub fn kernels_embedded() -> bool {
+    !FATBIN.is_empty()
+}
+
 /// Errors of the GPU codec API (distinct from "not available", see [`Unavailable`]).
 #[derive(Debug, thiserror::Error)]
 pub enum GpuError {
@@ -79,10 +84,6 @@ pub struct GpuCodec {
     ctas_per_sm: u32,
     max_block_log2: u32,
     decode_block_log2: u32,
-}
-
-fn env_u32(name: &str) -> Option<u32> {
-    std::env::var(name).ok().and_then(|v| v.trim().parse().ok())
 }
 
 impl GpuCodec {
@@ -188,12 +189,9 @@ impl GpuCodec {
         let smem = abi::smem_bytes(max_block_log2) as i32;
         encode_fn.set_attribute(MAXSMEM, smem).map_err(dc)?;
         decode_fn.set_attribute(MAXSMEM, smem).map_err(dc)?;
-        let sms = env_u32("NCCL_ZIP_GPU_SMS")
-            .unwrap_or(16)
-            .clamp(1, info.sm_count.max(1));
-        let decode_block_log2 = env_u32("NCCL_ZIP_GPU_DECODE_BLOCK_LOG2")
-            .unwrap_or(16)
-            .clamp(12, max_block_log2);
+        let cfg = crate::config::current();
+        let sms = cfg.gpu_sms.clamp(1, info.sm_count.max(1));
+        let decode_block_log2 = cfg.gpu_decode_block_log2.clamp(12, max_block_log2);
         let ctas_per_sm = encode_fn
             .occupancy_max_active_blocks_per_multiprocessor(
                 abi::THREADS,
@@ -407,7 +405,7 @@ fn load_module(
     ctx: &Arc<CudaContext>,
 ) -> Result<(Arc<cudarc::driver::CudaModule>, KernelSource), Unavailable> {
     let mut why = Vec::new();
-    let force_nvrtc = std::env::var("NCCL_ZIP_GPU_FORCE_NVRTC").is_ok_and(|v| v == "1");
+    let force_nvrtc = crate::config::current().gpu_force_nvrtc;
     if FATBIN.is_empty() {
         why.push("library built without nvcc (empty fatbin)".to_string());
     } else if force_nvrtc {

@@ -38,7 +38,7 @@ const KERNEL_TIMEOUT: Duration = Duration::from_secs(60);
 /// `NCCL_ZIP_GPU_ZEROCOPY=1`: kernels read and write the lanes' mapped host staging
 /// directly (no device scratch, no copies): the variant to compare against.
 fn zero_copy() -> bool {
-    std::env::var("NCCL_ZIP_GPU_ZEROCOPY").is_ok_and(|v| v == "1")
+    crate::config::current().gpu_zerocopy
 }
 
 fn cuda_err(what: &str) -> impl Fn(DriverError) -> Error + '_ {

@@ -37,6 +37,38 @@ pub struct Hook {
 unsafe impl Send for Hook {}
 unsafe impl Sync for Hook {}
 
+/// Whether a comm's failure has been logged: NCCL 2.20–2.25 re-test a failed
+/// request in a hot loop until the job aborts, and NCCL keeps the last WARN as
+/// the error text PyTorch shows. So a comm's first error is logged once, as a
+/// WARN naming the comm and its peer, and later ones are returned quietly.
+#[derive(Default)]
+pub struct Report {
+    warned: std::sync::atomic::AtomicBool,
+    label: OnceLock<String>,
+}
+
+impl Report {
+    /// Names the comm in log lines ("send comm #3 to 10.0.0.2:4711"); first call wins.
+    pub fn set_label(&self, label: String) {
+        let _ = self.label.set(label);
+    }
+
+    pub fn label(&self) -> &str {
+        self.label.get().map_or("comm", String::as_str)
+    }
+
+    /// True exactly once per comm: the caller logs the failure.
+    pub fn first(&self) -> bool {
+        !self.warned.swap(true, AcqRel)
+    }
+
+    /// A number for the next comm's label, unique in the process.
+    pub fn next_comm_id() -> u64 {
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        NEXT.fetch_add(1, Relaxed)
+    }
+}
+
 /// One in-flight request.
 pub struct Slot {
     state: AtomicU8,
@@ -58,10 +90,12 @@ pub struct Slot {
     edge_key: u64,
     error: Mutex<Option<Error>>,
     hook: OnceLock<Hook>,
+    /// The comm's [`Report`], shared by every slot of its ring.
+    report: std::sync::Arc<Report>,
 }
 
 impl Slot {
-    fn new(edge_key: u64) -> Self {
+    fn new(edge_key: u64, report: std::sync::Arc<Report>) -> Self {
         Slot {
             state: AtomicU8::new(FREE),
             tag: AtomicU64::new(0),
@@ -74,7 +108,13 @@ impl Slot {
             edge_key,
             error: Mutex::new(None),
             hook: OnceLock::new(),
+            report,
         }
+    }
+
+    /// Its comm's failure report.
+    pub fn report(&self) -> &Report {
+        &self.report
     }
 
     /// Runs the comm's progress hook, if it has one.
@@ -266,6 +306,7 @@ pub struct Ring {
     /// Set by [`Ring::fail_all`] (under `posted`): a request posted after the comm
     /// failed fails at once.
     failed: OnceLock<Error>,
+    report: std::sync::Arc<Report>,
 }
 
 impl Default for Ring {
@@ -283,11 +324,15 @@ impl Ring {
     /// posted (a peer that closed after starting message k + 1 on one stream but
     /// before finishing message k on another).
     pub fn with_producers(n: usize) -> Ring {
+        let report = std::sync::Arc::new(Report::default());
         Ring {
             slots: {
                 let key = rand::random();
-                (0..NSLOTS).map(|_| Slot::new(key)).collect()
+                (0..NSLOTS)
+                    .map(|_| Slot::new(key, report.clone()))
+                    .collect()
             },
+            report,
             next_seq: AtomicU64::new(0),
             posted: Mutex::new(()),
             posted_cv: Condvar::new(),
@@ -406,6 +451,11 @@ impl Ring {
             self.posted_cv.notify_all();
         }
         Some((seq, slot))
+    }
+
+    /// The comm's failure report (see [`Report`]).
+    pub fn report(&self) -> &Report {
+        &self.report
     }
 
     /// Installs the progress hook that `test` runs on every request of this ring.

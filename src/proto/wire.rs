@@ -111,11 +111,17 @@ pub fn stage_set(b: &mut [u8; HANDLE_SIZE], ptr: Option<usize>) {
 }
 
 /// v2: a TCP connection has one more stream than its data streams, the last one:
-/// the inline stream (`transport::tcp::inline`).
-pub const PROTOCOL_VERSION: u16 = 2;
+/// the inline stream (`transport::tcp::inline`). v3: the hello states its own
+/// length and carries the plugin version and the codec format version.
+pub const PROTOCOL_VERSION: u16 = 3;
 
 /// First bytes on every stream of a connection: proves the connector read our
 /// handle (secret) and says which connection and stream this socket belongs to.
+///
+/// Extensible: bytes 0..32 keep their meaning in every version (magic, protocol
+/// version, and the secret at 16..24), so a listener can tell a peer of another
+/// version from a stranger and name both versions; from v3, bytes 10..12 give
+/// the hello's length, so a later version can append fields that this one skips.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Hello {
     pub secret: u64,
@@ -127,34 +133,111 @@ pub struct Hello {
     pub max_chunk: u32,
 }
 
-pub const HELLO_SIZE: usize = 32;
+/// What a v3 hello says about the connector beyond [`Hello`] (ours when encoding).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PeerInfo {
+    /// The highest codec frame format the connector writes (docs/FORMAT.md).
+    pub format: u16,
+    /// The connector's plugin version, major.minor.patch.
+    pub plugin: (u8, u8, u16),
+}
+
+impl PeerInfo {
+    pub fn ours() -> PeerInfo {
+        let v = |i: usize| -> u64 {
+            env!("CARGO_PKG_VERSION")
+                .split('.')
+                .nth(i)
+                .and_then(|x| x.parse().ok())
+                .unwrap_or(0)
+        };
+        PeerInfo {
+            format: nccl_zip_codec::format::VERSION as u16,
+            plugin: (v(0) as u8, v(1) as u8, v(2) as u16),
+        }
+    }
+}
+
+impl std::fmt::Display for PeerInfo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (a, b, c) = self.plugin;
+        write!(f, "plugin {a}.{b}.{c}, codec format v{}", self.format)
+    }
+}
+
+/// The v3 hello's length; a later version's may be longer (up to [`HELLO_MAX`]).
+pub const HELLO_SIZE: usize = 48;
+/// Bytes that say a hello's length (and version).
+pub const HELLO_PREFIX: usize = 12;
+/// The longest hello a listener reads.
+pub const HELLO_MAX: usize = 256;
+/// The hello of protocol versions 1 and 2 (no length field).
+const HELLO_V2_SIZE: usize = 32;
 const HELLO_MAGIC: u32 = u32::from_le_bytes(*b"NZHI");
 
 impl Hello {
+    /// Our hello: v3, with our plugin and format versions.
     pub fn encode(&self) -> [u8; HELLO_SIZE] {
+        self.encode_with(PeerInfo::ours())
+    }
+
+    pub fn encode_with(&self, info: PeerInfo) -> [u8; HELLO_SIZE] {
         let mut b = [0u8; HELLO_SIZE];
         b[0..4].copy_from_slice(&HELLO_MAGIC.to_le_bytes());
         b[4..6].copy_from_slice(&PROTOCOL_VERSION.to_le_bytes());
         b[6..8].copy_from_slice(&self.stream.to_le_bytes());
         b[8..10].copy_from_slice(&self.nstreams.to_le_bytes());
+        b[10..12].copy_from_slice(&(HELLO_SIZE as u16).to_le_bytes());
         b[12..16].copy_from_slice(&self.max_chunk.to_le_bytes());
         b[16..24].copy_from_slice(&self.secret.to_le_bytes());
         b[24..32].copy_from_slice(&self.conn_id.to_le_bytes());
+        b[32..34].copy_from_slice(&info.format.to_le_bytes());
+        b[36] = info.plugin.0;
+        b[37] = info.plugin.1;
+        b[38..40].copy_from_slice(&info.plugin.2.to_le_bytes());
         b
     }
 
-    /// Validates everything a stranger could get wrong; `secret` is the listener's.
-    pub fn decode(b: &[u8; HELLO_SIZE], secret: u64) -> Result<Hello> {
-        let magic = u32::from_le_bytes(b[0..4].try_into().unwrap());
+    /// The whole length of a hello whose first [`HELLO_PREFIX`] bytes are
+    /// `prefix`: 32 for versions 1–2, else its length field (refused outside
+    /// `HELLO_SIZE..=HELLO_MAX`).
+    pub fn length(prefix: &[u8; HELLO_PREFIX]) -> Result<usize> {
+        let magic = u32::from_le_bytes(prefix[0..4].try_into().unwrap());
         if magic != HELLO_MAGIC {
             return Err(Error::Remote(
                 "not an nccl-net-zip hello (bad magic)".into(),
             ));
         }
-        let version = u16::from_le_bytes(b[4..6].try_into().unwrap());
-        if version != PROTOCOL_VERSION {
+        let version = u16::from_le_bytes(prefix[4..6].try_into().unwrap());
+        if version < 3 {
+            return Ok(HELLO_V2_SIZE);
+        }
+        let n = u16::from_le_bytes(prefix[10..12].try_into().unwrap()) as usize;
+        if !(HELLO_SIZE..=HELLO_MAX).contains(&n) {
+            return Err(Error::Remote(format!("hello of {n} bytes")));
+        }
+        Ok(n)
+    }
+
+    /// Validates everything a stranger could get wrong; `secret` is the
+    /// listener's. `b` is the whole hello ([`Hello::length`] bytes). A peer that
+    /// knows the secret but speaks another protocol version is an
+    /// `InvalidUsage` naming both versions.
+    pub fn decode(b: &[u8], secret: u64) -> Result<Hello> {
+        Self::decode_info(b, secret).map(|(h, _)| h)
+    }
+
+    /// [`Hello::decode`], with what the peer says about itself.
+    pub fn decode_info(b: &[u8], secret: u64) -> Result<(Hello, PeerInfo)> {
+        if b.len() < HELLO_V2_SIZE {
+            return Err(Error::Remote(format!("hello of {} bytes", b.len())));
+        }
+        let prefix: &[u8; HELLO_PREFIX] = b[..HELLO_PREFIX].try_into().unwrap();
+        let len = Self::length(prefix)?;
+        if len != b.len() {
             return Err(Error::Remote(format!(
-                "hello with protocol v{version}, expected v{PROTOCOL_VERSION}"
+                "hello of {} bytes, it says {len}",
+                b.len()
             )));
         }
         let h = Hello {
@@ -167,6 +250,20 @@ impl Hello {
         if h.secret != secret {
             return Err(Error::Remote("hello with the wrong secret".into()));
         }
+        let version = u16::from_le_bytes(b[4..6].try_into().unwrap());
+        if version != PROTOCOL_VERSION {
+            return Err(Error::InvalidUsage(format!(
+                "the peer speaks nccl-net-zip TCP protocol v{version}, we speak v{PROTOCOL_VERSION}: install the same plugin on every node"
+            )));
+        }
+        let info = PeerInfo {
+            format: u16::from_le_bytes(b[32..34].try_into().unwrap()),
+            plugin: (
+                b[36],
+                b[37],
+                u16::from_le_bytes(b[38..40].try_into().unwrap()),
+            ),
+        };
         if h.nstreams < 2
             || h.nstreams as usize > crate::config::MAX_STREAMS + 1
             || h.stream >= h.nstreams
@@ -182,7 +279,10 @@ impl Hello {
                 h.max_chunk
             )));
         }
-        Ok(h)
+        if info.format == 0 {
+            return Err(Error::Remote("hello with codec format v0".into()));
+        }
+        Ok((h, info))
     }
 }
 
@@ -344,6 +444,49 @@ mod tests {
         };
         assert!(Hello::decode(&bad.encode(), 42).is_err());
         assert!(Hello::decode(&[0x41; HELLO_SIZE], 42).is_err());
+    }
+
+    /// A peer of another protocol version that knows the secret is told apart
+    /// from a stranger, with both versions named; a longer hello of a later
+    /// version is read by its length, its extra bytes skipped.
+    #[test]
+    fn hello_versions_are_named_and_the_record_can_grow() {
+        let h = Hello {
+            secret: 42,
+            conn_id: 7,
+            stream: 1,
+            nstreams: 4,
+            max_chunk: 1 << 18,
+        };
+        let mut v2 = h.encode()[..32].to_vec();
+        v2[4..6].copy_from_slice(&2u16.to_le_bytes());
+        v2[10..12].fill(0);
+        assert_eq!(Hello::length(v2[..12].try_into().unwrap()).unwrap(), 32);
+        let e = Hello::decode(&v2, 42).unwrap_err();
+        assert!(matches!(e, Error::InvalidUsage(_)), "{e}");
+        assert!(
+            e.to_string().contains("v2") && e.to_string().contains("v3"),
+            "{e}"
+        );
+        // A stranger with the wrong secret stays a stranger.
+        assert!(matches!(Hello::decode(&v2, 43), Err(Error::Remote(_))));
+        // A longer hello (a later minor extension) decodes; its tail is ignored.
+        let mut long = h.encode().to_vec();
+        long.extend_from_slice(&[0xEE; 16]);
+        long[10..12].copy_from_slice(&64u16.to_le_bytes());
+        assert_eq!(Hello::length(long[..12].try_into().unwrap()).unwrap(), 64);
+        let (d, info) = Hello::decode_info(&long, 42).unwrap();
+        assert_eq!((d, info), (h, PeerInfo::ours()));
+        // Another plugin version with the same protocol works.
+        let other = PeerInfo {
+            plugin: (9, 8, 7),
+            ..PeerInfo::ours()
+        };
+        let (_, info) = Hello::decode_info(&h.encode_with(other), 42).unwrap();
+        assert_eq!(info.plugin, (9, 8, 7));
+        // Lengths out of range are refused.
+        long[10..12].copy_from_slice(&4000u16.to_le_bytes());
+        assert!(Hello::length(long[..12].try_into().unwrap()).is_err());
     }
 
     #[test]

@@ -70,7 +70,7 @@ pub fn setup(env: &[(&str, &str)]) -> &'static Plugin {
         tracing::subscriber::set_global_default(tracing_subscriber::registry().with(Capture))
             .expect("no other subscriber");
     });
-    plugin::init().expect("plugin init")
+    plugin::try_init().expect("plugin init")
 }
 
 /// An IB send/recv comm pair over the threaded in-memory fabric, configured

@@ -17,7 +17,7 @@ use nccl_net_zip::transport::tcp::{RecvComm, SendComm};
 
 pub fn pair() -> (SendComm, RecvComm) {
     std::env::set_var("NCCL_SOCKET_IFNAME", "lo");
-    let p = plugin::init().unwrap();
+    let p = plugin::try_init().unwrap();
     let mut handle = [0u8; HANDLE_SIZE];
     let mut l = p.listen(0, &mut handle).unwrap();
     let (mut s, mut r) = (None, None);
@@ -46,7 +46,7 @@ pub fn raw_peer() -> (
     use nccl_net_zip::proto::wire::{Handle, Hello, HANDLE_SIZE};
     use std::io::Write;
     std::env::set_var("NCCL_SOCKET_IFNAME", "lo");
-    let p = plugin::init().unwrap();
+    let p = plugin::try_init().unwrap();
     let mut handle = [0u8; HANDLE_SIZE];
     let mut l = p.listen(0, &mut handle).unwrap();
     let h = Handle::decode(&handle).unwrap();

@@ -462,8 +462,6 @@ pub struct IbConnect<L: Link> {
     stage: Stage,
     peer: SocketAddr,
     secret: u64,
-    since: Instant,
-    limit: Duration,
     fab: L,
     sender: Sender,
 }
@@ -481,21 +479,20 @@ impl<L: Link> IbConnect<L> {
             stage: Stage::Connecting,
             peer: h.addr,
             secret: h.secret,
-            since: Instant::now(),
-            limit: cfg.handshake_timeout,
             fab,
             sender,
         })
     }
 
     /// One non-blocking step; true once both sides are connected (then
-    /// [`IbConnect::finish`]).
+    /// [`IbConnect::finish`]). No deadline of its own: the reply comes when the
+    /// peer's `accept` runs, which NCCL may call long after (runtime connect),
+    /// and NCCL calls `connect` again until then or until the job aborts.
     pub fn progress(&mut self) -> Result<bool> {
         let peer = self.peer;
         let what = format!("IB connect to {peer}");
         if let Stage::Connecting = self.stage {
             if !writable(&self.sock).map_err(|e| Error::io("poll", e))? {
-                timed_out(self.since, self.limit, &what)?;
                 return Ok(false);
             }
             if let Some(e) = self
@@ -514,7 +511,6 @@ impl<L: Link> IbConnect<L> {
         }
         if let Stage::Hello(x) = &mut self.stage {
             if !x.write(&self.sock, "IB bootstrap")? {
-                timed_out(self.since, self.limit, &what)?;
                 return Ok(false);
             }
             self.stage = Stage::Reply(BootReader::new());
@@ -523,10 +519,7 @@ impl<L: Link> IbConnect<L> {
             return Err(Error::Internal("IB connect in an impossible stage".into()));
         };
         match r.read(&self.sock, self.secret)? {
-            None => {
-                timed_out(self.since, self.limit, &what)?;
-                Ok(false)
-            }
+            None => Ok(false),
             Some(b) => {
                 if b.qps.len() != self.fab.nqps() {
                     return Err(Error::Remote(format!(
@@ -742,9 +735,9 @@ impl Shared {
         let first = g.is_none();
         if first {
             if self.ring.idle() && matches!(e, Error::Remote(_)) {
-                info!("IB connection ({} {}): {e}", self.what, self.peer);
-            } else {
-                warn!("IB connection ({} {}) failed: {e}", self.what, self.peer);
+                info!("{}: {e}", self.ring.report().label());
+            } else if self.ring.report().first() {
+                warn!("{} failed: {e}", self.ring.report().label());
             }
             *g = Some(e);
         }
@@ -992,6 +985,15 @@ impl Comm {
             what,
             stats: Stats::default(),
         });
+        sh.ring.report().set_label(format!(
+            "IB {} comm #{} ({what} {peer})",
+            if what.starts_with("send") {
+                "send"
+            } else {
+                "recv"
+            },
+            crate::proto::slots::Report::next_comm_id()
+        ));
         let (tx, rx) = crossbeam_channel::unbounded();
         let sh2 = sh.clone();
         let thread = std::thread::Builder::new()
@@ -1102,6 +1104,11 @@ impl IbSendComm {
         &self.c.mrs
     }
 
+    /// This comm's failure report (one WARN per comm).
+    pub fn report(&self) -> &crate::proto::slots::Report {
+        self.c.sh.ring.report()
+    }
+
     pub fn stats(&self) -> &Stats {
         &self.c.sh.stats
     }
@@ -1146,6 +1153,11 @@ impl IbRecvComm {
 
     pub fn mrs(&self) -> &MrCache {
         &self.c.mrs
+    }
+
+    /// This comm's failure report (one WARN per comm).
+    pub fn report(&self) -> &crate::proto::slots::Report {
+        self.c.sh.ring.report()
     }
 
     pub fn stats(&self) -> &Stats {

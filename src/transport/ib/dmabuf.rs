@@ -59,7 +59,7 @@ pub fn nccl_uses_dmabuf() -> Result<(), String> {
     static ANSWER: OnceLock<Result<(), String>> = OnceLock::new();
     ANSWER
         .get_or_init(|| {
-            if !nccl_dmabuf_enable(std::env::var("NCCL_DMABUF_ENABLE").ok().as_deref()) {
+            if !crate::config::current().nccl_dmabuf_enable {
                 return Err("NCCL_DMABUF_ENABLE=0".into());
             }
             cuda_devices_export_dmabuf()

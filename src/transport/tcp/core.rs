@@ -97,6 +97,11 @@ impl Core {
             last_report_ms: AtomicU64::new(0),
             direction,
         });
+        let kind = if rx.is_some() { "recv" } else { "send" };
+        core.ring.report().set_label(format!(
+            "{kind} comm #{} ({direction} {peer})",
+            crate::proto::slots::Report::next_comm_id()
+        ));
         // SAFETY: the hook's data is this core, and the ring is inside it: the hook
         // cannot outlive what it points to.
         unsafe {
@@ -213,11 +218,13 @@ impl Core {
             if g.is_none() {
                 // A peer that closes while nothing is in flight is an orderly
                 // teardown: no WARN. Any later call still gets the error.
+                // Otherwise the first failure is the one WARN of this comm
+                // (see `Report`).
                 if self.closing.load(Acquire) {
                 } else if self.ring.idle() && matches!(e, Error::Remote(_)) {
-                    info!("connection with {}: {e}", self.peer);
-                } else {
-                    warn!("connection with {} failed: {e}", self.peer);
+                    info!("{}: {e}", self.ring.report().label());
+                } else if self.ring.report().first() {
+                    warn!("{} failed: {e}", self.ring.report().label());
                 }
                 *g = Some(e);
             }

@@ -18,7 +18,7 @@ use super::recv::RecvComm;
 use super::sock::{bind_listener, random_secret};
 use crate::config::Config;
 use crate::error::{Error, Result};
-use crate::proto::wire::{Handle, Hello, HELLO_SIZE};
+use crate::proto::wire::{Handle, Hello, PeerInfo, HELLO_MAX, HELLO_PREFIX};
 
 /// Most half-open connections we keep at once; beyond that the oldest is dropped.
 const MAX_PENDING: usize = 256;
@@ -26,8 +26,10 @@ const MAX_PENDING: usize = 256;
 struct Pending {
     sock: Socket,
     peer: SocketAddr,
-    buf: [u8; HELLO_SIZE],
+    buf: [u8; HELLO_MAX],
     got: usize,
+    /// The hello's length, once its prefix is in.
+    want: usize,
     since: Instant,
 }
 
@@ -83,8 +85,9 @@ impl ListenComm {
                     self.pending.push(Pending {
                         sock,
                         peer,
-                        buf: [0; HELLO_SIZE],
+                        buf: [0; HELLO_MAX],
                         got: 0,
+                        want: HELLO_PREFIX,
                         since: Instant::now(),
                     });
                 }
@@ -100,30 +103,61 @@ impl ListenComm {
         let mut i = 0;
         while i < self.pending.len() {
             let p = &mut self.pending[i];
-            let outcome = match (&p.sock).read(&mut p.buf[p.got..]) {
-                Ok(0) => Some(Err("closed before completing the handshake".to_string())),
-                Ok(n) => {
-                    p.got += n;
-                    (p.got == HELLO_SIZE)
-                        .then(|| Hello::decode(&p.buf, secret).map_err(|e| e.to_string()))
-                }
-                Err(e)
-                    if e.kind() == io::ErrorKind::WouldBlock
-                        || e.kind() == io::ErrorKind::Interrupted =>
-                {
-                    (p.since.elapsed() > timeout)
-                        .then(|| Err(format!("no handshake within {timeout:?}")))
-                }
-                Err(e) => Some(Err(e.to_string())),
-            };
+            let outcome: Option<Result<(Hello, PeerInfo)>> =
+                match (&p.sock).read(&mut p.buf[p.got..p.want]) {
+                    Ok(0) => Some(Err(Error::Remote(
+                        "closed before completing the handshake".into(),
+                    ))),
+                    Ok(n) => {
+                        p.got += n;
+                        if p.got < p.want {
+                            None
+                        } else if p.want == HELLO_PREFIX {
+                            // The prefix says how long the whole hello is.
+                            match Hello::length(p.buf[..HELLO_PREFIX].try_into().unwrap()) {
+                                Ok(len) => {
+                                    p.want = len;
+                                    None
+                                }
+                                Err(e) => Some(Err(e)),
+                            }
+                        } else {
+                            Some(Hello::decode_info(&p.buf[..p.want], secret))
+                        }
+                    }
+                    Err(e)
+                        if e.kind() == io::ErrorKind::WouldBlock
+                            || e.kind() == io::ErrorKind::Interrupted =>
+                    {
+                        (p.since.elapsed() > timeout)
+                            .then(|| Err(Error::Remote(format!("no handshake within {timeout:?}"))))
+                    }
+                    Err(e) => Some(Err(Error::io("reading a hello", e))),
+                };
             match outcome {
                 None => i += 1,
+                // Our peer (it knows the secret) speaking another protocol
+                // version: the accept fails, naming both versions.
+                Some(Err(e @ Error::InvalidUsage(_))) => {
+                    let p = self.pending.swap_remove(i);
+                    return Err(Error::InvalidUsage(format!(
+                        "connection from {}: {e}",
+                        p.peer
+                    )));
+                }
                 Some(Err(why)) => {
                     let p = self.pending.swap_remove(i);
                     warn!("rejected connection from {}: {why}", p.peer);
                 }
-                Some(Ok(h)) => {
+                Some(Ok((h, info))) => {
                     let p = self.pending.swap_remove(i);
+                    if h.stream == 0 && info != PeerInfo::ours() {
+                        info!(
+                            "connection from {} runs {info}, we run {}",
+                            p.peer,
+                            PeerInfo::ours()
+                        );
+                    }
                     self.add_stream(h, p.sock, p.peer);
                 }
             }

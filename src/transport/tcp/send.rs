@@ -306,6 +306,11 @@ impl SendComm {
     }
 
     /// This comm's counters.
+    /// This comm's failure report (one WARN per comm).
+    pub fn report(&self) -> &crate::proto::slots::Report {
+        self.core.ring.report()
+    }
+
     pub fn stats(&self) -> &crate::stats::Stats {
         &self.core.stats
     }
