@@ -3,6 +3,7 @@
 
 use std::collections::HashSet;
 use std::ffi::CString;
+use std::path::Path;
 use std::sync::{Arc, OnceLock};
 
 use parking_lot::Mutex;
@@ -178,6 +179,16 @@ fn build() -> Result<Plugin> {
 /// port exists and says why not otherwise; `ib` without a port is an error.
 fn choose_ib(cfg: &Config) -> Result<Option<IbState>> {
     if cfg.transport == TransportChoice::Tcp {
+        // An INFO under NCCL_INIT, not a WARN: NCCL keeps the last WARN as the
+        // job's error text, and nothing is wrong. sysfs only: TCP loads no verbs.
+        let active = crate::transport::ib::device::active_ports_in_sysfs(Path::new("/"));
+        if !active.is_empty() {
+            info!(
+                target: crate::log::BANNER,
+                "nccl-net-zip: this host has active InfiniBand/RoCE ports ({}) but the plugin runs over TCP (NCCL_ZIP_TRANSPORT=tcp, the default): NCCL's own IB transport (NCCL_NET=IB, no plugin) is likely faster there; NCCL_ZIP_TRANSPORT=auto uses these ports with compression (verbs path not yet run on RDMA hardware, docs/IB.md)",
+                active.join(" ")
+            );
+        }
         return Ok(None);
     }
     let filter = HcaFilter::parse(cfg.ib_hca.as_deref().unwrap_or(""));

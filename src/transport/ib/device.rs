@@ -209,6 +209,41 @@ pub fn enumerate(filter: &HcaFilter, gid_env: Option<u8>) -> Result<Vec<IbDevice
     Ok(out)
 }
 
+/// `dev:port` of every InfiniBand/RoCE port whose sysfs state is ACTIVE, read
+/// under `root` (`/` on a host; a scratch directory in tests) from
+/// `sys/class/infiniband/<dev>/ports/<port>/state` ("4: ACTIVE"). Loads no verbs
+/// library: used with `NCCL_ZIP_TRANSPORT=tcp` only to tell the user that an
+/// RDMA fabric is there.
+pub fn active_ports_in_sysfs(root: &Path) -> Vec<String> {
+    let base = root.join("sys/class/infiniband");
+    let mut out = vec![];
+    let Ok(devs) = std::fs::read_dir(&base) else {
+        return out;
+    };
+    let mut devs: Vec<String> = devs
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .collect();
+    devs.sort();
+    for dev in devs {
+        let Ok(ports) = std::fs::read_dir(base.join(&dev).join("ports")) else {
+            continue;
+        };
+        let mut ports: Vec<String> = ports
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .collect();
+        ports.sort();
+        for port in ports {
+            let state =
+                std::fs::read_to_string(base.join(&dev).join("ports").join(&port).join("state"))
+                    .unwrap_or_default();
+            if state.contains("ACTIVE") && !state.contains("INACTIVE") {
+                out.push(format!("{dev}:{port}"));
+            }
+        }
+    }
+    out
+}
+
 /// Physical ports of a device, from sysfs (1 if unreadable: every HCA has port 1).
 /// Paths whose presence means the HCA driver can register CUDA memory
 /// (GPUDirect RDMA through peer memory): the nvidia-peermem module (current
@@ -243,6 +278,27 @@ fn nports(dev: &str) -> u8 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn active_ports_are_read_from_sysfs_without_verbs() {
+        let root = std::env::temp_dir().join(format!("nzc_ibsysfs_{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let port = |dev: &str, p: u32, state: &str| {
+            let d = root.join(format!("sys/class/infiniband/{dev}/ports/{p}"));
+            std::fs::create_dir_all(&d).unwrap();
+            std::fs::write(d.join("state"), state).unwrap();
+        };
+        assert!(
+            active_ports_in_sysfs(&root).is_empty(),
+            "no sysfs tree: nothing"
+        );
+        port("mlx5_1", 1, "1: DOWN\n");
+        port("mlx5_0", 1, "4: ACTIVE\n");
+        port("mlx5_0", 2, "2: INIT\n");
+        port("bnxt_re0", 1, "4: ACTIVE\n");
+        assert_eq!(active_ports_in_sysfs(&root), vec!["bnxt_re0:1", "mlx5_0:1"]);
+        std::fs::remove_dir_all(&root).unwrap();
+    }
 
     #[test]
     fn hca_filter_follows_nccl_syntax() {
