@@ -21,7 +21,8 @@
 # After each run it logs which path NCCL took ("via NET/Zip/0/GDRDMA": the plugin
 # got GPU buffers) and the plugin's "device path:" line.
 #
-# Env: RATE (10gbit; "none" for unshaped), OUT (results folder; default
+# Env: RATE (10gbit; "none" for unshaped), LINK_HINT (1: pass the shaped rate as
+# NCCL_ZIP_LINK_MBPS; by default auto is not told it), OUT (results folder; default
 # bench/results/e2e-<date>), STEPS (30), MAX_BYTES (256M for bench),
 # MAX_BYTES_CHECK (per protocol when unset: Simple 4 MiB, LL and LL128 1 MiB: two
 # ranks time-slice one GPU, and LL/LL128 move 2x data at a few GB/s; sizes run
@@ -137,14 +138,22 @@ cat "$OUT/machine.txt" >&2
 RANK_PIDS=""
 trap 'kill -TERM $RANK_PIDS 2>/dev/null; exit 143' TERM INT HUP
 
+# The adaptive policy is not told the link's speed (issue 21: users whose
+# bottleneck is a shared uplink cannot tell it), unless LINK_HINT=1: then the
+# shaped rate is passed as NCCL_ZIP_LINK_MBPS (a caller's own value is kept only
+# then), and the results say so.
+LINK_HINT=${LINK_HINT:-0}
+[[ $LINK_HINT == 1 ]] || unset NCCL_ZIP_LINK_MBPS
+
 # Network: namespaces if we can, loopback otherwise.
 NETNS=${NETNS:-auto}
 if [[ $NETNS != 0 ]] && "$ROOT/scripts/netns.sh" up "$RATE" >>"$OUT/e2e.log" 2>&1; then
   trap '"$ROOT/scripts/netns.sh" down >/dev/null 2>&1 || true' EXIT
   A_EXEC=(ip netns exec zipa) B_EXEC=(ip netns exec zipb)
   A_IF=zva B_IF=zvb MASTER=10.233.0.1
-  if [[ $RATE != none ]]; then
-    # tbf is invisible to the plugin (the veth says 10 Gbit/s): tell its cost model.
+  if [[ $LINK_HINT == 1 && $RATE != none ]]; then
+    # tbf is invisible to the plugin (the veth says 10 Gbit/s): LINK_HINT=1 tells
+    # its cost model, as a user who knows the bottleneck may.
     NCCL_ZIP_LINK_MBPS=$(awk -v r="${RATE,,}" 'BEGIN{ if (r ~ /gbit$/) print r*1000; else if (r ~ /mbit$/) print r+0; else print 10000 }')
     export NCCL_ZIP_LINK_MBPS
   fi
@@ -162,14 +171,23 @@ else
     if [[ ${LO_SHAPE:-0} == 1 && $RATE != none ]] && (( ${rate_bits%.*} > 0 )) &&
       tc qdisc replace dev lo root tbf rate "$RATE" burst $(( rate_bits / 800 > 4194304 ? rate_bits / 800 : 4194304 )) latency 50ms >>"$OUT/e2e.log" 2>&1; then
       trap 'tc qdisc del dev lo root >/dev/null 2>&1 || true' EXIT
-      NCCL_ZIP_LINK_MBPS=$(awk -v b="$rate_bits" 'BEGIN{ print int(b / 1e6) }')
-      export NCCL_ZIP_LINK_MBPS
+      if [[ $LINK_HINT == 1 ]]; then
+        NCCL_ZIP_LINK_MBPS=$(awk -v b="$rate_bits" 'BEGIN{ print int(b / 1e6) }')
+        export NCCL_ZIP_LINK_MBPS
+      fi
       log "network namespaces unavailable here: both ranks on loopback, lo shaped to $RATE (LO_SHAPE=1)"
     else
       log "network namespaces unavailable here: both ranks on loopback, unshaped (see e2e.log; LO_SHAPE=1 shapes lo)"
     fi
   fi
 fi
+
+if [[ -n ${NCCL_ZIP_LINK_MBPS:-} ]]; then
+  echo "link hint: NCCL_ZIP_LINK_MBPS=$NCCL_ZIP_LINK_MBPS (LINK_HINT=1: auto is told the link's speed)" >>"$OUT/machine.txt"
+else
+  echo "link hint: none (NCCL_ZIP_LINK_MBPS unset: auto is not told the link's speed)" >>"$OUT/machine.txt"
+fi
+log "$(tail -n1 "$OUT/machine.txt")"
 
 # wait_pair PID0 PID1: waits for both ranks; exit codes in R0 and R1. A rank whose
 # peer failed would wait for it until RUN_TIMEOUT: it gets GRACE seconds, then TERM.

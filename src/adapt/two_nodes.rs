@@ -3,16 +3,19 @@
 //! its outgoing pipeline (encode when the policy says so, then the TCP send path)
 //! and its incoming one (the TCP receive path, then decode). Each direction has
 //! its own link capacity, a socket send buffer before the link and a receive
-//! buffer after it. Time advances in steps of [`DT`]; in a step a busy core gives
-//! each of its two pipelines half of its time, or more when the other needs less.
+//! buffer after it. Time advances in steps of [`DT`]; in a step a busy core is
+//! shared between its two pipelines by their runnable threads (see [`STREAMS`]).
 //!
 //! The policy sees what it sees in the plugin: `decide_at` when a stream thread
 //! takes the next chunk, `record` after an encode with the codec's time, and the
 //! node's [`Meter`] of received bytes (decoded into the application's buffer).
+//! [`Which::Before`] runs the policy before issue 21 instead, fed the encodes'
+//! wall time as that one was.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
+use super::before_21::OldPolicy;
 use super::{Decision, Meter, Policy};
 use crate::config::CompressMode;
 
@@ -99,8 +102,41 @@ struct Chunk {
 }
 
 /// One direction: the sender's pipeline, the buffers and link, the receiver's.
+/// Which policy the senders run.
+#[derive(Clone, Copy, Debug)]
+pub enum Which {
+    /// The current one ([`Policy`], no link-speed hint).
+    Now,
+    /// The one before issue 21 ([`OldPolicy`]), with the nominal speed of a
+    /// veth (10 Gbit/s) for the link and `parallel` = min(streams, cores).
+    Before { parallel: usize },
+}
+
+enum SimPolicy {
+    Now(Policy),
+    Before(OldPolicy),
+}
+
+impl SimPolicy {
+    fn decide_at(&self, len: usize, now: Instant) -> Decision {
+        match self {
+            SimPolicy::Now(p) => p.decide_at(len, now),
+            SimPolicy::Before(p) => p.decide_at(len, now),
+        }
+    }
+
+    /// `codec_ns`: the codec's own time (core time, or a device encode's wall
+    /// time); `wall_ns`: the encode's wall time.
+    fn record(&self, raw: usize, wire: usize, codec_ns: u64, wall_ns: u64) {
+        match self {
+            SimPolicy::Now(p) => p.record(raw, wire, codec_ns),
+            SimPolicy::Before(p) => p.record(raw, wire, wall_ns),
+        }
+    }
+}
+
 struct Dir {
-    policy: Policy,
+    policy: SimPolicy,
     costs: Costs,
     link: f64,
     /// Raw bytes the application still has to hand over.
@@ -122,9 +158,20 @@ struct Dir {
 }
 
 impl Dir {
-    fn new(mode: CompressMode, meter: &'static Meter, costs: Costs, link: f64, total: f64) -> Dir {
+    fn new(
+        which: Which,
+        mode: CompressMode,
+        meter: &'static Meter,
+        costs: Costs,
+        link: f64,
+        total: f64,
+    ) -> Dir {
+        let policy = match which {
+            Which::Now => SimPolicy::Now(Policy::for_sim(mode, meter)),
+            Which::Before { parallel } => SimPolicy::Before(OldPolicy::new(mode, 10_000, parallel)),
+        };
         Dir {
-            policy: Policy::for_sim(mode, meter),
+            policy,
             costs,
             link,
             left: total,
@@ -160,7 +207,9 @@ impl Dir {
                 }
                 let raw = self.left.min(CHUNK);
                 self.left -= raw;
-                let now = t0 + Duration::from_secs_f64(t + (start - cpu));
+                // The pipeline runs after the receiver in a step: its clock is
+                // the step's start plus all the core time used so far.
+                let now = t0 + Duration::from_secs_f64(t + DT - cpu);
                 let compressed = self.policy.decide_at(raw as usize, now) == Decision::Compress;
                 let c = &self.costs;
                 let wire = if compressed { raw / c.ratio } else { raw };
@@ -171,7 +220,7 @@ impl Dir {
                     enc_left: if compressed { raw * c.enc } else { 0.0 },
                     enc_cpu: 0.0,
                     tx_left: wire * c.tx,
-                    started: t + (start - cpu),
+                    started: t + DT - cpu,
                     encoded: !compressed,
                 });
             }
@@ -189,16 +238,17 @@ impl Dir {
                     break;
                 }
                 ch.encoded = true;
-                let now = t + (start - cpu);
-                // The codec's time as the plugin measures it: the thread's CPU
-                // time on the core, the wall time of a device encode.
-                let ns = if on_device {
-                    (now + DT - ch.started) * 1e9
-                } else {
-                    ch.enc_cpu * 1e9
-                };
-                self.policy
-                    .record(ch.raw as usize, ch.wire as usize, ns.max(1.0) as u64);
+                // The encode's wall time: a device's ends with the step.
+                let wall = if on_device { t + DT } else { t + DT - cpu } - ch.started;
+                // The codec's own time as the plugin measures it: the thread's
+                // CPU time on the core, the wall time of a device encode.
+                let ns = if on_device { wall } else { ch.enc_cpu } * 1e9;
+                self.policy.record(
+                    ch.raw as usize,
+                    ch.wire as usize,
+                    ns.max(1.0) as u64,
+                    (wall * 1e9).max(1.0) as u64,
+                );
             }
             if self.sendq_bytes + ch.wire > BUF.max(ch.wire) {
                 break; // blocked on a full socket buffer
@@ -298,20 +348,18 @@ impl Dir {
     }
 }
 
-/// How a node's core is shared between its two pipelines, roughly as Linux's
-/// scheduler does: a receive path that slept and is woken by arriving data
-/// preempts the sender (for up to [`WAKE_BONUS`] of core time: a lightly loaded
-/// core), while on a busy core the two take turns in slices longer than one
-/// chunk's encode (the encoder is not interrupted; the receiver is paid back).
-#[derive(Default)]
-struct Sched {
-    in_slept: bool,
-    bonus: f64,
-    owed: f64,
-}
-
-/// Core time a woken receive path runs before it competes as an equal.
-const WAKE_BONUS: f64 = 1e-3;
+/// How a node's core is shared between its two pipelines when both can run,
+/// as Linux's scheduler (EEVDF, 6.6 and later) shares it between threads: in
+/// proportion to the runnable threads. While the sender has chunks to encode,
+/// its [`STREAMS`] stream threads encode at once and outweigh the receive path
+/// [`STREAMS`] to 1; otherwise the two get half each. A receive thread woken by
+/// data gets no more than its share: a thread that slept keeps only the lag it
+/// had when it went to sleep, and the running one keeps the core to the end of
+/// its slice. The receive path also takes what the sender leaves unused.
+/// (A model that let a woken receiver preempt each encode made the encodes'
+/// wall time 3x their core time, closed the old policy's static gate at once in
+/// every cell and hid failure 2 of issue 21.)
+const STREAMS: f64 = 4.0;
 
 /// One run's result.
 #[derive(Debug, Clone, Copy)]
@@ -320,64 +368,67 @@ pub struct Outcome {
     pub goodput: f64,
     /// Share of the raw bytes sent compressed.
     pub compressed: f64,
+    /// The same per direction (a to b, b to a).
+    pub compressed_dir: [f64; 2],
 }
 
 /// Node `a` sends `bytes` to node `b`, and with `both` `b` sends as much to `a`
 /// at the same time; `costs` and `link` per direction, every sender in `mode`.
 pub fn run(mode: CompressMode, both: bool, costs: Costs, link: f64, bytes: f64) -> Outcome {
+    run_with(Which::Now, mode, both, costs, link, bytes, 1.0)
+}
+
+/// [`run`] with the policy `which`, and node `b`'s codec `b_codec` times as
+/// fast as `a`'s (two cores of one machine are seldom equal: a busy sibling
+/// thread, a cache shared with a neighbour).
+pub fn run_with(
+    which: Which,
+    mode: CompressMode,
+    both: bool,
+    costs: Costs,
+    link: f64,
+    bytes: f64,
+    b_codec: f64,
+) -> Outcome {
+    let costs_b = Costs {
+        enc: costs.enc / b_codec,
+        ..costs
+    };
     // What each node received (a few bytes leaked per run).
     let meters: [&'static Meter; 2] = [Box::leak(Box::default()), Box::leak(Box::default())];
     // dirs[0]: a -> b, dirs[1]: b -> a.
     let mut dirs = [
-        Dir::new(mode, meters[0], costs, link, bytes),
-        Dir::new(mode, meters[1], costs, link, if both { bytes } else { 0.0 }),
+        Dir::new(which, mode, meters[0], costs, link, bytes),
+        Dir::new(
+            which,
+            mode,
+            meters[1],
+            costs_b,
+            link,
+            if both { bytes } else { 0.0 },
+        ),
     ];
     if !both {
         dirs[1].done_at = Some(0.0);
     }
-    let mut sched = [Sched::default(), Sched::default()];
     let t0 = Instant::now();
     let mut t = 0.0;
     while dirs.iter().any(|d| d.done_at.is_none()) {
         assert!(t < 600.0, "simulation does not finish");
+        // Each node runs its receiver (the other direction's end) and its sender.
+        #[allow(clippy::needless_range_loop)]
         for node in 0..2 {
             let (out, inn) = (node, 1 - node);
-            let sch = &mut sched[node];
             let in_want = dirs[inn].in_demand(DT);
-            if in_want > 0.0 && sch.in_slept {
-                // Woken by arriving data: the receive path (softirq, then the
-                // woken receiver threads) preempts whatever runs, for a while.
-                sch.in_slept = false;
-                sch.bonus = WAKE_BONUS;
-            }
-            let out_encoding = dirs[out].encoding();
-            let in_share = if sch.bonus > 0.0 {
-                in_want
-            } else if out_encoding {
-                // A busy core runs threads in slices far longer than an encode:
-                // the encoder finishes its chunk, the receiver gets its time after.
-                sch.owed += DT / 2.0;
-                0.0
-            } else {
-                in_want.min(DT / 2.0 + sch.owed)
-            };
+            let w_out = if dirs[out].encoding() { STREAMS } else { 1.0 };
+            let in_share = in_want.min(DT / (1.0 + w_out));
             let used_in = dirs[inn].run_in(in_share, t, meters[node]);
-            if sch.bonus > 0.0 {
-                sch.bonus -= used_in;
-            } else if !out_encoding {
-                sch.owed = (sch.owed - (used_in - DT / 2.0).max(0.0)).max(0.0);
-            }
             let out_share = DT - used_in;
             let used_out = dirs[out].run_out(out_share, t, t0);
             // What the sender left unused goes to the receiver.
             let rest = out_share - used_out;
             if rest > 0.0 {
                 dirs[inn].run_in(rest, t, meters[node]);
-            }
-            if dirs[inn].recvq.is_empty() {
-                sch.in_slept = true;
-                sch.bonus = 0.0;
-                sch.owed = 0.0;
             }
         }
         for d in dirs.iter_mut() {
@@ -393,8 +444,10 @@ pub fn run(mode: CompressMode, both: bool, costs: Costs, link: f64, bytes: f64) 
         .sum();
     let compressed = active.iter().map(|d| d.compressed_raw).sum::<f64>()
         / active.iter().map(|d| d.total).sum::<f64>();
+    let share = |d: &Dir| d.compressed_raw / d.total.max(1.0);
     Outcome {
         goodput,
         compressed,
+        compressed_dir: [share(&dirs[0]), share(&dirs[1])],
     }
 }
