@@ -35,6 +35,27 @@ fn main() {
 
     build_test_logger();
     build_gpu_kernels();
+    git_commit();
+}
+
+// The commit the tools' `--version` names: NCCL_ZIP_GIT_COMMIT when set
+// (scripts/release.sh sets it, with "-dirty" for uncommitted changes), else
+// `git rev-parse` at the time this script last ran. Deliberately no
+// rerun-if-changed on .git: a commit would then rebuild the kernels and the crate,
+// so a dev build may name an older commit; release builds are exact.
+fn git_commit() {
+    println!("cargo:rerun-if-env-changed=NCCL_ZIP_GIT_COMMIT");
+    let commit = env::var("NCCL_ZIP_GIT_COMMIT").ok().unwrap_or_else(|| {
+        std::process::Command::new("git")
+            .args(["rev-parse", "--short=12", "HEAD"])
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+            .filter(|s| !s.is_empty())
+            .unwrap_or_else(|| "unknown".into())
+    });
+    println!("cargo:rustc-env=NZC_GIT_COMMIT={commit}");
 }
 
 // ---------------------------------------------------------------------------
