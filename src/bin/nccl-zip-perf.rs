@@ -201,7 +201,10 @@ fn run_plugin(o: &Opts) -> u8 {
     println!("{}", mem.describe());
     let path = o.plugin.clone().unwrap_or_else(default_plugin);
     let net = match Net::open(&path) {
-        Ok(n) => n,
+        Ok(n) => {
+            println!("loaded {}", path.display());
+            n
+        }
         Err(e) => {
             eprintln!("nccl-zip-perf: {e}");
             return EXIT_FAIL;
