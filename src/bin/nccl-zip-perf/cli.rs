@@ -265,8 +265,8 @@ struct Cli {
     #[arg(long, help_heading = "Checks")]
     check_leaks: bool,
     /// Succeed only if a call returns that error: remote|invalid-usage|invalid-argument|system|internal|any.
-    #[arg(long, value_name = "ERR", value_parser = error_code, help_heading = "Checks")]
-    expect_error: Option<Option<u32>>,
+    #[arg(long, value_name = "ERR", help_heading = "Checks")]
+    expect_error: Option<String>,
     /// File holding the trigger time (unix ns); errors report the delay from it.
     #[arg(long, value_name = "F", help_heading = "Checks")]
     trigger_file: Option<PathBuf>,
@@ -357,7 +357,7 @@ impl Opts {
             bind: c.bind,
             wire_iface: c.wire_iface,
             check_leaks: c.check_leaks,
-            expect_error: c.expect_error,
+            expect_error: c.expect_error.as_deref().map(error_code).transpose()?,
             trigger_file: c.trigger_file,
             timeout: c.timeout,
             mode: c.mode.map(|m| match m {
