@@ -38,29 +38,24 @@ fn main() {
     git_commit();
 }
 
-/// NZ_GIT_COMMIT: the commit the library is built from, for the init banner
-/// ("unknown" outside a git checkout).
+// The commit the init banner and the tools' `--version` name: NCCL_ZIP_GIT_COMMIT when set
+// (scripts/release.sh sets it, with "-dirty" for uncommitted changes), else
+// `git rev-parse` at the time this script last ran. Deliberately no
+// rerun-if-changed on .git: a commit would then rebuild the kernels and the crate,
+// so a dev build may name an older commit; release builds are exact.
 fn git_commit() {
-    use std::process::Command;
-    let git = |args: &[&str]| {
-        Command::new("git")
-            .args(args)
+    println!("cargo:rerun-if-env-changed=NCCL_ZIP_GIT_COMMIT");
+    let commit = env::var("NCCL_ZIP_GIT_COMMIT").ok().unwrap_or_else(|| {
+        std::process::Command::new("git")
+            .args(["rev-parse", "--short=12", "HEAD"])
             .output()
             .ok()
             .filter(|o| o.status.success())
             .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-    };
-    let commit = git(&["rev-parse", "--short=12", "HEAD"]).unwrap_or_else(|| "unknown".into());
-    // Rebuild when HEAD moves: HEAD itself, and the ref it points to.
-    if let Some(head) = git(&["rev-parse", "--git-path", "HEAD"]) {
-        println!("cargo:rerun-if-changed={head}");
-    }
-    if let Some(r) = git(&["symbolic-ref", "-q", "HEAD"]) {
-        if let Some(p) = git(&["rev-parse", "--git-path", &r]) {
-            println!("cargo:rerun-if-changed={p}");
-        }
-    }
-    println!("cargo:rustc-env=NZ_GIT_COMMIT={commit}");
+            .filter(|s| !s.is_empty())
+            .unwrap_or_else(|| "unknown".into())
+    });
+    println!("cargo:rustc-env=NZC_GIT_COMMIT={commit}");
 }
 
 // ---------------------------------------------------------------------------

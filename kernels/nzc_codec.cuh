@@ -780,7 +780,9 @@ NZC_HD u32 decode_block(X& x, Smem& s, const u8* blk, u32 size, u8* out, u32 L) 
                 buf >>= len;
                 have -= len;
             }
-            if (bad || (bp + 7) / 8 != slen) X::or32(&s.sc[SC_ERR], ST_STREAM);
+            // the segment ends in its last byte, and its padding bits are zero (FORMAT.md)
+            if (bad || (bp + 7) / 8 != slen || ((bp & 7) && (sp[bp >> 3] >> (bp & 7)) != 0))
+                X::or32(&s.sc[SC_ERR], ST_STREAM);
         });
         if (s.sc[SC_ERR]) return ST_STREAM;
         // join keys and planes into output, ascending 16-byte rounds

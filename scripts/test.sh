@@ -33,6 +33,16 @@ cargo test --workspace --exclude nccl-zip-codec --no-fail-fast
 step "GPU tests (print SKIP and the reason when there is no usable GPU)"
 cargo test --test gpu_codec --test gpu_bench --test gpu_path -- --nocapture 2>&1 | grep -E "^SKIP|^test result|^test .*(FAILED|ok)$|panicked"
 
+# The files a user gets: built for glibc 2.28 with cargo-zigbuild (zig and
+# cargo-zigbuild are installed on first use; the step fails naming what could not be
+# installed), checked as shipped (one export, -z nodelete, no DT_NEEDED on CUDA or
+# verbs, GLIBC_ <= 2.28, kernels embedded, the perf driver run against the shipped
+# .so), then packaged, installed under a DESTDIR, run, and uninstalled.
+step "release artifacts (glibc 2.28) and shipped-file checks (scripts/release.sh)"
+scripts/release.sh x86_64
+step "package, install, run, uninstall (scripts/tests/package_test.sh)"
+scripts/tests/package_test.sh
+
 if [ -x scripts/ci_codec.sh ]; then
   step "codec CI (fuzz smoke)"
   scripts/ci_codec.sh

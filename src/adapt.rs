@@ -442,6 +442,27 @@ impl Policy {
     }
 }
 
+/// The static cost model's prediction of the speedup over raw, for tools that
+/// answer "will it help?" before a job runs (`nccl-zip probe`): the same rule as
+/// [`Policy`]'s gate. `codec_bps`: one thread's codec throughput (bytes per
+/// second of input); it runs on `min(streams, cores)` threads at once, as
+/// [`Policy::new`] assumes; `link_bps`: the link's bytes per second. Compressed
+/// traffic moves `min(C, L * ratio)` against `L` raw; where the gate says
+/// compression does not pay, chunks go raw and the answer is 1.
+pub fn predicted_speedup(
+    ratio: f64,
+    codec_bps: f64,
+    streams: usize,
+    cores: usize,
+    link_bps: f64,
+) -> f64 {
+    let c = codec_bps * streams.max(1).min(cores.max(1)) as f64;
+    if link_bps <= 0.0 || !Policy::pays(ratio, c, link_bps) {
+        return 1.0;
+    }
+    c.min(link_bps * ratio) / link_bps
+}
+
 #[cfg(test)]
 mod before_21;
 #[cfg(test)]
@@ -450,6 +471,23 @@ mod two_nodes;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn predicted_speedup_follows_the_gate() {
+        let l = 25e9 / 8.0;
+        // Codec far faster than the link: link-bound, the ratio is the speedup.
+        assert!((predicted_speedup(1.5, 2e9, 4, 8, l) - 1.5).abs() < 1e-9);
+        // Codec-bound: 4 threads x 0.8 GB/s = 3.2 GB/s against 3.125 GB/s,
+        // below the margin: raw.
+        assert_eq!(predicted_speedup(1.5, 0.8e9, 4, 8, l), 1.0);
+        // Codec-bound but paying: min(C, L r) / L with C = 4 x 1 GB/s.
+        assert!((predicted_speedup(1.5, 1e9, 4, 8, l) - 4e9 / l).abs() < 1e-9);
+        // Cores cap the threads, streams too.
+        assert_eq!(predicted_speedup(1.5, 1e9, 4, 1, l), 1.0);
+        assert_eq!(predicted_speedup(1.5, 1e9, 1, 8, l), 1.0);
+        // Too little ratio never pays.
+        assert_eq!(predicted_speedup(1.02, 1e12, 4, 8, l), 1.0);
+    }
 
     const GBIT: u64 = 1000;
 

@@ -147,7 +147,7 @@ fn build() -> Result<Plugin> {
         target: crate::log::BANNER,
         "nccl-net-zip {} (commit {}, GPU kernels {}) transport {} over {} ; compress={:?} ; settings changed from default: {}",
         env!("CARGO_PKG_VERSION"),
-        env!("NZ_GIT_COMMIT"),
+        env!("NZC_GIT_COMMIT"),
         if crate::gpu::codec::kernels_embedded() { "embedded" } else { "not embedded (NVRTC only)" },
         if ib.is_some() { "IB verbs" } else { "TCP" },
         list.join(" "),

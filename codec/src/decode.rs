@@ -590,8 +590,14 @@ fn decode_coded_body<T: Elem, S: TableSource>(
             return Err(CodecError::Corrupt("exponent out of range"));
         }
         for i in 0..nsg {
-            if lanes[i].bp.div_ceil(8) != lens[i] as u64 {
+            let bp = lanes[i].bp;
+            if bp.div_ceil(8) != lens[i] as u64 {
                 return Err(CodecError::Corrupt("segment length mismatch"));
+            }
+            // The padding after the last code is zero (docs/FORMAT.md): a flip
+            // there must not pass as a valid frame.
+            if bp % 8 != 0 && src[lanes[i].base + (bp / 8) as usize] >> (bp % 8) != 0 {
+                return Err(CodecError::Corrupt("nonzero segment padding"));
             }
         }
         for i in 0..nsg {

@@ -31,7 +31,7 @@
 //! * [`compress_parallel`] / [`decompress_parallel`] spread the blocks of large buffers
 //!   over threads (same bytes as the single-thread encoder; the parallel decoder does
 //!   not keep the ascending write order).
-//! * [`cli::cli_main`] is the `nccl-zip` command-line tool.
+//! * The `nccl-zip` command-line tool is `src/bin/nccl-zip/` in the plugin crate.
 //!
 //! All functions are thread-safe and use no global mutable state.
 
@@ -41,8 +41,6 @@ mod elem;
 mod encode;
 pub mod format;
 mod parallel;
-
-pub mod cli;
 
 pub use decode::{decompress, frame_info, Decoder};
 pub use encode::{compress, compress_scalar, compress_with_stats};

@@ -42,15 +42,12 @@ const EXIT_USAGE: u8 = 2;
 const EXIT_TIMEOUT: u8 = 3;
 
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
+    let args: Vec<String> = std::env::args().collect();
     let o = match Opts::parse(&args) {
         Ok(o) => o,
         Err(e) => {
-            if !e.is_empty() {
-                eprintln!("nccl-zip-perf: {e}\n");
-            }
-            eprint!("{}", cli::USAGE);
-            return ExitCode::from(if e.is_empty() { 0 } else { EXIT_USAGE });
+            eprintln!("nccl-zip-perf: {e}\n(nccl-zip-perf --help lists the options)");
+            return ExitCode::from(EXIT_USAGE);
         }
     };
     let code = match o.role {
@@ -104,11 +101,31 @@ fn wait_for_file(path: &Path, dl: &Deadline) -> Result<Vec<u8>, Fail> {
     }
 }
 
+/// The plugin this binary ships with: an installed tree's `../lib/libnccl-net-zip.so`
+/// (PREFIX/bin and PREFIX/lib), then `libnccl-net-zip.so` beside the binary (a
+/// release directory), then `libnccl_net_zip.so` beside it (cargo's target dir).
+/// The first that exists; the last if none does, so the error names it.
 fn default_plugin() -> PathBuf {
-    std::env::current_exe()
-        .ok()
-        .and_then(|e| e.parent().map(|d| d.join("libnccl_net_zip.so")))
+    let exe = std::env::current_exe().ok();
+    let dir = exe.as_deref().and_then(|e| e.parent());
+    let candidates = plugin_candidates(dir);
+    candidates
+        .iter()
+        .find(|p| p.is_file())
+        .or(candidates.last())
+        .cloned()
         .unwrap_or_else(|| "libnccl_net_zip.so".into())
+}
+
+fn plugin_candidates(exe_dir: Option<&Path>) -> Vec<PathBuf> {
+    match exe_dir {
+        Some(d) => vec![
+            d.join("../lib/libnccl-net-zip.so"),
+            d.join("libnccl-net-zip.so"),
+            d.join("libnccl_net_zip.so"),
+        ],
+        None => vec!["libnccl_net_zip.so".into()],
+    }
 }
 
 /// Largest posted receive: `--recv-size` or the largest message.
@@ -184,7 +201,10 @@ fn run_plugin(o: &Opts) -> u8 {
     println!("{}", mem.describe());
     let path = o.plugin.clone().unwrap_or_else(default_plugin);
     let net = match Net::open(&path) {
-        Ok(n) => n,
+        Ok(n) => {
+            println!("loaded {}", path.display());
+            n
+        }
         Err(e) => {
             eprintln!("nccl-zip-perf: {e}");
             return EXIT_FAIL;

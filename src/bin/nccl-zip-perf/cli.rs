@@ -1,57 +1,8 @@
-//! Command line: hand-rolled (the binary may only use the library's dependencies).
+//! Command line (clap derive); `--help` lists every option with its default.
 
+use clap::{Parser, ValueEnum};
 use std::path::PathBuf;
 use std::time::Duration;
-
-pub const USAGE: &str = "\
-nccl-zip-perf: drives the built plugin (libnccl_net_zip.so) the way NCCL's proxy does.
-
-USAGE:
-  nccl-zip-perf recv     --handle-file F [options]   listen, publish the handle, accept, receive, verify
-  nccl-zip-perf send     --handle-file F [options]   wait for the handle, connect, send
-  nccl-zip-perf loop     [options]                   both sides in one thread (connect/accept interleaved)
-  nccl-zip-perf bidir    --handle-file F --peer-handle-file G [options]
-                         both directions at once with another bidir process: publish this
-                         side's handle in F, connect to the one in G, send to the peer while
-                         receiving from it (a 2-rank ring step); BENCH lines for both
-  nccl-zip-perf stranger --handle-file F --mode garbage|silent|bad-secret [--hold-ms N]
-
-Schedule (both sides must agree):
-  --sizes A,B,...        message sizes, cycled over --count messages (K/M suffixes allowed)
-  --size-range MIN:MAX   seeded log-uniform random sizes, including MIN and MAX and odd sizes
-  --count N              messages (with --bench: timed messages per size)       [1000]
-  --seed S                                                                          [1]
-  --data random|zero|bf16|fp16|fp32   payload; float kinds are Gaussian values      [random]
-  --sigma X              standard deviation of the Gaussian data                   [0.02]
-Receiver:
-  --recv-size N          capacity posted with each irecv                   [largest size]
-  --no-verify            do not compare bytes (sizes are still checked)
-Plugin driving:
-  --mem host|cuda        memory the buffers live in and are registered as (regMr type) [host]
-                         cuda: device memory on CUDA device 0, registered NCCL_PTR_CUDA; with
-                         NCCL_ZIP_GPU_EMULATE=1|nokernels, host memory registered NCCL_PTR_CUDA
-                         (the plugin's emulated device memory; no GPU needed)
-  --plugin PATH          the .so to dlopen        [libnccl_net_zip.so beside this binary]
-  --dev N                device index                                              [0]
-  --inflight N           requests in flight, 1..32                                 [8]
-  --poll-sleep-us N      sleep when a poll made no progress (0: yield)             [0]
-Benchmark:
-  --latency              loop role: one message in flight, isend to recv done, per size
-                         (p50/p10/p99 us over --count); with --baseline tcp, one non-blocking
-                         socket pair polled by the same thread (NCCL Socket without helper threads:
-                         size, then payload); --baseline tcp-onewrite: both in one write and one read
-  --bench                per-size throughput (GB/s, Gbit/s); sizes from --sizes
-  --warmup N             untimed messages before each size                         [8]
-  --baseline tcp         single-socket TCP (4-byte size + payload, TCP_NODELAY) instead of the plugin
-  --bind IP              baseline receiver address        [first IPv4 of NCCL_SOCKET_IFNAME, else 127.0.0.1]
-  --wire-iface IF        report /sys/class/net/IF/statistics bytes per size [NCCL_SOCKET_IFNAME if an interface]
-Checks:
-  --check-leaks          threads and fds after all closes must equal those before init
-  --expect-error remote|invalid-usage|invalid-argument|system|internal|any
-                         succeed only if a call returns that error
-  --trigger-file F       file holding the trigger time (unix ns); errors report the delay from it
-  --timeout SECS         hard limit for the whole run                              [120]
-";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Role {
@@ -135,19 +86,22 @@ pub struct Opts {
     pub hold: Duration,
 }
 
-/// "4096", "64K", "4M" → bytes.
+/// "4096", "64K", "4M", "1G", "256KiB" → bytes (binary multiples, `parse-size`).
 pub fn parse_size(s: &str) -> Result<usize, String> {
-    let t = s.trim();
-    let (num, mult) = match t.chars().last() {
-        Some('k' | 'K') => (&t[..t.len() - 1], 1usize << 10),
-        Some('m' | 'M') => (&t[..t.len() - 1], 1 << 20),
-        Some('g' | 'G') => (&t[..t.len() - 1], 1 << 30),
-        _ => (t, 1),
-    };
-    num.parse::<usize>()
+    parse_size::Config::new()
+        .with_binary()
+        .parse_size(s.trim())
         .ok()
-        .and_then(|n| n.checked_mul(mult))
+        .and_then(|n| usize::try_from(n).ok())
         .ok_or_else(|| format!("bad size {s:?}"))
+}
+
+/// A plain number is seconds (the old form); otherwise `humantime` ("90s", "2m", "1m30s").
+pub fn parse_secs(s: &str) -> Result<Duration, String> {
+    match s.parse::<u64>() {
+        Ok(n) => Ok(Duration::from_secs(n)),
+        Err(_) => humantime::parse_duration(s).map_err(|e| format!("bad duration {s:?}: {e}")),
+    }
 }
 
 pub fn error_code(name: &str) -> Result<Option<u32>, String> {
@@ -162,150 +116,270 @@ pub fn error_code(name: &str) -> Result<Option<u32>, String> {
     }))
 }
 
+/// What `--version` prints: the crate version and the commit it was built from.
+pub const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("NZC_GIT_COMMIT"),
+    ")"
+);
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum RoleArg {
+    /// Listen, publish the handle, accept, receive, verify.
+    Recv,
+    /// Wait for the handle, connect, send.
+    Send,
+    /// Both sides in one thread (connect/accept interleaved).
+    Loop,
+    /// Both directions at once with another bidir process: publish this side's
+    /// handle in --handle-file, connect to the one in --peer-handle-file, send to
+    /// the peer while receiving from it (a 2-rank ring step); BENCH lines for both.
+    Bidir,
+    /// A hostile peer: connects with --mode garbage|silent|bad-secret.
+    Stranger,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum MemArg {
+    Host,
+    Cuda,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum BaselineArg {
+    Tcp,
+    TcpOnewrite,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum ModeArg {
+    Garbage,
+    Silent,
+    BadSecret,
+}
+
+/// Drives the plugin (libnccl-net-zip.so) the way NCCL's proxy does.
+#[derive(Parser, Debug)]
+#[command(name = "nccl-zip-perf", version = VERSION, max_term_width = 100)]
+struct Cli {
+    /// recv|send need --handle-file; loop runs both sides in one thread.
+    #[arg(value_enum)]
+    role: RoleArg,
+    #[arg(long, value_name = "F")]
+    handle_file: Option<PathBuf>,
+    /// bidir: where the peer publishes its handle.
+    #[arg(long, value_name = "G")]
+    peer_handle_file: Option<PathBuf>,
+
+    // --- Schedule (both sides must agree)
+    /// Message sizes, cycled over --count messages (K/M/G suffixes: binary).
+    #[arg(long, value_name = "A,B,...", value_delimiter = ',', value_parser = parse_size, help_heading = "Schedule (both sides must agree)")]
+    sizes: Option<Vec<usize>>,
+    /// Seeded log-uniform random sizes, including MIN and MAX and odd sizes.
+    #[arg(
+        long,
+        value_name = "MIN:MAX",
+        help_heading = "Schedule (both sides must agree)"
+    )]
+    size_range: Option<String>,
+    /// Messages (with --bench: timed messages per size).
+    #[arg(
+        long,
+        default_value_t = 1000,
+        help_heading = "Schedule (both sides must agree)"
+    )]
+    count: usize,
+    #[arg(
+        long,
+        default_value_t = 1,
+        help_heading = "Schedule (both sides must agree)"
+    )]
+    seed: u64,
+    /// Payload: random|zero|bf16|fp16|fp32|file:PATH; float kinds are Gaussian values.
+    #[arg(
+        long,
+        default_value = "random",
+        help_heading = "Schedule (both sides must agree)"
+    )]
+    data: String,
+    /// Standard deviation of the Gaussian data.
+    #[arg(
+        long,
+        default_value_t = 0.02,
+        help_heading = "Schedule (both sides must agree)"
+    )]
+    sigma: f64,
+
+    // --- Receiver
+    /// Capacity posted with each irecv [default: the largest size].
+    #[arg(long, value_name = "N", value_parser = parse_size, help_heading = "Receiver")]
+    recv_size: Option<usize>,
+    /// Do not compare bytes (sizes are still checked).
+    #[arg(long, help_heading = "Receiver")]
+    no_verify: bool,
+
+    // --- Plugin driving
+    /// Memory the buffers live in and are registered as. cuda: device memory on CUDA
+    /// device 0 (NCCL_PTR_CUDA); with NCCL_ZIP_GPU_EMULATE=1|nokernels, host memory
+    /// registered NCCL_PTR_CUDA (no GPU needed).
+    #[arg(
+        long,
+        value_enum,
+        default_value = "host",
+        help_heading = "Plugin driving"
+    )]
+    mem: MemArg,
+    /// The .so to dlopen [default: ../lib/libnccl-net-zip.so from this binary, then
+    /// libnccl-net-zip.so and libnccl_net_zip.so beside it].
+    #[arg(long, value_name = "PATH", help_heading = "Plugin driving")]
+    plugin: Option<PathBuf>,
+    /// Device index.
+    #[arg(long, default_value_t = 0, help_heading = "Plugin driving")]
+    dev: i32,
+    /// Requests in flight, 1..32.
+    #[arg(long, default_value_t = 8, help_heading = "Plugin driving")]
+    inflight: usize,
+    /// Sleep when a poll made no progress (0: yield).
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = 0,
+        help_heading = "Plugin driving"
+    )]
+    poll_sleep_us: u64,
+
+    // --- Benchmark
+    /// Loop role: one message in flight, isend to recv done, per size (p50/p10/p99 us
+    /// over --count); with --baseline tcp, one non-blocking socket pair polled by the
+    /// same thread; --baseline tcp-onewrite: size and payload in one write and one read.
+    #[arg(long, help_heading = "Benchmark")]
+    latency: bool,
+    /// Per-size throughput (GB/s, Gbit/s); sizes from --sizes.
+    #[arg(long, help_heading = "Benchmark")]
+    bench: bool,
+    /// Untimed messages before each size.
+    #[arg(long, default_value_t = 8, help_heading = "Benchmark")]
+    warmup: usize,
+    /// Single-socket TCP (4-byte size + payload, TCP_NODELAY) instead of the plugin.
+    #[arg(long, value_enum, help_heading = "Benchmark")]
+    baseline: Option<BaselineArg>,
+    /// Baseline receiver address [default: first IPv4 of NCCL_SOCKET_IFNAME, else 127.0.0.1].
+    #[arg(long, value_name = "IP", help_heading = "Benchmark")]
+    bind: Option<String>,
+    /// Report /sys/class/net/IF/statistics bytes per size [default: NCCL_SOCKET_IFNAME if an interface].
+    #[arg(long, value_name = "IF", help_heading = "Benchmark")]
+    wire_iface: Option<String>,
+
+    // --- Checks
+    /// Threads and fds after all closes must equal those before init.
+    #[arg(long, help_heading = "Checks")]
+    check_leaks: bool,
+    /// Succeed only if a call returns that error: remote|invalid-usage|invalid-argument|system|internal|any.
+    #[arg(long, value_name = "ERR", help_heading = "Checks")]
+    expect_error: Option<String>,
+    /// File holding the trigger time (unix ns); errors report the delay from it.
+    #[arg(long, value_name = "F", help_heading = "Checks")]
+    trigger_file: Option<PathBuf>,
+    /// Hard limit for the whole run: seconds, or a duration such as 2m.
+    #[arg(long, value_name = "SECS", default_value = "120", value_parser = parse_secs, help_heading = "Checks")]
+    timeout: Duration,
+
+    // --- Stranger
+    #[arg(long, value_enum, help_heading = "Stranger")]
+    mode: Option<ModeArg>,
+    /// How long the stranger holds its connection, in ms.
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = 500,
+        help_heading = "Stranger"
+    )]
+    hold_ms: u64,
+}
+
 impl Opts {
+    /// Parses `args` (the program name first). `Err` is a usage error; `--help` and
+    /// `--version` print and exit 0 here, as clap does.
     pub fn parse(args: &[String]) -> Result<Opts, String> {
-        let role = match args.first().map(String::as_str) {
-            Some("recv") => Role::Recv,
-            Some("send") => Role::Send,
-            Some("loop") => Role::Loop,
-            Some("bidir") => Role::Bidir,
-            Some("stranger") => Role::Stranger,
-            Some(r) => return Err(format!("unknown role {r:?}")),
-            None => return Err("missing role".into()),
+        let c = match Cli::try_parse_from(args) {
+            Ok(c) => c,
+            Err(e) => e.exit(),
         };
-        let mut o = Opts {
-            role,
-            handle_file: None,
-            peer_handle_file: None,
-            plugin: None,
-            sizes: None,
-            size_range: None,
-            count: 1000,
-            seed: 1,
-            data: DataKind::Random,
-            data_file: None,
-            sigma: 0.02,
-            recv_size: None,
-            verify: true,
-            mem: MemKind::Host,
-            dev: 0,
-            inflight: 8,
-            poll_sleep_us: 0,
-            bench: false,
-            latency: false,
-            warmup: 8,
-            baseline_tcp: false,
-            one_write: false,
-            bind: None,
-            wire_iface: None,
-            check_leaks: false,
-            expect_error: None,
-            trigger_file: None,
-            timeout: Duration::from_secs(120),
-            mode: None,
-            hold: Duration::from_millis(500),
-        };
-        let mut it = args[1..].iter();
-        while let Some(a) = it.next() {
-            let mut val = || {
-                it.next()
-                    .cloned()
-                    .ok_or_else(|| format!("{a} needs a value"))
-            };
-            let num = |v: String| {
-                v.parse::<u64>()
-                    .map_err(|_| format!("{a}: bad number {v:?}"))
-            };
-            match a.as_str() {
-                "--handle-file" => o.handle_file = Some(val()?.into()),
-                "--peer-handle-file" => o.peer_handle_file = Some(val()?.into()),
-                "--plugin" => o.plugin = Some(val()?.into()),
-                "--sizes" => {
-                    o.sizes = Some(
-                        val()?
-                            .split(',')
-                            .map(parse_size)
-                            .collect::<Result<Vec<_>, _>>()?,
-                    )
+        let size_range = match &c.size_range {
+            None => None,
+            Some(v) => {
+                let (lo, hi) = v
+                    .split_once(':')
+                    .ok_or_else(|| format!("--size-range {v}: expected MIN:MAX"))?;
+                let (lo, hi) = (parse_size(lo)?, parse_size(hi)?);
+                if lo > hi {
+                    return Err(format!("--size-range {v}: MIN > MAX"));
                 }
-                "--size-range" => {
-                    let v = val()?;
-                    let (lo, hi) = v
-                        .split_once(':')
-                        .ok_or_else(|| format!("--size-range {v}: expected MIN:MAX"))?;
-                    let (lo, hi) = (parse_size(lo)?, parse_size(hi)?);
-                    if lo > hi {
-                        return Err(format!("--size-range {v}: MIN > MAX"));
-                    }
-                    o.size_range = Some((lo, hi));
-                }
-                "--count" => o.count = num(val()?)? as usize,
-                "--seed" => o.seed = num(val()?)?,
-                "--data" => {
-                    o.data = match val()?.as_str() {
-                        "random" => DataKind::Random,
-                        "zero" => DataKind::Zero,
-                        "bf16" => DataKind::Bf16,
-                        "fp16" => DataKind::Fp16,
-                        "fp32" => DataKind::Fp32,
-                        d if d.starts_with("file:") => {
-                            o.data_file = Some(d["file:".len()..].into());
-                            DataKind::File
-                        }
-                        d => {
-                            return Err(format!(
-                                "--data {d}: expected random|zero|bf16|fp16|fp32|file:PATH"
-                            ))
-                        }
-                    }
-                }
-                "--sigma" => {
-                    let v = val()?;
-                    o.sigma = v
-                        .parse()
-                        .ok()
-                        .filter(|s: &f64| *s > 0.0 && s.is_finite())
-                        .ok_or_else(|| format!("--sigma {v}: expected a positive number"))?
-                }
-                "--recv-size" => o.recv_size = Some(parse_size(&val()?)?),
-                "--no-verify" => o.verify = false,
-                "--mem" => {
-                    o.mem = match val()?.as_str() {
-                        "host" => MemKind::Host,
-                        "cuda" => MemKind::Cuda,
-                        m => return Err(format!("--mem {m}: expected host|cuda")),
-                    }
-                }
-                "--dev" => o.dev = num(val()?)? as i32,
-                "--inflight" => o.inflight = num(val()?)? as usize,
-                "--poll-sleep-us" => o.poll_sleep_us = num(val()?)?,
-                "--bench" => o.bench = true,
-                "--latency" => o.latency = true,
-                "--warmup" => o.warmup = num(val()?)? as usize,
-                "--baseline" => match val()?.as_str() {
-                    "tcp" => o.baseline_tcp = true,
-                    "tcp-onewrite" => (o.baseline_tcp, o.one_write) = (true, true),
-                    b => return Err(format!("--baseline {b}: expected tcp|tcp-onewrite")),
-                },
-                "--bind" => o.bind = Some(val()?),
-                "--wire-iface" => o.wire_iface = Some(val()?),
-                "--check-leaks" => o.check_leaks = true,
-                "--expect-error" => o.expect_error = Some(error_code(&val()?)?),
-                "--trigger-file" => o.trigger_file = Some(val()?.into()),
-                "--timeout" => o.timeout = Duration::from_secs(num(val()?)?),
-                "--mode" => {
-                    o.mode = Some(match val()?.as_str() {
-                        "garbage" => StrangerMode::Garbage,
-                        "silent" => StrangerMode::Silent,
-                        "bad-secret" => StrangerMode::BadSecret,
-                        m => return Err(format!("--mode {m}: expected garbage|silent|bad-secret")),
-                    })
-                }
-                "--hold-ms" => o.hold = Duration::from_millis(num(val()?)?),
-                "-h" | "--help" => return Err(String::new()),
-                _ => return Err(format!("unknown option {a:?}")),
+                Some((lo, hi))
             }
+        };
+        let (data, data_file) = match c.data.as_str() {
+            "random" => (DataKind::Random, None),
+            "zero" => (DataKind::Zero, None),
+            "bf16" => (DataKind::Bf16, None),
+            "fp16" => (DataKind::Fp16, None),
+            "fp32" => (DataKind::Fp32, None),
+            d if d.starts_with("file:") => (DataKind::File, Some(d["file:".len()..].into())),
+            d => {
+                return Err(format!(
+                    "--data {d}: expected random|zero|bf16|fp16|fp32|file:PATH"
+                ))
+            }
+        };
+        if !(c.sigma > 0.0 && c.sigma.is_finite()) {
+            return Err(format!("--sigma {}: expected a positive number", c.sigma));
         }
+        let o = Opts {
+            role: match c.role {
+                RoleArg::Recv => Role::Recv,
+                RoleArg::Send => Role::Send,
+                RoleArg::Loop => Role::Loop,
+                RoleArg::Bidir => Role::Bidir,
+                RoleArg::Stranger => Role::Stranger,
+            },
+            handle_file: c.handle_file,
+            peer_handle_file: c.peer_handle_file,
+            plugin: c.plugin,
+            sizes: c.sizes,
+            size_range,
+            count: c.count,
+            seed: c.seed,
+            data,
+            data_file,
+            sigma: c.sigma,
+            recv_size: c.recv_size,
+            verify: !c.no_verify,
+            mem: match c.mem {
+                MemArg::Host => MemKind::Host,
+                MemArg::Cuda => MemKind::Cuda,
+            },
+            dev: c.dev,
+            inflight: c.inflight,
+            poll_sleep_us: c.poll_sleep_us,
+            bench: c.bench,
+            latency: c.latency,
+            warmup: c.warmup,
+            baseline_tcp: c.baseline.is_some(),
+            one_write: c.baseline == Some(BaselineArg::TcpOnewrite),
+            bind: c.bind,
+            wire_iface: c.wire_iface,
+            check_leaks: c.check_leaks,
+            expect_error: c.expect_error.as_deref().map(error_code).transpose()?,
+            trigger_file: c.trigger_file,
+            timeout: c.timeout,
+            mode: c.mode.map(|m| match m {
+                ModeArg::Garbage => StrangerMode::Garbage,
+                ModeArg::Silent => StrangerMode::Silent,
+                ModeArg::BadSecret => StrangerMode::BadSecret,
+            }),
+            hold: Duration::from_millis(c.hold_ms),
+        };
         if !(1..=32).contains(&o.inflight) {
             return Err(format!("--inflight {}: must be 1..=32", o.inflight));
         }

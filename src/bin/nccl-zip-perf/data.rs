@@ -3,6 +3,7 @@
 //! (seed, message key) without talking to each other.
 
 use crate::cli::{DataKind, Opts};
+use rand_distr::{Distribution, Normal};
 
 /// One message of the schedule.
 #[derive(Clone, Copy, Debug)]
@@ -38,6 +39,31 @@ impl Rng {
     /// Uniform in (0, 1].
     fn unit(&mut self) -> f64 {
         ((self.next_u64() >> 11) + 1) as f64 / (1u64 << 53) as f64
+    }
+}
+
+/// So that `rand_distr` can draw from the same deterministic sequence on both sides.
+impl rand::RngCore for Rng {
+    fn next_u32(&mut self) -> u32 {
+        (self.next_u64() >> 32) as u32
+    }
+    fn next_u64(&mut self) -> u64 {
+        Rng::next_u64(self)
+    }
+    fn fill_bytes(&mut self, dest: &mut [u8]) {
+        rand_core_fill(self, dest)
+    }
+    fn try_fill_bytes(&mut self, dest: &mut [u8]) -> Result<(), rand::Error> {
+        rand_core_fill(self, dest);
+        Ok(())
+    }
+}
+
+fn rand_core_fill(r: &mut Rng, dest: &mut [u8]) {
+    for c in dest.chunks_mut(8) {
+        let b = r.next_u64().to_le_bytes();
+        let n = c.len();
+        c.copy_from_slice(&b[..n]);
     }
 }
 
@@ -104,11 +130,9 @@ pub fn fill(kind: DataKind, sigma: f64, seed: u64, key: u64, out: &mut [u8]) {
             let n = rest.len();
             rest.copy_from_slice(&last[..n]);
         }
+        // Round to nearest even, as a framework's fp32 → bf16 cast does.
         DataKind::Bf16 => floats(out, 2, &mut rng, sigma, |x| {
-            let b = (x as f32).to_bits();
-            // Round to nearest even, as a framework's fp32 → bf16 cast does.
-            let r = b.wrapping_add(0x7FFF + ((b >> 16) & 1)) >> 16;
-            (r as u16).to_le_bytes().to_vec()
+            half::bf16::from_f32(x as f32).to_le_bytes().to_vec()
         }),
         DataKind::Fp16 => floats(out, 2, &mut rng, sigma, |x| {
             f32_to_f16(x as f32).to_le_bytes().to_vec()
@@ -120,21 +144,11 @@ pub fn fill(kind: DataKind, sigma: f64, seed: u64, key: u64, out: &mut [u8]) {
     }
 }
 
-/// Gaussian values (Box–Muller) encoded by `enc`; a partial last element is cut.
+/// Gaussian values (`rand_distr::Normal`) encoded by `enc`; a partial last element is cut.
 fn floats(out: &mut [u8], width: usize, rng: &mut Rng, sigma: f64, enc: impl Fn(f64) -> Vec<u8>) {
-    let mut pending: Option<f64> = None;
+    let normal = Normal::new(0.0, sigma).expect("sigma is checked positive and finite in cli");
     for chunk in out.chunks_mut(width) {
-        let x = match pending.take() {
-            Some(x) => x,
-            None => {
-                let (u1, u2) = (rng.unit(), rng.unit());
-                let r = (-2.0 * u1.ln()).sqrt() * sigma;
-                let t = std::f64::consts::TAU * u2;
-                pending = Some(r * t.sin());
-                r * t.cos()
-            }
-        };
-        let b = enc(x);
+        let b = enc(normal.sample(rng));
         let n = chunk.len();
         chunk.copy_from_slice(&b[..n]);
     }
@@ -142,35 +156,7 @@ fn floats(out: &mut [u8], width: usize, rng: &mut Rng, sigma: f64, enc: impl Fn(
 
 /// IEEE binary16 with round-to-nearest-even, subnormals and infinities.
 pub fn f32_to_f16(x: f32) -> u16 {
-    let b = x.to_bits();
-    let sign = ((b >> 16) & 0x8000) as u16;
-    let exp = ((b >> 23) & 0xff) as i32;
-    let man = b & 0x7f_ffff;
-    if exp == 0xff {
-        return sign | 0x7c00 | if man != 0 { 0x200 } else { 0 };
-    }
-    let e = exp - 127 + 15;
-    if e >= 0x1f {
-        return sign | 0x7c00;
-    }
-    let round = |q: u32, rem: u32, half: u32| {
-        if rem > half || (rem == half && q & 1 == 1) {
-            q + 1
-        } else {
-            q
-        }
-    };
-    if e <= 0 {
-        let shift = (126 - exp) as u32; // >= 14
-        if shift > 24 {
-            return sign;
-        }
-        let full = man | 0x80_0000;
-        let q = round(full >> shift, full & ((1 << shift) - 1), 1 << (shift - 1));
-        return sign | q as u16;
-    }
-    let q = ((e as u32) << 10) | (man >> 13);
-    sign | round(q, man & 0x1fff, 0x1000) as u16
+    half::f16::from_f32(x).to_bits()
 }
 
 /// Message payloads. Each message is a window of one seeded table of
