@@ -14,18 +14,17 @@ use std::thread::JoinHandle;
 use socket2::Socket;
 use tracing::info;
 
+use std::io::Read;
+
 use super::core::{spawn_io, Core, RxLimits};
-use super::sock::{configure_data_socket, recv_exact, recv_exact_or_eof};
-use crate::codec_glue::ChunkDecoder;
+use super::sock::configure_data_socket;
+use super::stream::{Role, StreamRx, Want};
 use crate::config::Config;
 use crate::devpath::DevSide;
 use crate::error::{Error, Result};
 use crate::gpu::pool::Dir;
 use crate::gpu::Backend;
-use crate::proto::slots::NSLOTS;
-use crate::proto::slots::{Slot, Wait};
-use crate::proto::wire::{ChunkHeader, CHUNK_HEADER_SIZE};
-use crate::stats::Staging;
+use crate::proto::slots::{Slot, Wait, NSLOTS};
 
 pub struct RecvComm {
     core: Arc<Core>,
@@ -66,7 +65,7 @@ impl RecvComm {
         for i in 0..n {
             let c = core.clone();
             threads.push(spawn_io(format!("zip-recv{i}"), core.clone(), move || {
-                recv_loop(&c, i, max_wire, lanes)
+                recv_loop(&c, i, max_chunk, max_wire, lanes)
             })?);
         }
         info!("recv comm from {peer}: {n} streams and the inline stream");
@@ -106,20 +105,23 @@ impl RecvComm {
     }
 }
 
-fn recv_loop(core: &Core, stream: usize, max_wire: usize, lanes: usize) {
-    if let Err(e) = recv_chunks(core, stream, max_wire, lanes) {
+fn recv_loop(core: &Core, stream: usize, max_chunk: usize, max_wire: usize, lanes: usize) {
+    if let Err(e) = recv_chunks(core, stream, max_chunk, max_wire, lanes) {
         if !core.closing() {
             core.fail(e);
         }
     }
 }
 
-fn recv_chunks(core: &Core, stream: usize, max_wire: usize, lanes: usize) -> Result<()> {
-    let sock = &core.socks[stream];
-    let peer = core.peer;
-    let io_err = |e| Error::io(format!("receive from {peer} (stream {stream})"), e);
-    let mut staging = Staging::new(&core.stats.staging_bytes);
-    let mut decoder = ChunkDecoder::default();
+/// Drives stream `stream`'s receive machine ([`StreamRx`]) with blocking reads.
+fn recv_chunks(
+    core: &Core,
+    stream: usize,
+    max_chunk: usize,
+    max_wire: usize,
+    lanes: usize,
+) -> Result<()> {
+    let mut rx = StreamRx::new(Role::Data, core.peer, max_chunk);
     // Device chunks: a lane from the device's shared pool per chunk, taken only
     // after the chunk's header arrived (see gpu::pool on why that order matters).
     let mut dev_side = DevSide::new(
@@ -129,68 +131,64 @@ fn recv_chunks(core: &Core, stream: usize, max_wire: usize, lanes: usize) -> Res
         &core.stats.staging_bytes,
         || core.stopped(),
     );
+    let r = drive(core, stream, &mut rx, &mut dev_side);
+    rx.release(&core.stats);
+    r
+}
+
+fn drive(core: &Core, stream: usize, rx: &mut StreamRx, dev_side: &mut DevSide) -> Result<()> {
+    let sock = &core.socks[stream];
+    let peer = core.peer;
+    let io_err = |e| Error::io(format!("receive from {peer} (stream {stream})"), e);
+    let (ring, stats) = (&core.ring, &core.stats);
     loop {
-        let mut hb = [0u8; CHUNK_HEADER_SIZE];
-        if !recv_exact_or_eof(sock, &mut hb).map_err(io_err)? {
-            // Clean end between chunks.
-            core.stream_ended(stream);
-            return Ok(());
-        }
-        let h = ChunkHeader::decode(&hb, max_wire)?;
-        let slot = match core.ring.wait_posted(h.seq, stream, || core.stopped())? {
-            Wait::Posted(s) => s,
-            Wait::Stopped => return Ok(()),
-            Wait::Stalled(seq) => return Err(core.stalled(seq)),
-        };
-        let buf = core.admit(slot, &h)?;
-        let dev = core.devs[h.seq as usize % NSLOTS].lock().clone();
-        if let Some(b) = dev {
-            dev_side.receive(
-                &b,
-                |into| recv_exact(sock, into).map_err(io_err),
-                h.compressed(),
-                h.wire_len as usize,
-                (buf + h.offset as usize) as u64,
-                h.raw_len as usize,
-                &core.stats,
-            )?;
-        } else {
-            let dst: &mut [u8] = if h.raw_len == 0 {
-                &mut []
-            } else {
-                // SAFETY: the receive buffer holds `cap` >= total >= offset + raw_len
-                // bytes (checked above and in decode) and is ours until `test`
-                // reports done. Chunks of one message do not overlap (offsets come
-                // from one plan); a broken peer's that do fail the receive before it
-                // completes (`admit`), though their bytes may race into the buffer.
-                unsafe {
-                    std::slice::from_raw_parts_mut(
-                        (buf + h.offset as usize) as *mut u8,
-                        h.raw_len as usize,
-                    )
+        match rx.want(ring, core, stats)? {
+            Want::Read(buf) => {
+                let n = read_blocking(sock, buf).map_err(io_err)?;
+                if n == 0 {
+                    rx.eof()?;
+                    core.stream_ended(stream);
+                    return Ok(());
                 }
-            };
-            if h.compressed() {
-                let frame = staging.get(h.wire_len as usize);
-                recv_exact(sock, frame).map_err(io_err)?;
-                decoder.decode(frame, dst, &core.stats)?;
-            } else {
-                recv_exact(sock, dst).map_err(io_err)?;
+                rx.advance(n, ring, stats)?;
+                if rx.at_boundary() {
+                    core.maybe_report();
+                }
+            }
+            Want::Posted(seq) => match ring.wait_posted(seq, stream, || core.stopped())? {
+                Wait::Posted(_) => {}
+                Wait::Stopped => return Ok(()),
+                Wait::Stalled(seq) => return Err(core.stalled(seq)),
+            },
+            Want::Device(c) => {
+                let b = core.devs[c.seq as usize % NSLOTS]
+                    .lock()
+                    .clone()
+                    .ok_or_else(|| Error::Internal("device chunk without a device".into()))?;
+                dev_side.receive(
+                    &b,
+                    |into| {
+                        into.copy_from_slice(c.wire);
+                        Ok(())
+                    },
+                    c.compressed,
+                    c.wire.len(),
+                    c.dst,
+                    c.raw_len,
+                    stats,
+                )?;
+                rx.device_done(ring, stats)?;
             }
         }
-        core.stats.add(
-            if h.compressed() {
-                &core.stats.chunks_compressed
-            } else {
-                &core.stats.chunks_raw
-            },
-            1,
-        );
-        core.stats.add(&core.stats.wire_bytes, h.wire_len as u64);
-        core.stats.add(&core.stats.raw_bytes, h.raw_len as u64);
-        if slot.bytes_placed(h.raw_len as usize) {
-            core.stats.add(&core.stats.messages, 1);
-            core.maybe_report();
+    }
+}
+
+/// One blocking read (retried on EINTR); 0 at the end of the stream.
+fn read_blocking(mut s: &Socket, buf: &mut [u8]) -> std::io::Result<usize> {
+    loop {
+        match s.read(buf) {
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            r => return r,
         }
     }
 }
