@@ -83,6 +83,9 @@ pub struct Config {
     pub gpu_emulate: crate::gpu::Emulation,
     /// GPU lanes per device and direction, shared by all comms (`NCCL_ZIP_GPU_LANES`).
     pub gpu_lanes: usize,
+    /// Most process-wide TCP I/O workers (`NCCL_ZIP_IO_THREADS`; None: sized from
+    /// the affinity mask and the local ranks, see `transport::tcp::workers`).
+    pub io_threads: Option<usize>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -116,6 +119,7 @@ impl Default for Config {
             gpu: false,
             gpu_emulate: crate::gpu::Emulation::Off,
             gpu_lanes: 16,
+            io_threads: None,
         }
     }
 }
@@ -224,6 +228,7 @@ impl Config {
                 _ => return Err(bad("NCCL_SOCKET_FAMILY", &v, "AF_INET|AF_INET6")),
             };
         }
+        c.io_threads = num("NCCL_ZIP_IO_THREADS", 1, 256)?;
         if let Some(n) = num("NCCL_ZIP_GPU_LANES", 1, 256)? {
             c.gpu_lanes = n;
         }

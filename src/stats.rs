@@ -60,6 +60,8 @@ impl Stats {
 pub struct Held {
     pub comms: AtomicU64,
     pub io_threads: AtomicU64,
+    /// The process-wide I/O workers that drive every comm's data streams.
+    pub io_workers: AtomicU64,
     pub staging_bytes: AtomicU64,
     /// GPU lanes (pinned staging + CUDA stream) in the shared pools.
     pub gpu_lanes: AtomicU64,
@@ -70,6 +72,7 @@ pub struct Held {
 pub static HELD: Held = Held {
     comms: AtomicU64::new(0),
     io_threads: AtomicU64::new(0),
+    io_workers: AtomicU64::new(0),
     staging_bytes: AtomicU64::new(0),
     gpu_lanes: AtomicU64::new(0),
     decode_tables: AtomicU64::new(0),
@@ -78,9 +81,10 @@ pub static HELD: Held = Held {
 impl Held {
     pub fn summary(&self) -> String {
         format!(
-            "plugin holds {} comms, {} I/O threads, {} KiB staging, {} KiB decode tables, {} GPU lanes",
+            "plugin holds {} comms, {} I/O threads (+ {} shared workers), {} KiB staging, {} KiB decode tables, {} GPU lanes",
             self.comms.load(Relaxed),
             self.io_threads.load(Relaxed),
+            self.io_workers.load(Relaxed),
             self.staging_bytes.load(Relaxed) >> 10,
             self.decode_tables.load(Relaxed) >> 10,
             self.gpu_lanes.load(Relaxed)

@@ -57,10 +57,16 @@ fn many_comms_bounded_visible_and_released() {
     std::env::set_var("NCCL_ZIP_CHUNK_SIZE", CHUNK.to_string());
     let pairs: Vec<_> = (0..PAIRS).map(|_| pair()).collect();
     assert_eq!(HELD.comms.load(Relaxed), 2 * PAIRS as u64);
-    // Each comm runs one I/O thread per data stream (the inline stream is served
-    // by the caller's thread).
-    let threads = (2 * PAIRS * NSTREAMS) as u64;
+    // Each send comm runs one I/O thread per data stream (the inline stream is
+    // served by the caller's thread); receive comms run on the shared workers.
+    let threads = (PAIRS * NSTREAMS) as u64;
     wait_until("I/O threads", || HELD.io_threads.load(Relaxed) == threads);
+    let workers = HELD.io_workers.load(Relaxed) as usize;
+    assert!(
+        (1..=nccl_net_zip::transport::tcp::workers::count(None)).contains(&workers),
+        "{}",
+        HELD.summary()
+    );
 
     // Compressed and raw messages on every comm at once, from four threads.
     let msgs = vec![

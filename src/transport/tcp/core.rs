@@ -3,6 +3,7 @@
 
 use std::net::{Shutdown, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -33,8 +34,8 @@ pub struct RxLimits {
 
 pub struct Core {
     pub ring: Ring,
-    /// The data streams, one I/O thread each.
-    pub socks: Vec<Socket>,
+    /// The data streams (shared with whoever drives them).
+    pub socks: Vec<Arc<Socket>>,
     /// The inline stream, driven by NCCL's thread.
     pub inline: Inline,
     /// Receivers: the limits of inline messages (None: this is a sender).
@@ -86,7 +87,7 @@ impl Core {
         };
         let core = std::sync::Arc::new(Core {
             ring,
-            socks,
+            socks: socks.into_iter().map(Arc::new).collect(),
             inline,
             rx,
             devs: std::array::from_fn(|_| Mutex::new(None)),
@@ -229,7 +230,12 @@ impl Core {
     }
 
     pub fn shutdown(&self) {
-        for s in self.socks.iter().chain([self.inline.socket()]) {
+        for s in self
+            .socks
+            .iter()
+            .map(|s| &**s)
+            .chain([self.inline.socket()])
+        {
             let _ = s.shutdown(Shutdown::Both);
         }
     }

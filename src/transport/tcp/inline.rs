@@ -18,17 +18,14 @@
 
 use std::collections::VecDeque;
 use std::io::{self, IoSlice};
-use std::mem::MaybeUninit;
 use std::net::SocketAddr;
 
 use parking_lot::Mutex;
 use socket2::Socket;
 
 use super::core::{Core, RxLimits};
-use super::stream::{Role, StreamRx, Want};
-use crate::devpath::Lanes;
+use super::recv::{pump_rx, would_block, RxState};
 use crate::error::{Error, Result};
-use crate::gpu::pool::Dir;
 use crate::proto::slots::NSLOTS;
 use crate::proto::wire::{ChunkHeader, CHUNK_HEADER_SIZE};
 
@@ -42,26 +39,11 @@ struct Out {
     done: usize,
 }
 
-/// The receiver's side of the stream: the receive machine, and the lanes that
-/// move messages bound for device memory up from its staging.
-struct RxState {
-    rx: StreamRx,
-    lanes: Option<Lanes>,
-}
-
 pub struct Inline {
     sock: Socket,
     tx: Mutex<VecDeque<Out>>,
     /// Receivers only.
     rx: Option<Mutex<RxState>>,
-}
-
-/// Whether `e` means "try again later".
-fn would_block(e: &io::Error) -> bool {
-    matches!(
-        e.kind(),
-        io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
-    )
 }
 
 impl Inline {
@@ -73,12 +55,7 @@ impl Inline {
         Ok(Inline {
             sock,
             tx: Mutex::new(VecDeque::with_capacity(NSLOTS)),
-            rx: rx.map(|(peer, max_chunk)| {
-                Mutex::new(RxState {
-                    rx: StreamRx::new(Role::Inline, peer, max_chunk),
-                    lanes: None,
-                })
-            }),
+            rx: rx.map(|(peer, max_chunk)| Mutex::new(RxState::inline(peer, max_chunk))),
         })
     }
 
@@ -176,78 +153,11 @@ impl Inline {
         if core.inline_ended() || core.stopped() {
             return;
         }
-        if let Err(e) = self.rx_step(&mut st, core, lim) {
+        if let Err(e) = pump_rx(&self.sock, core, core.inline_producer(), &mut st, lim) {
             drop(st);
             if !core.closing() {
                 core.fail(e);
             }
         }
     }
-
-    /// Drives the receive machine ([`StreamRx`]) until the socket is empty or a
-    /// message must wait.
-    fn rx_step(&self, st: &mut RxState, core: &Core, lim: RxLimits) -> Result<()> {
-        let peer = core.peer;
-        let io_err = |e| Error::io(format!("receive from {peer} (inline stream)"), e);
-        let me = core.inline_producer();
-        let (ring, stats) = (&core.ring, &core.stats);
-        loop {
-            let want = st.rx.want(ring, core, stats)?;
-            if !matches!(want, Want::Posted(_)) {
-                ring.producer_waits(me, None);
-            }
-            match want {
-                Want::Read(buf) => match read_some(&self.sock, buf) {
-                    Ok(0) => {
-                        st.rx.eof()?;
-                        core.stream_ended(me);
-                        return Ok(());
-                    }
-                    Ok(n) => st.rx.advance(n, ring, stats)?,
-                    Err(e) if would_block(&e) => return Ok(()),
-                    Err(e) => return Err(io_err(e)),
-                },
-                // Not posted yet: the header waits, and so does the socket,
-                // unless no other stream can bring the pending receives.
-                Want::Posted(seq) => {
-                    return match ring.producer_waits(me, Some(seq)) {
-                        Some(seq) => Err(core.stalled(seq)),
-                        None => Ok(()),
-                    }
-                }
-                Want::Device(c) => {
-                    if c.raw_len > 0 {
-                        let b = core.devs[c.seq as usize % NSLOTS]
-                            .lock()
-                            .clone()
-                            .ok_or_else(|| {
-                                Error::Internal("device message without a device".into())
-                            })?;
-                        let lanes = st
-                            .lanes
-                            .get_or_insert_with(|| Lanes::new(Dir::Recv, lim.max_wire, lim.lanes));
-                        // Never wait for a lane, nor make one, on NCCL's thread (the
-                        // pool was prewarmed for this reader): all busy, try on the
-                        // next call.
-                        let Some(mut lane) = lanes.try_take(&b)? else {
-                            return Ok(());
-                        };
-                        lane.staging(c.raw_len)?.copy_from_slice(c.wire);
-                        lane.upload(c.dst, c.raw_len)?;
-                        stats.add(&stats.chunks_device, 1);
-                    }
-                    st.rx.device_done(ring, stats)?;
-                }
-            }
-        }
-    }
-}
-
-/// One non-blocking read.
-fn read_some(s: &Socket, buf: &mut [u8]) -> io::Result<usize> {
-    // SAFETY: u8 and MaybeUninit<u8> have the same layout, and recv only writes.
-    let b = unsafe {
-        std::slice::from_raw_parts_mut(buf.as_mut_ptr().cast::<MaybeUninit<u8>>(), buf.len())
-    };
-    s.recv_with_flags(b, libc::MSG_DONTWAIT)
 }

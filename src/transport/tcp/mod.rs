@@ -11,6 +11,7 @@ mod recv;
 mod send;
 pub mod sock;
 pub mod stream;
+pub mod workers;
 
 pub use connect::ConnectState;
 pub use listen::ListenComm;
