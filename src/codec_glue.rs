@@ -4,7 +4,7 @@
 use crate::adapt::{Decision, Policy};
 use crate::codec::{self, EncodeOptions};
 use crate::error::{Error, Result};
-use crate::stats::{Staging, Stats, HELD};
+use crate::stats::{add_codec_cpu, thread_cpu_ns, Staging, Stats, HELD};
 use std::sync::atomic::Ordering;
 
 /// Largest wire payload of one chunk whose uncompressed size is at most `max_chunk`.
@@ -47,10 +47,11 @@ impl Coder {
     /// back to the policy; `None` when the frame would not be smaller.
     pub fn compress(&self, src: &[u8], out: &mut [u8], stats: &Stats) -> Option<usize> {
         let out = out.get_mut(..codec::max_compressed_size(src.len()))?;
-        let t0 = now_ns();
+        let (t0, c0) = (now_ns(), thread_cpu_ns());
         let r = codec::compress(src, out, &self.opts);
         let ns = now_ns().saturating_sub(t0);
         stats.add(&stats.codec_ns, ns);
+        add_codec_cpu(stats, c0);
         match r {
             Ok(n) => {
                 self.policy.record(src.len(), n, ns);
@@ -125,10 +126,11 @@ fn decode_by(
     dst: &mut [u8],
     stats: &Stats,
 ) -> Result<()> {
-    let t0 = now_ns();
-    let n = decompress(frame, dst)
-        .map_err(|e| Error::Remote(format!("corrupt compressed chunk: {e}")))?;
+    let (t0, c0) = (now_ns(), thread_cpu_ns());
+    let n = decompress(frame, dst);
     stats.add(&stats.codec_ns, now_ns().saturating_sub(t0));
+    add_codec_cpu(stats, c0);
+    let n = n.map_err(|e| Error::Remote(format!("corrupt compressed chunk: {e}")))?;
     if n != dst.len() {
         return Err(Error::Remote(format!(
             "corrupt compressed chunk: decodes to {n} bytes, its header says {}",

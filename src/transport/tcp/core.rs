@@ -4,7 +4,6 @@
 use std::net::{Shutdown, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
 use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
@@ -262,28 +261,4 @@ impl Drop for Core {
         HELD.comms.fetch_sub(1, Relaxed);
         info!("{}", HELD.summary());
     }
-}
-
-/// Spawns a comm's I/O thread; a panic inside it fails the comm instead of
-/// unwinding into nothing.
-pub fn spawn_io(
-    name: String,
-    core: std::sync::Arc<Core>,
-    body: impl FnOnce() + Send + 'static,
-) -> Result<JoinHandle<()>> {
-    std::thread::Builder::new()
-        .name(name)
-        .spawn(move || {
-            HELD.io_threads.fetch_add(1, Relaxed);
-            if let Err(p) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(body)) {
-                let what = p
-                    .downcast_ref::<&str>()
-                    .map(|s| s.to_string())
-                    .or_else(|| p.downcast_ref::<String>().cloned())
-                    .unwrap_or_default();
-                core.fail(Error::Internal(format!("I/O thread panicked: {what}")));
-            }
-            HELD.io_threads.fetch_sub(1, Relaxed);
-        })
-        .map_err(|e| Error::io("spawn I/O thread", e))
 }

@@ -153,7 +153,14 @@ impl Inline {
         if core.inline_ended() || core.stopped() {
             return;
         }
-        if let Err(e) = pump_rx(&self.sock, core, core.inline_producer(), &mut st, lim) {
+        if let Err(e) = pump_rx(
+            &self.sock,
+            core,
+            core.inline_producer(),
+            &mut st,
+            lim,
+            usize::MAX,
+        ) {
             drop(st);
             if !core.closing() {
                 core.fail(e);

@@ -207,7 +207,7 @@ impl Driven for RxTask {
             return Next::Done;
         }
         loop {
-            let r = pump_rx(&self.sock, &core, self.who, st, self.lim);
+            let r = pump_rx(&self.sock, &core, self.who, st, self.lim, RUN_BUDGET);
             return match r {
                 Ok(Stop::Drained) => Next::Readable,
                 Ok(Stop::LaneBusy) => Next::Retry,
@@ -233,6 +233,9 @@ impl Driven for RxTask {
     }
 }
 
+/// Bytes a data stream reads in one run before its worker moves on to others.
+const RUN_BUDGET: usize = 1 << 20;
+
 /// Why [`pump_rx`] stopped.
 pub(super) enum Stop {
     /// The socket has nothing more now.
@@ -246,13 +249,17 @@ pub(super) enum Stop {
 }
 
 /// Drives stream `who`'s receive machine with non-blocking reads of `sock` until
-/// the socket is empty or a chunk must wait. Never blocks, never waits for a lane.
+/// the socket is empty, a chunk must wait, or about `budget` bytes were read (so
+/// that one busy stream does not hold its worker from the others; the socket
+/// still has bytes, so it is ready again at once). Never blocks, never waits for
+/// a lane.
 pub(super) fn pump_rx(
     sock: &Socket,
     core: &Core,
     who: usize,
     st: &mut RxState,
     lim: RxLimits,
+    mut budget: usize,
 ) -> Result<Stop> {
     let peer = core.peer;
     let io_err = |e| Error::io(format!("receive from {peer} (stream {who})"), e);
@@ -263,6 +270,10 @@ pub(super) fn pump_rx(
             ring.producer_waits(who, None);
         }
         match want {
+            // Out of budget only where the stream waits for bytes anyway (a staged
+            // device chunk must be placed first: no socket event would bring the
+            // stream back for it).
+            Want::Read(_) if budget == 0 => return Ok(Stop::Drained),
             Want::Read(buf) => match read_some(sock, buf) {
                 Ok(0) => {
                     st.rx.eof()?;
@@ -274,6 +285,7 @@ pub(super) fn pump_rx(
                     if st.rx.at_boundary() {
                         core.maybe_report();
                     }
+                    budget = budget.saturating_sub(n);
                 }
                 Err(e) if would_block(&e) => return Ok(Stop::Drained),
                 Err(e) => return Err(io_err(e)),

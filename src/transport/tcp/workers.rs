@@ -3,10 +3,11 @@
 //! machine, not the number of comms.
 //!
 //! epoll through `nix` (already a dependency, safe wrappers for epoll and
-//! eventfd): each stream is registered edge-free with `EPOLLONESHOT`, so exactly
-//! one worker runs it at a time and a stream is re-armed only when its driver
-//! asks for more bytes. A stream that cannot go on until its comm does something
-//! (a receive is posted) parks; the comm kicks it (an eventfd wakes the worker).
+//! eventfd): each stream is registered with `EPOLLONESHOT`, so exactly one worker
+//! runs it at a time and a stream is re-armed only when its driver asks for bytes
+//! (receive) or room (send). A stream that cannot go on until its comm does
+//! something (a receive is posted, a chunk queued) parks; the comm kicks it (an
+//! eventfd wakes the worker).
 //!
 //! How many: the CPUs this process may run on (its affinity mask), shared among
 //! the ranks of this node when the mask is not already theirs alone, at most 8,
@@ -31,6 +32,8 @@ use crate::stats::HELD;
 pub enum Next {
     /// Run again when the socket has bytes.
     Readable,
+    /// Run again when the socket takes bytes.
+    Writable,
     /// Run again when kicked ([`Registration::kick`]).
     Park,
     /// Run again soon (waits on a shared resource that has no wake-up, a GPU lane).
@@ -260,11 +263,15 @@ impl Worker {
                         }
                     };
                 match next {
-                    Next::Readable => {
+                    Next::Readable | Next::Writable => {
+                        let dir = if next == Next::Readable {
+                            EpollFlags::EPOLLIN
+                        } else {
+                            EpollFlags::EPOLLOUT
+                        };
                         // SAFETY: the task owns the fd and is alive (`task`).
                         let bfd = unsafe { BorrowedFd::borrow_raw(task.fd()) };
-                        let mut ev =
-                            EpollEvent::new(EpollFlags::EPOLLIN | EpollFlags::EPOLLONESHOT, id);
+                        let mut ev = EpollEvent::new(dir | EpollFlags::EPOLLONESHOT, id);
                         if self.tasks.lock().contains_key(&id) {
                             let _ = self.ep.modify(bfd, &mut ev);
                         }
