@@ -233,8 +233,10 @@ impl Driven for RxTask {
     }
 }
 
-/// Bytes a data stream reads in one run before its worker moves on to others.
-const RUN_BUDGET: usize = 1 << 20;
+/// Bytes a data stream reads in one run before its worker moves on to others:
+/// about one chunk, so that the codec work of one busy stream (decoding runs on
+/// the worker) does not keep the worker's other streams unread for long.
+const RUN_BUDGET: usize = 256 << 10;
 
 /// Why [`pump_rx`] stopped.
 pub(super) enum Stop {

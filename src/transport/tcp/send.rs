@@ -228,8 +228,10 @@ struct Coders {
     dev: Coder,
 }
 
-/// Bytes a data stream writes in one run before its worker moves on to others.
-const RUN_BUDGET: usize = 1 << 20;
+/// Bytes a data stream writes in one run before its worker moves on to others:
+/// about one chunk, so that the codec work of one busy stream (compression runs
+/// on the worker) does not keep the worker's other streams waiting for long.
+const RUN_BUDGET: usize = 256 << 10;
 
 /// A chunk on its way out: header, then `len` payload bytes, from NCCL's buffer at
 /// `nccl` or (None) from the stream's staging.
