@@ -43,6 +43,7 @@ Benchmark:
   --wire-iface IF        report /sys/class/net/IF/statistics bytes per size [NCCL_SOCKET_IFNAME if an interface]
 Checks:
   --check-leaks          threads and fds after all closes must equal those before init
+                         (the plugin's process-wide I/O workers, zip-io*, not counted)
   --expect-error remote|invalid-usage|invalid-argument|system|internal|any
                          succeed only if a call returns that error
   --trigger-file F       file holding the trigger time (unix ns); errors report the delay from it
