@@ -415,10 +415,7 @@ impl Policy {
     /// The static gate: the data compresses, and the codec (all threads) beats
     /// the link by [`COST_MARGIN`] when the user gave the link's speed.
     fn pays(&self, ratio: f64, codec_bps: f64) -> bool {
-        ratio >= MIN_RATIO
-            && self
-                .link_bps
-                .is_none_or(|l| codec_bps * self.parallel > l * COST_MARGIN)
+        gate(ratio, codec_bps * self.parallel, self.link_bps)
     }
 
     /// Feeds back one compressed chunk: `raw` bytes became `wire` bytes in
@@ -442,6 +439,13 @@ impl Policy {
     }
 }
 
+/// The static gate's rule, shared by [`Policy`] and [`predicted_speedup`]: the
+/// data compresses, and, where the link's speed is known, the codec on all its
+/// threads (`codec_total_bps`) beats the link by [`COST_MARGIN`].
+fn gate(ratio: f64, codec_total_bps: f64, link_bps: Option<f64>) -> bool {
+    ratio >= MIN_RATIO && link_bps.is_none_or(|l| codec_total_bps > l * COST_MARGIN)
+}
+
 /// The static cost model's prediction of the speedup over raw, for tools that
 /// answer "will it help?" before a job runs (`nccl-zip probe`): the same rule as
 /// [`Policy`]'s gate. `codec_bps`: one thread's codec throughput (bytes per
@@ -457,7 +461,7 @@ pub fn predicted_speedup(
     link_bps: f64,
 ) -> f64 {
     let c = codec_bps * streams.max(1).min(cores.max(1)) as f64;
-    if link_bps <= 0.0 || !Policy::pays(ratio, c, link_bps) {
+    if link_bps <= 0.0 || !gate(ratio, c, Some(link_bps)) {
         return 1.0;
     }
     c.min(link_bps * ratio) / link_bps

@@ -4,7 +4,7 @@
 use crate::adapt::{Decision, Policy};
 use crate::codec::{self, EncodeOptions};
 use crate::error::{Error, Result};
-use crate::stats::{Staging, Stats, HELD};
+use crate::stats::{add_codec_cpu, thread_cpu_ns, Staging, Stats, HELD};
 use std::sync::atomic::Ordering;
 
 /// Largest wire payload of one chunk whose uncompressed size is at most `max_chunk`.
@@ -51,6 +51,7 @@ impl Coder {
         let r = codec::compress(src, out, &self.opts);
         let ns = now_ns().saturating_sub(t0);
         stats.add(&stats.codec_ns, ns);
+        add_codec_cpu(stats, c0);
         match r {
             Ok(n) => {
                 // The policy wants the codec's CPU time: wall time also counts
@@ -129,10 +130,11 @@ fn decode_by(
     dst: &mut [u8],
     stats: &Stats,
 ) -> Result<()> {
-    let t0 = now_ns();
-    let n = decompress(frame, dst)
-        .map_err(|e| Error::Remote(format!("corrupt compressed chunk: {e}")))?;
+    let (t0, c0) = (now_ns(), thread_cpu_ns());
+    let n = decompress(frame, dst);
     stats.add(&stats.codec_ns, now_ns().saturating_sub(t0));
+    add_codec_cpu(stats, c0);
+    let n = n.map_err(|e| Error::Remote(format!("corrupt compressed chunk: {e}")))?;
     if n != dst.len() {
         return Err(Error::Remote(format!(
             "corrupt compressed chunk: decodes to {n} bytes, its header says {}",
@@ -140,20 +142,6 @@ fn decode_by(
         )));
     }
     Ok(())
-}
-
-/// This thread's CPU time in ns (0 if the clock cannot be read).
-pub(crate) fn thread_cpu_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes one timespec into `ts`, which outlives the call.
-    let r = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    if r != 0 {
-        return 0;
-    }
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 /// Monotonic wall-clock ns.

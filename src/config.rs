@@ -95,6 +95,9 @@ pub struct Config {
     /// NCCL's `NCCL_DMABUF_ENABLE` (default 1): whether NCCL itself registers GPU
     /// buffers through DMA-BUF.
     pub nccl_dmabuf_enable: bool,
+    /// Most process-wide TCP I/O workers (`NCCL_ZIP_IO_THREADS`; None: sized from
+    /// the affinity mask and the local ranks, see `transport::tcp::workers`).
+    pub io_threads: Option<usize>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -133,6 +136,7 @@ impl Default for Config {
             gpu_zerocopy: false,
             gpu_force_nvrtc: false,
             nccl_dmabuf_enable: true,
+            io_threads: None,
         }
     }
 }
@@ -286,6 +290,7 @@ impl Config {
                 _ => return Err(bad("NCCL_SOCKET_FAMILY", &v, "AF_INET|AF_INET6")),
             };
         }
+        c.io_threads = int("NCCL_ZIP_IO_THREADS", 1, 256, "a number")?.map(|n| n as usize);
         if let Some(n) = int("NCCL_ZIP_GPU_LANES", 1, 256, "a number")? {
             c.gpu_lanes = n as usize;
         }
@@ -374,6 +379,7 @@ impl Config {
         field!("NCCL_ZIP_GPU_ZEROCOPY", gpu_zerocopy);
         field!("NCCL_ZIP_GPU_FORCE_NVRTC", gpu_force_nvrtc);
         field!("NCCL_DMABUF_ENABLE", nccl_dmabuf_enable);
+        field!("NCCL_ZIP_IO_THREADS", io_threads);
         out
     }
 }

@@ -21,6 +21,8 @@ pub struct Stats {
     pub chunks_device: AtomicU64,
     /// Time spent in the codec, nanoseconds.
     pub codec_ns: AtomicU64,
+    /// CPU time the host codec took on the threads that ran it, nanoseconds.
+    pub codec_cpu_ns: AtomicU64,
     /// Bytes of staging memory this comm's threads hold now.
     pub staging_bytes: AtomicU64,
 }
@@ -39,7 +41,7 @@ impl Stats {
             1.0
         };
         format!(
-            "messages {} raw {} B wire {} B ratio {:.3} chunks compressed {} raw {} (bypass {}, inline {}, device {}) codec {:.1} ms staging {} KiB",
+            "messages {} raw {} B wire {} B ratio {:.3} chunks compressed {} raw {} (bypass {}, inline {}, device {}) codec {:.1} ms (CPU {:.1} ms) staging {} KiB",
             self.messages.load(Relaxed),
             raw,
             wire,
@@ -50,6 +52,7 @@ impl Stats {
             self.chunks_inline.load(Relaxed),
             self.chunks_device.load(Relaxed),
             self.codec_ns.load(Relaxed) as f64 / 1e6,
+            self.codec_cpu_ns.load(Relaxed) as f64 / 1e6,
             self.staging_bytes.load(Relaxed) >> 10
         )
     }
@@ -60,32 +63,87 @@ impl Stats {
 pub struct Held {
     pub comms: AtomicU64,
     pub io_threads: AtomicU64,
+    /// The process-wide I/O workers that drive every comm's data streams.
+    pub io_workers: AtomicU64,
     pub staging_bytes: AtomicU64,
     /// GPU lanes (pinned staging + CUDA stream) in the shared pools.
     pub gpu_lanes: AtomicU64,
     /// Decode tables the receivers keep across chunks (`codec_glue::ChunkDecoder`).
     pub decode_tables: AtomicU64,
+    /// CPU time the host codec took, all comms together, nanoseconds (only grows).
+    pub codec_cpu_ns: AtomicU64,
 }
 
 pub static HELD: Held = Held {
     comms: AtomicU64::new(0),
     io_threads: AtomicU64::new(0),
+    io_workers: AtomicU64::new(0),
     staging_bytes: AtomicU64::new(0),
     gpu_lanes: AtomicU64::new(0),
     decode_tables: AtomicU64::new(0),
+    codec_cpu_ns: AtomicU64::new(0),
 };
 
 impl Held {
+    /// Bytes of memory the plugin's pools and comms hold for data: staging and
+    /// decode tables (GPU lanes are counted apart, as lanes).
+    pub fn pool_bytes(&self) -> u64 {
+        self.staging_bytes.load(Relaxed) + self.decode_tables.load(Relaxed)
+    }
+
     pub fn summary(&self) -> String {
         format!(
-            "plugin holds {} comms, {} I/O threads, {} KiB staging, {} KiB decode tables, {} GPU lanes",
+            "plugin holds {} comms, {} I/O threads (+ {} shared workers), {} KiB staging, {} KiB decode tables, {} GPU lanes; codec CPU {:.3} s; process {} threads, {} fds",
             self.comms.load(Relaxed),
             self.io_threads.load(Relaxed),
+            self.io_workers.load(Relaxed),
             self.staging_bytes.load(Relaxed) >> 10,
             self.decode_tables.load(Relaxed) >> 10,
-            self.gpu_lanes.load(Relaxed)
+            self.gpu_lanes.load(Relaxed),
+            self.codec_cpu_ns.load(Relaxed) as f64 / 1e9,
+            process_threads().map_or("?".into(), |n| n.to_string()),
+            open_fds().map_or("?".into(), |n| n.to_string()),
         )
     }
+}
+
+/// Threads of this process (`Threads:` in /proc/self/status).
+pub fn process_threads() -> Option<u64> {
+    proc_status_field("Threads:")
+}
+
+/// Resident memory of this process in KiB (`VmRSS:` in /proc/self/status).
+pub fn process_rss_kib() -> Option<u64> {
+    proc_status_field("VmRSS:")
+}
+
+fn proc_status_field(key: &str) -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = s.lines().find(|l| l.starts_with(key))?;
+    line[key.len()..].split_whitespace().next()?.parse().ok()
+}
+
+/// File descriptors this process has open (entries of /proc/self/fd, less the
+/// one reading it).
+pub fn open_fds() -> Option<u64> {
+    let n = std::fs::read_dir("/proc/self/fd").ok()?.count() as u64;
+    Some(n.saturating_sub(1))
+}
+
+/// CPU time of the calling thread, nanoseconds.
+pub fn thread_cpu_ns() -> u64 {
+    use nix::time::{clock_gettime, ClockId};
+    clock_gettime(ClockId::CLOCK_THREAD_CPUTIME_ID)
+        .map(|t| t.tv_sec() as u64 * 1_000_000_000 + t.tv_nsec() as u64)
+        .unwrap_or(0)
+}
+
+/// Adds the CPU time since `t0` (from [`thread_cpu_ns`]) to a comm's codec
+/// counter and the plugin's.
+pub fn add_codec_cpu(stats: &Stats, t0: u64) {
+    let d = thread_cpu_ns().saturating_sub(t0);
+    stats.codec_cpu_ns.fetch_add(d, Relaxed);
+    HELD.codec_cpu_ns.fetch_add(d, Relaxed);
 }
 
 /// `n` bytes of staging memory held elsewhere (pinned or device-mapped), counted in

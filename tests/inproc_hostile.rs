@@ -1,41 +1,56 @@
 //! A hostile or broken peer on the TCP data path, made by hand: whatever it sends,
-//! a pending receive never hangs, never panics the process, and is never reported
-//! complete with bytes that did not come. Each case ends with the receive's
-//! `test()` failing within 10 s with a remote error (`ncclRemoteError`), except a
-//! message larger than the posted buffer, which docs/PROTOCOL.md §3 makes an
-//! invalid usage naming both sizes. The peer keeps every stream open unless the
-//! case is about closing, so a failure comes from the rule it breaks, not from
-//! the close. A panic in an I/O thread would surface as an internal error, so the
-//! exact error variant checked below also proves there was none.
+//! a pending receive never hangs, never panics, and is never reported complete
+//! with bytes that did not come. Each case ends with the receive's `test()`
+//! failing with a remote error (`ncclRemoteError`), except a message larger than
+//! the posted buffer, which docs/PROTOCOL.md §3 makes an invalid usage naming both
+//! sizes. The peer keeps every stream open unless the case is about closing, so a
+//! failure comes from the rule it breaks, not from the close.
 //!
-//! The receiver runs with NCCL_ZIP_COMPRESS=off: it decodes compressed chunks
-//! whatever its own setting (`recv.rs` decodes on the chunk's flag alone), which
-//! the positive control shows.
+//! Most cases feed the streams' receive machines (`transport::tcp::stream`)
+//! directly, through `stream_util::Rx`: no sockets, no threads, no deadline; the
+//! receive must have failed as soon as the bytes are in. A few (`e2e_*`) run the
+//! same rules through a real receive comm over loopback sockets (I/O threads, and
+//! the inline stream read by `test`), where a panic in an I/O thread would surface
+//! as an internal error, so the exact error variant checked also proves there was
+//! none.
+//!
+//! The receiver decodes compressed chunks whatever its own setting (on the
+//! chunk's flag alone), which the positive controls show (the real comm runs
+//! with NCCL_ZIP_COMPRESS=off).
 
 mod inproc_util;
+mod stream_util;
 
 use std::io::Write;
-use std::net::{Shutdown, TcpStream};
-use std::time::Duration;
+use std::net::Shutdown;
 
-use inproc_util::{bf16_gaussian, hdr, post, raw_peer, send, send_raw, wait};
+use inproc_util::{bf16_gaussian, hdr, post, raw_peer, wait};
 use nccl_net_zip::error::Error;
-use nccl_net_zip::proto::wire::FLAG_COMPRESSED;
+use nccl_net_zip::proto::wire::{ChunkHeader, FLAG_COMPRESSED};
 use nccl_zip_codec::{compress, frame_info, max_compressed_size, EncodeOptions};
-
-/// The sender's chunk size that `raw_peer` announces in its hello.
-const MAX_CHUNK: usize = 1 << 20;
-/// The inline stream's index in `raw_peer`'s sockets (after the two data streams).
-const INLINE: usize = 2;
+use stream_util::{test, Rx, INLINE, MAX_CHUNK};
 
 fn setup() {
     std::env::set_var("NCCL_ZIP_COMPRESS", "off");
 }
 
+/// The peer writes chunk header `h` and `payload` on stream `st`.
+fn send(rx: &mut Rx, st: usize, h: ChunkHeader, payload: &[u8]) {
+    rx.feed(st, &h.encode());
+    rx.feed(st, payload);
+}
+
+/// Message `seq`, `payload` whole, as one raw chunk on stream `st`.
+fn send_raw(rx: &mut Rx, st: usize, seq: u64, payload: &[u8]) {
+    let n = payload.len();
+    send(rx, st, hdr(0, seq, n, 0, n, n), payload);
+}
+
 /// Message `seq` of `total` bytes: the chunk at `offset`, compressed as `frame`
-/// (which decodes to `raw_len` bytes if it is valid).
+/// (which decodes to `raw_len` bytes if it is valid), on stream `st`.
 fn send_frame(
-    sock: &mut TcpStream,
+    rx: &mut Rx,
+    st: usize,
     seq: u64,
     total: usize,
     offset: usize,
@@ -43,7 +58,7 @@ fn send_frame(
     frame: &[u8],
 ) {
     let h = hdr(FLAG_COMPRESSED, seq, total, offset, raw_len, frame.len());
-    send(sock, h, frame);
+    send(rx, st, h, frame);
 }
 
 /// A valid frame of `src` that is really coded (a block frame, smaller than `src`).
@@ -59,17 +74,20 @@ fn frame_of(src: &[u8]) -> Vec<u8> {
     f
 }
 
-/// Connects a hand-made peer, posts one receive of `cap` bytes, lets `peer` write
-/// on the streams (data 0, data 1, inline), and returns how the receive ended: it
-/// must fail within 10 s, never complete. The streams stay open until then.
-fn hostile(cap: usize, peer: impl FnOnce(&mut [TcpStream])) -> Error {
-    let (r, mut socks) = raw_peer();
+/// Posts one receive of `cap` bytes, lets `peer` write on the streams (data 0,
+/// data 1, inline) of a receiver fed directly, and returns how the receive ended:
+/// it must have failed once the peer's bytes are in, with nothing written into
+/// the buffer past what a chunk admitted for it could.
+fn hostile(cap: usize, peer: impl FnOnce(&mut Rx)) -> Error {
+    let mut rx = Rx::default();
     let mut buf = vec![0xEEu8; cap];
-    let rq = post(&r, &mut buf);
-    peer(&mut socks);
-    let err = wait(rq).expect_err("a receive completed with bytes that never came");
-    drop(socks);
-    err
+    let rq = rx.post_buf(&mut buf);
+    peer(&mut rx);
+    match test(rq) {
+        None => panic!("the receive is still pending after the peer's last byte"),
+        Some(Ok(n)) => panic!("a receive completed with {n} bytes that never came"),
+        Some(Err(e)) => e,
+    }
 }
 
 /// `err` is a remote error whose message contains `why`.
@@ -82,32 +100,55 @@ fn assert_remote(err: &Error, why: &str, case: &str) {
 
 #[test]
 fn control_a_valid_compressed_message_is_delivered_bit_exact() {
-    setup();
-    let (r, mut socks) = raw_peer();
     // 192 KiB in two compressed chunks on the two data streams, the second first.
     let msg = bf16_gaussian(7, 192 << 10, 0.02);
     let (a, b) = msg.split_at(128 << 10);
+    let mut rx = Rx::default();
     let mut buf = vec![0xEEu8; 256 << 10];
-    let rq = post(&r, &mut buf);
-    send_frame(&mut socks[1], 0, msg.len(), a.len(), b.len(), &frame_of(b));
-    send_frame(&mut socks[0], 0, msg.len(), 0, a.len(), &frame_of(a));
-    assert_eq!(wait(rq).unwrap(), msg.len(), "test() reports the true size");
+    let rq = rx.post_buf(&mut buf);
+    send_frame(&mut rx, 1, 0, msg.len(), a.len(), b.len(), &frame_of(b));
+    assert!(test(rq).is_none(), "half a message is not a message");
+    send_frame(&mut rx, 0, 0, msg.len(), 0, a.len(), &frame_of(a));
+    assert_eq!(
+        test(rq).unwrap().unwrap(),
+        msg.len(),
+        "test() reports the true size"
+    );
     assert!(buf[..msg.len()] == msg[..], "the message differs");
     assert!(
         buf[msg.len()..].iter().all(|&x| x == 0xEE),
         "wrote past its end"
     );
-    let st = r.stats();
-    assert_eq!(
-        st.chunks_compressed
-            .load(std::sync::atomic::Ordering::Relaxed),
-        2
-    );
+    let n = rx
+        .stats
+        .chunks_compressed
+        .load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(n, 2);
+}
+
+#[test]
+fn control_a_header_fed_byte_by_byte_waits_for_its_receive() {
+    // Bytes arrive one at a time, before the receive is posted: the stream holds
+    // them back (a socket would), and delivers once the receive is there.
+    let msg: Vec<u8> = (0..5000u32).map(|i| (i * 7) as u8).collect();
+    let mut wire = hdr(0, 0, msg.len(), 0, msg.len(), msg.len())
+        .encode()
+        .to_vec();
+    wire.extend_from_slice(&msg);
+    let mut rx = Rx::default();
+    for b in &wire {
+        rx.feed(0, std::slice::from_ref(b));
+    }
+    assert_eq!(rx.queued(0), msg.len(), "the payload waits for its receive");
+    let mut buf = vec![0xEEu8; 8192];
+    let rq = rx.post_buf(&mut buf);
+    assert_eq!(test(rq).unwrap().unwrap(), msg.len());
+    assert_eq!(&buf[..msg.len()], &msg[..]);
+    assert!(rx.error().is_none());
 }
 
 #[test]
 fn case01_corrupt_compressed_frames_fail_the_receive() {
-    setup();
     let msg = bf16_gaussian(1, 128 << 10, 0.02);
     let good = frame_of(&msg);
     let nb = frame_info(&good).unwrap().blocks as usize;
@@ -172,7 +213,7 @@ fn case01_corrupt_compressed_frames_fail_the_receive() {
     ));
     for (what, frame, raw_len) in cases {
         let err = hostile(256 << 10, |s| {
-            send_frame(&mut s[0], 0, raw_len, 0, raw_len, &frame);
+            send_frame(s, 0, 0, raw_len, 0, raw_len, &frame);
         });
         assert_remote(&err, "corrupt compressed chunk", what);
     }
@@ -180,9 +221,8 @@ fn case01_corrupt_compressed_frames_fail_the_receive() {
 
 #[test]
 fn case02_chunk_past_the_end_of_its_message() {
-    setup();
     let err = hostile(4096, |s| {
-        send(&mut s[0], hdr(0, 0, 100, 64, 64, 64), &[7; 64]);
+        send(s, 0, hdr(0, 0, 100, 64, 64, 64), &[7; 64]);
     });
     assert_remote(
         &err,
@@ -193,12 +233,12 @@ fn case02_chunk_past_the_end_of_its_message() {
 
 #[test]
 fn case03_compressed_chunk_larger_than_the_bound() {
-    setup();
     let bound = max_compressed_size(MAX_CHUNK);
     let err = hostile(MAX_CHUNK, |s| {
         // The header alone must be refused: nothing of the payload is sent.
         send(
-            &mut s[0],
+            s,
+            0,
             hdr(FLAG_COMPRESSED, 0, MAX_CHUNK, 0, MAX_CHUNK, bound + 1),
             &[],
         );
@@ -212,14 +252,9 @@ fn case03_compressed_chunk_larger_than_the_bound() {
 
 #[test]
 fn case04_raw_chunk_whose_wire_length_differs() {
-    setup();
     for (what, wire_len) in [("wire_len > raw_len", 65), ("wire_len < raw_len", 63)] {
         let err = hostile(4096, |s| {
-            send(
-                &mut s[0],
-                hdr(0, 0, 64, 0, 64, wire_len),
-                &vec![1; wire_len],
-            );
+            send(s, 0, hdr(0, 0, 64, 0, 64, wire_len), &vec![1; wire_len]);
         });
         assert_remote(&err, "raw chunk whose wire length differs", what);
     }
@@ -227,29 +262,28 @@ fn case04_raw_chunk_whose_wire_length_differs() {
 
 #[test]
 fn case05_chunks_of_one_message_state_different_sizes() {
-    setup();
     let err = hostile(4096, |s| {
-        send(&mut s[0], hdr(0, 0, 200, 0, 100, 100), &[1; 100]);
-        std::thread::sleep(Duration::from_millis(20)); // the first is placed first
-        send(&mut s[1], hdr(0, 0, 150, 100, 50, 50), &[2; 50]);
+        send(s, 0, hdr(0, 0, 200, 0, 100, 100), &[1; 100]);
+        send(s, 1, hdr(0, 0, 150, 100, 50, 50), &[2; 50]);
     });
     assert_remote(&err, "message size 150 after 200", "two totals");
 }
 
 #[test]
 fn case06_a_sequence_number_already_completed() {
-    setup();
-    let (r, mut socks) = raw_peer();
+    let mut rx = Rx::default();
     let m0: Vec<u8> = (0..100u8).collect();
     let mut b0 = vec![0xEEu8; 256];
     let mut b1 = vec![0xEEu8; 256];
-    let rq0 = post(&r, &mut b0);
-    send_raw(&mut socks[0], 0, &m0);
-    assert_eq!(wait(rq0).unwrap(), m0.len());
+    let rq0 = rx.post_buf(&mut b0);
+    send_raw(&mut rx, 0, 0, &m0);
+    assert_eq!(test(rq0).unwrap().unwrap(), m0.len());
     assert_eq!(&b0[..m0.len()], &m0[..]);
-    let rq1 = post(&r, &mut b1);
-    send_raw(&mut socks[1], 0, &[9; 100]); // message 0 again
-    let err = wait(rq1).expect_err("a receive completed with a replayed message");
+    let rq1 = rx.post_buf(&mut b1);
+    send_raw(&mut rx, 1, 0, &[9; 100]); // message 0 again
+    let err = test(rq1)
+        .expect("the receive is still pending")
+        .expect_err("a receive completed with a replayed message");
     assert_remote(
         &err,
         "chunk for message 0, which is not expected",
@@ -260,30 +294,26 @@ fn case06_a_sequence_number_already_completed() {
         "the replay landed in receive 1"
     );
     assert_eq!(&b0[..m0.len()], &m0[..], "the replay overwrote receive 0");
-    drop(socks);
 }
 
 #[test]
 fn case07_chunk_header_with_bad_magic() {
-    setup();
     let err = hostile(4096, |s| {
         let mut h = hdr(0, 0, 64, 0, 64, 64).encode();
         h[0] ^= 0xFF;
-        s[0].write_all(&h).unwrap();
-        s[0].write_all(&[3; 64]).unwrap();
+        s.feed(0, &h);
+        s.feed(0, &[3; 64]);
     });
     assert_remote(&err, "bad chunk magic", "bad magic");
 }
 
 #[test]
 fn case08_peer_closes_part_way_through_a_chunk() {
-    setup();
     // Half a raw payload on a data stream, then that stream (only) is closed.
     let err = hostile(4096, |s| {
-        s[0].write_all(&hdr(0, 0, 1000, 0, 1000, 1000).encode())
-            .unwrap();
-        s[0].write_all(&[5; 500]).unwrap();
-        s[0].shutdown(Shutdown::Write).unwrap();
+        s.feed(0, &hdr(0, 0, 1000, 0, 1000, 1000).encode());
+        s.feed(0, &[5; 500]);
+        s.shutdown(0);
     });
     assert_remote(
         &err,
@@ -294,25 +324,22 @@ fn case08_peer_closes_part_way_through_a_chunk() {
     let frame = frame_of(&bf16_gaussian(3, 64 << 10, 0.02));
     let err = hostile(64 << 10, |s| {
         let h = hdr(FLAG_COMPRESSED, 0, 64 << 10, 0, 64 << 10, frame.len());
-        s[1].write_all(&h.encode()).unwrap();
-        s[1].write_all(&frame[..frame.len() / 2]).unwrap();
-        s[1].shutdown(Shutdown::Write).unwrap();
+        s.feed(1, &h.encode());
+        s.feed(1, &frame[..frame.len() / 2]);
+        s.shutdown(1);
     });
     assert_remote(&err, "closed the connection mid-message", "half a frame");
     // Half a chunk header.
     let err = hostile(4096, |s| {
-        s[0].write_all(&hdr(0, 0, 64, 0, 64, 64).encode()[..16])
-            .unwrap();
-        s[0].shutdown(Shutdown::Write).unwrap();
+        s.feed(0, &hdr(0, 0, 64, 0, 64, 64).encode()[..16]);
+        s.shutdown(0);
     });
     assert_remote(&err, "closed the connection mid-message", "half a header");
     // Half an inline message.
     let err = hostile(4096, |s| {
-        s[INLINE]
-            .write_all(&hdr(0, 0, 1000, 0, 1000, 1000).encode())
-            .unwrap();
-        s[INLINE].write_all(&[5; 500]).unwrap();
-        s[INLINE].shutdown(Shutdown::Write).unwrap();
+        s.feed(INLINE, &hdr(0, 0, 1000, 0, 1000, 1000).encode());
+        s.feed(INLINE, &[5; 500]);
+        s.shutdown(INLINE);
     });
     assert_remote(
         &err,
@@ -323,22 +350,21 @@ fn case08_peer_closes_part_way_through_a_chunk() {
 
 #[test]
 fn case09_inline_stream_gets_what_only_data_streams_carry() {
-    setup();
     let msg = bf16_gaussian(9, 64 << 10, 0.02);
     let frame = frame_of(&msg);
     let err = hostile(64 << 10, |s| {
-        send_frame(&mut s[INLINE], 0, msg.len(), 0, msg.len(), &frame);
+        send_frame(s, INLINE, 0, msg.len(), 0, msg.len(), &frame);
     });
     assert_remote(&err, "is not one raw chunk", "compressed inline chunk");
     let err = hostile(4096, |s| {
         // One raw chunk of a 200-byte message, but not the whole of it.
-        send(&mut s[INLINE], hdr(0, 0, 200, 0, 100, 100), &[1; 100]);
+        send(s, INLINE, hdr(0, 0, 200, 0, 100, 100), &[1; 100]);
     });
     assert_remote(&err, "is not one raw chunk", "partial inline chunk");
     let err = hostile(2 * MAX_CHUNK, |s| {
         // Refused on its header: the payload never needs to come.
         let n = MAX_CHUNK + 1;
-        send(&mut s[INLINE], hdr(0, 0, n, 0, n, n), &[]);
+        send(s, INLINE, hdr(0, 0, n, 0, n, n), &[]);
     });
     assert_remote(
         &err,
@@ -349,10 +375,9 @@ fn case09_inline_stream_gets_what_only_data_streams_carry() {
 
 #[test]
 fn case10_message_larger_than_the_posted_receive() {
-    setup();
     // PROTOCOL.md §3: ncclInvalidUsage, and the error names both sizes.
     for (what, stream) in [("data stream", 0), ("inline stream", INLINE)] {
-        let err = hostile(64, |s| send_raw(&mut s[stream], 0, &[4; 100]));
+        let err = hostile(64, |s| send_raw(s, stream, 0, &[4; 100]));
         assert!(
             matches!(&err, Error::InvalidUsage(m) if m.contains("100 bytes") && m.contains("only 64 bytes")),
             "{what}: want an invalid usage naming 100 and 64 bytes, got {err:?}"
@@ -366,43 +391,112 @@ fn case10_message_larger_than_the_posted_receive() {
 
 #[test]
 fn case11_a_repeated_chunk_does_not_complete_the_message() {
-    setup();
     let err = hostile(8192, |s| {
         // 8 KiB in two 4 KiB chunks, but the first comes twice and the second never.
-        send(&mut s[0], hdr(0, 0, 8192, 0, 4096, 4096), &[1; 4096]);
-        send(&mut s[1], hdr(0, 0, 8192, 0, 4096, 4096), &[2; 4096]);
+        send(s, 0, hdr(0, 0, 8192, 0, 4096, 4096), &[1; 4096]);
+        send(s, 1, hdr(0, 0, 8192, 0, 4096, 4096), &[2; 4096]);
     });
     assert_remote(&err, "do not tile it", "repeated chunk");
     // The same with compressed chunks: the second frame repeats the first offset.
     let msg = bf16_gaussian(11, 128 << 10, 0.02);
     let (a, b) = msg.split_at(64 << 10);
     let err = hostile(128 << 10, |s| {
-        send_frame(&mut s[0], 0, msg.len(), 0, a.len(), &frame_of(a));
-        send_frame(&mut s[1], 0, msg.len(), 0, b.len(), &frame_of(b));
+        send_frame(s, 0, 0, msg.len(), 0, a.len(), &frame_of(a));
+        send_frame(s, 1, 0, msg.len(), 0, b.len(), &frame_of(b));
     });
     assert_remote(&err, "do not tile it", "repeated compressed chunk");
 }
 
 #[test]
 fn case12_overlapping_chunks_fail_the_receive() {
-    setup();
     // Overlapping by 2 KiB: together more bytes than the message.
     let err = hostile(8192, |s| {
-        send(&mut s[0], hdr(0, 0, 8192, 0, 6144, 6144), &[1; 6144]);
-        send(&mut s[1], hdr(0, 0, 8192, 4096, 4096, 4096), &[2; 4096]);
+        send(s, 0, hdr(0, 0, 8192, 0, 6144, 6144), &[1; 6144]);
+        send(s, 1, hdr(0, 0, 8192, 4096, 4096, 4096), &[2; 4096]);
     });
     assert_remote(&err, "add up to", "overlap past the size");
     // Overlapping by 2 KiB and leaving a 2 KiB hole: the sizes add up.
     let err = hostile(8192, |s| {
-        send(&mut s[0], hdr(0, 0, 8192, 0, 6144, 6144), &[1; 6144]);
-        send(&mut s[1], hdr(0, 0, 8192, 4096, 2048, 2048), &[2; 2048]);
+        send(s, 0, hdr(0, 0, 8192, 0, 6144, 6144), &[1; 6144]);
+        send(s, 1, hdr(0, 0, 8192, 4096, 2048, 2048), &[2; 2048]);
     });
     assert_remote(&err, "do not tile it", "overlap with a hole");
     // A data-stream chunk, then the whole message on the inline stream.
     let err = hostile(8192, |s| {
-        send(&mut s[0], hdr(0, 0, 8192, 0, 4096, 4096), &[1; 4096]);
-        std::thread::sleep(Duration::from_millis(20));
-        send_raw(&mut s[INLINE], 0, &[2; 8192]);
+        send(s, 0, hdr(0, 0, 8192, 0, 4096, 4096), &[1; 4096]);
+        send_raw(s, INLINE, 0, &[2; 8192]);
     });
     assert_remote(&err, "add up to", "data chunk and inline message");
+}
+
+// The same rules through a real receive comm (sockets, I/O threads, the inline
+// stream read by `test`): the error must come within 10 s, and be the same.
+
+/// Connects a hand-made peer, posts one receive of `cap` bytes, lets `peer` write
+/// on the sockets (data 0, data 1, inline), and returns how the receive ended.
+fn hostile_e2e(cap: usize, peer: impl FnOnce(&mut [std::net::TcpStream])) -> Error {
+    setup();
+    let (r, mut socks) = raw_peer();
+    let mut buf = vec![0xEEu8; cap];
+    let rq = post(&r, &mut buf);
+    peer(&mut socks);
+    let err = wait(rq).expect_err("a receive completed with bytes that never came");
+    drop(socks);
+    err
+}
+
+#[test]
+fn e2e_control_a_valid_compressed_message_is_delivered_bit_exact() {
+    setup();
+    let (r, mut socks) = raw_peer();
+    let msg = bf16_gaussian(7, 192 << 10, 0.02);
+    let (a, b) = msg.split_at(128 << 10);
+    let mut buf = vec![0xEEu8; 256 << 10];
+    let rq = post(&r, &mut buf);
+    let fb = frame_of(b);
+    let hb = hdr(FLAG_COMPRESSED, 0, msg.len(), a.len(), b.len(), fb.len());
+    inproc_util::send(&mut socks[1], hb, &fb);
+    let fa = frame_of(a);
+    let ha = hdr(FLAG_COMPRESSED, 0, msg.len(), 0, a.len(), fa.len());
+    inproc_util::send(&mut socks[0], ha, &fa);
+    assert_eq!(wait(rq).unwrap(), msg.len());
+    assert!(buf[..msg.len()] == msg[..], "the message differs");
+    assert!(buf[msg.len()..].iter().all(|&x| x == 0xEE));
+}
+
+#[test]
+fn e2e_peer_closes_part_way_through_a_chunk() {
+    for st in [0, INLINE] {
+        let err = hostile_e2e(4096, |s| {
+            s[st]
+                .write_all(&hdr(0, 0, 1000, 0, 1000, 1000).encode())
+                .unwrap();
+            s[st].write_all(&[5; 500]).unwrap();
+            s[st].shutdown(Shutdown::Write).unwrap();
+        });
+        assert_remote(&err, "closed the connection mid-message", "half a payload");
+    }
+}
+
+#[test]
+fn e2e_corrupt_frame_fails_the_receive() {
+    let msg = bf16_gaussian(1, 128 << 10, 0.02);
+    let mut f = frame_of(&msg);
+    f[20] ^= 0x01; // the header CRC
+    let err = hostile_e2e(256 << 10, |s| {
+        let h = hdr(FLAG_COMPRESSED, 0, msg.len(), 0, msg.len(), f.len());
+        inproc_util::send(&mut s[1], h, &f);
+    });
+    assert_remote(&err, "corrupt compressed chunk", "bad header CRC");
+}
+
+#[test]
+fn e2e_message_larger_than_the_posted_receive() {
+    for (what, stream) in [("data stream", 0), ("inline stream", INLINE)] {
+        let err = hostile_e2e(64, |s| inproc_util::send_raw(&mut s[stream], 0, &[4; 100]));
+        assert!(
+            matches!(&err, Error::InvalidUsage(m) if m.contains("100 bytes") && m.contains("only 64 bytes")),
+            "{what}: want an invalid usage naming 100 and 64 bytes, got {err:?}"
+        );
+    }
 }

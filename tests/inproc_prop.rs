@@ -1,7 +1,11 @@
-//! Property-based tests of the TCP receive path (real sockets, real I/O threads)
-//! against a hand-made peer (`raw_peer`: two data streams and the inline stream)
-//! whose behaviour is generated at random: `inproc_hostile` tries the cases
-//! someone thought of, these try the ones nobody did.
+//! Property-based tests of the TCP receive path against a hand-made peer (two
+//! data streams and the inline stream, as `raw_peer` has) whose behaviour is
+//! generated at random: `inproc_hostile` tries the cases someone thought of, these
+//! try the ones nobody did. The properties feed the streams' receive machines
+//! (`transport::tcp::stream`, through `stream_util::Rx`) directly: no sockets, no
+//! threads, no clock, so a case runs the same every time and a hang is seen at
+//! once (nothing more can happen while a receive is pending). The `regression_*`
+//! tests at the end run a real receive comm over loopback sockets.
 //!
 //! 1. `valid_schedules_deliver_bit_exact`: a few messages (0..=600 KiB; random,
 //!    zero or bf16 Gaussian bytes), or more small ones than the ring has slots, cut
@@ -17,10 +21,10 @@
 //!    with exactly one mutation (a byte flipped in a header, a raw payload or a
 //!    frame; a chunk repeated, dropped, or cut short with the stream ending there; a
 //!    header field changed, to special values too; two sequence numbers swapped),
-//!    then every stream shut (or reset): every receive ends within 10 s, never with
-//!    an internal error (an I/O-thread panic shows as one; a panic on the test's
-//!    own thread fails the case), nothing lands past a receive's capacity, and a
-//!    receive that completes holds bytes the wire declared for it (`declared`).
+//!    then every stream shut (or reset): every receive ends, never with an
+//!    internal error (a panic fails the case), nothing lands past a receive's
+//!    capacity, and a receive that completes holds bytes the wire declared for it
+//!    (`declared`).
 //!
 //! What a receiver cannot detect, and so what "declared" allows: the chunk header
 //! has no checksum, and neither has a raw payload, so a flipped raw byte is
@@ -44,7 +48,7 @@
 //! so only a close makes "never hangs" a property. `inproc_hostile` checks, case by
 //! case, that rule violations fail with the streams open.
 //!
-//! Each case uses a fresh connection. The default case counts keep the binary to
+//! Each case uses a fresh receiver. The default case counts keep the binary to
 //! a few seconds; for a longer run (that many cases per property):
 //!
 //!   PROPTEST_CASES=2000 cargo test --release --test inproc_prop
@@ -53,28 +57,24 @@
 //! bugs found so far are the plain `regression_*` tests at the end.
 
 mod inproc_util;
+mod stream_util;
 
 use std::collections::BTreeSet;
-use std::io::{self, Write};
-use std::net::{Shutdown, TcpStream};
+use std::io::Write;
 use std::time::{Duration, Instant};
 
 use inproc_util::{bf16_gaussian, hdr, pattern, post, raw_peer, wait};
 use nccl_net_zip::error::Error;
 use nccl_net_zip::proto::slots::Slot;
 use nccl_net_zip::proto::wire::{CHUNK_HEADER_SIZE, FLAG_COMPRESSED, MAX_MESSAGE, MAX_SEQ};
-use nccl_net_zip::transport::tcp::RecvComm;
 use nccl_zip_codec::{compress, decompress, max_compressed_size, DtypeHint, EncodeOptions};
 use proptest::collection::vec;
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
+use stream_util::{test, Rx, INLINE, MAX_CHUNK, NDATA, NSTREAMS};
 
-/// The sender's chunk size that `raw_peer` announces in its hello.
-const MAX_CHUNK: usize = 1 << 20;
-/// `raw_peer`'s streams: two data streams, then the inline stream.
-const NDATA: usize = 2;
-const INLINE: usize = 2;
-const NSTREAMS: usize = 3;
+/// Bytes a stream takes before its sender waits for receives to be posted.
+const SOCKET_BUFFER: usize = 256 << 10;
 const CANARY: u8 = 0xEE;
 /// Bytes after each posted receive's capacity that nothing may touch.
 const GUARD: usize = 4096;
@@ -82,8 +82,6 @@ const GUARD: usize = 4096;
 const MAX_SIZE: usize = 600 << 10;
 /// Chunk specs per message: at most this many chunks (cuts + 1).
 const MAX_CHUNKS: usize = 7;
-/// A receive must end this long after the peer's last write at the latest.
-const DEADLINE: Duration = Duration::from_secs(10);
 const MAX_SHRINK_ITERS: u32 = 32;
 
 fn setup() {
@@ -100,7 +98,7 @@ fn config(default: u32) -> ProptestConfig {
     ProptestConfig {
         cases,
         max_shrink_iters: MAX_SHRINK_ITERS,
-        // A hanging case costs DEADLINE per shrink step: bound the whole shrink.
+        // Bound the whole shrink.
         max_shrink_time: 240_000,
         // The minimized cases become plain regression tests in this file.
         failure_persistence: None,
@@ -798,7 +796,7 @@ fn declared(p: &Parsed, seq: usize, got: &[u8]) -> bool {
 }
 
 // ---------------------------------------------------------------------------
-// Running a wire against a real receive comm
+// Running a wire against the receive machines, fed directly
 
 type Outcome = Result<usize, Error>;
 
@@ -809,49 +807,49 @@ struct Run {
 }
 
 /// The receiving side as NCCL's thread drives it: posts and tests.
-struct Driver<'a> {
-    r: &'a RecvComm,
+struct Driver {
     posts: Vec<Option<u8>>,
     caps: Vec<usize>,
-    /// The receive buffers (owned by `run`, which outlives the comm).
+    /// The receive buffers (owned by `run`, which outlives the receiver).
     ptrs: Vec<*mut u8>,
     slots: Vec<*const Slot>,
     outcomes: Vec<Option<Outcome>>,
 }
 
-impl Driver<'_> {
+impl Driver {
     fn all_posted(&self) -> bool {
         self.slots.len() == self.caps.len()
     }
 
     /// Posts the next receive: false if all are, or if its slot is still busy
     /// (the receive 32 messages earlier has not ended).
-    fn post_next(&mut self) -> bool {
+    fn post_next(&mut self, rx: &mut Rx) -> bool {
         let k = self.slots.len();
         if k == self.caps.len() {
             return false;
         }
-        match self.r.irecv(self.ptrs[k], self.caps[k], None) {
-            Ok(Some(s)) => self.slots.push(s),
-            Ok(None) => {
+        if let Some(e) = rx.error() {
+            // `irecv` on a failed comm: this receive ends with that error.
+            self.slots.push(std::ptr::null());
+            self.outcomes[k] = Some(Err(e.duplicate()));
+            return true;
+        }
+        match rx.post(self.ptrs[k], self.caps[k]) {
+            Some(s) => self.slots.push(s),
+            None => {
                 self.pump();
                 return false;
-            }
-            Err(e) => {
-                // The comm has failed: this receive ends with that error.
-                self.slots.push(std::ptr::null());
-                self.outcomes[k] = Some(Err(e));
             }
         }
         true
     }
 
     /// Posts the receives due before write step `i`.
-    fn post_due(&mut self, i: usize) {
+    fn post_due(&mut self, rx: &mut Rx, i: usize) {
         while !self.all_posted() {
             match self.posts[self.slots.len()] {
                 Some(at) if (at as usize) <= i => {
-                    if !self.post_next() {
+                    if !self.post_next(rx) {
                         break;
                     }
                 }
@@ -860,117 +858,23 @@ impl Driver<'_> {
         }
     }
 
-    /// Tests every posted receive that has not ended (this also reads the inline
-    /// stream). True when all posted ones have ended.
-    fn pump(&mut self) -> bool {
-        let mut all = true;
+    /// Tests every posted receive that has not ended. Returns (all posted ones
+    /// have ended, how many ended in this call).
+    fn pump(&mut self) -> (bool, usize) {
+        let (mut all, mut ended) = (true, 0);
         for (k, &s) in self.slots.iter().enumerate() {
             if self.outcomes[k].is_some() {
                 continue;
             }
-            // SAFETY: the slot is in `r`'s ring, which outlives the driver.
-            match unsafe { &*s }.test() {
-                Ok(None) => all = false,
-                Ok(Some(n)) => self.outcomes[k] = Some(Ok(n)),
-                Err(e) => self.outcomes[k] = Some(Err(e)),
-            }
-        }
-        all
-    }
-}
-
-/// The sending side: each stream's bytes and how far they are written.
-struct Peer {
-    socks: Vec<TcpStream>,
-    data: [Vec<u8>; NSTREAMS],
-    pos: [usize; NSTREAMS],
-    /// Given up: the receiver shut it or stopped reading it (mutated wires only).
-    dead: [bool; NSTREAMS],
-    /// The wire is valid: a receiver that stops reading, or shuts a stream, fails
-    /// the case.
-    strict: bool,
-}
-
-impl Peer {
-    fn live(&self) -> Vec<usize> {
-        (0..NSTREAMS)
-            .filter(|&t| self.pos[t] < self.data[t].len() && !self.dead[t])
-            .collect()
-    }
-
-    /// One non-blocking write of up to 64 KiB on each stream but `st`. True if
-    /// any took bytes.
-    fn nudge_others(&mut self, st: usize) -> bool {
-        let mut any = false;
-        for t in self.live() {
-            if t == st {
-                continue;
-            }
-            let end = (self.pos[t] + (64 << 10)).min(self.data[t].len());
-            match self.socks[t].write(&self.data[t][self.pos[t]..end]) {
-                Ok(k) if k > 0 => {
-                    self.pos[t] += k;
-                    any = true;
-                }
-                Ok(_) => self.dead[t] = true,
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
-                    ) => {}
-                Err(_) => self.dead[t] = true, // reported by the stream's own write if strict
-            }
-        }
-        any
-    }
-
-    /// Writes up to `n` more bytes of stream `st`, posting receives and testing
-    /// them while the socket is full.
-    fn write(&mut self, d: &mut Driver, st: usize, n: usize) -> Result<(), String> {
-        let end = self.pos[st].saturating_add(n).min(self.data[st].len());
-        let mut since = Instant::now();
-        let patience = Duration::from_secs(if self.strict { 10 } else { 2 });
-        while self.pos[st] < end && !self.dead[st] {
-            match self.socks[st].write(&self.data[st][self.pos[st]..end]) {
-                Ok(0) => self.dead[st] = true,
-                Ok(k) => {
-                    self.pos[st] += k;
-                    since = Instant::now();
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    if d.post_next() {
-                        continue;
-                    }
-                    d.pump();
-                    // As a sender's other threads would: the message this stream's
-                    // reader waits to be posted for may need another stream's bytes
-                    // first (a receive 32 messages earlier must end to free its slot).
-                    if self.nudge_others(st) {
-                        since = Instant::now();
-                    }
-                    if since.elapsed() > patience {
-                        if self.strict {
-                            return Err(format!(
-                                "the receiver stopped reading stream {st} at byte {} of {}",
-                                self.pos[st],
-                                self.data[st].len()
-                            ));
-                        }
-                        // E.g. its reader holds a header for a message never posted.
-                        self.dead[st] = true;
-                    }
-                    std::thread::sleep(Duration::from_micros(200));
-                }
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => {
-                    if self.strict {
-                        return Err(format!("write on stream {st}: {e}"));
-                    }
-                    self.dead[st] = true; // the receiver failed and shut its sockets
+            match test(s) {
+                None => all = false,
+                Some(o) => {
+                    self.outcomes[k] = Some(o);
+                    ended += 1;
                 }
             }
         }
-        Ok(())
+        (all, ended)
     }
 }
 
@@ -981,40 +885,35 @@ pub enum End {
     Open,
     /// Each stream is shut for writing (a FIN).
     Shutdown,
-    /// Each stream is closed with SO_LINGER 0 (a RST).
+    /// Each stream is reset (a RST): the receiver's reads fail.
     Reset,
 }
 
-/// Writes `w` to a fresh raw peer following `s`'s steps and posts, ends as `end`
-/// says, and waits for every receive to end. `strict`: the wire is a valid
+/// Feeds `w` to a fresh receiver following `s`'s steps and posts, ends as `end`
+/// says, then posts and tests until every receive has ended. A receive still
+/// pending once nothing more can happen is a hang. `strict`: the wire is a valid
 /// schedule.
 fn run(s: &Schedule, w: &Wire, end: End, strict: bool) -> Result<Run, String> {
-    setup();
-    // Declared before the comm, so dropped after it (and its I/O threads).
+    // Declared before the receiver, so dropped after it.
     let mut bufs: Vec<Vec<u8>> = w.caps.iter().map(|&c| vec![CANARY; c + GUARD]).collect();
-    let (r, socks) = raw_peer();
-    for t in &socks {
-        t.set_nonblocking(true).unwrap();
-        t.set_nodelay(true).unwrap();
-    }
-    let mut peer = Peer {
-        socks,
-        data: w.bytes(),
-        pos: [0; NSTREAMS],
-        dead: [false; NSTREAMS],
-        strict,
-    };
+    let mut rx = Rx::new(MAX_CHUNK);
+    let data = w.bytes();
+    let mut pos = [0usize; NSTREAMS];
     let mut d = Driver {
-        r: &r,
         posts: s.msgs.iter().map(|m| m.post_at).collect(),
         caps: w.caps.clone(),
         ptrs: bufs.iter_mut().map(|b| b.as_mut_ptr()).collect(),
         slots: Vec::new(),
         outcomes: (0..w.caps.len()).map(|_| None).collect(),
     };
+    let write = |rx: &mut Rx, pos: &mut [usize; NSTREAMS], st: usize, n: usize| {
+        let to = pos[st].saturating_add(n).min(data[st].len());
+        rx.feed(st, &data[st][pos[st]..to]);
+        pos[st] = to;
+    };
     for (i, stp) in s.steps.iter().enumerate() {
-        d.post_due(i);
-        let live = peer.live();
+        d.post_due(&mut rx, i);
+        let live: Vec<usize> = (0..NSTREAMS).filter(|&t| pos[t] < data[t].len()).collect();
         if live.is_empty() {
             break;
         }
@@ -1024,63 +923,54 @@ fn run(s: &Schedule, w: &Wire, end: End, strict: bool) -> Result<Run, String> {
             Split::Len(n) => n as usize,
             Split::Rest => usize::MAX,
         };
-        peer.write(&mut d, st, n)?;
+        write(&mut rx, &mut pos, st, n);
+        // A socket holds only so much: a sender whose stream backs up waits for
+        // receives to be posted (and `pause` lets the receiver catch up).
+        if stp.pause || rx.queued(st) > SOCKET_BUFFER {
+            while rx.queued(st) > 0 && d.post_next(&mut rx) {}
+        }
         d.pump();
-        if stp.pause {
-            std::thread::sleep(Duration::from_micros(300));
-        }
     }
-    d.post_due(s.steps.len());
+    d.post_due(&mut rx, s.steps.len());
     for st in 0..NSTREAMS {
-        peer.write(&mut d, st, usize::MAX)?;
+        write(&mut rx, &mut pos, st, usize::MAX);
     }
-    d.post_due(usize::MAX); // every Some(_)
-    match end {
-        End::Open => {}
-        End::Shutdown => {
-            for t in &peer.socks {
-                let _ = t.shutdown(Shutdown::Write);
-            }
-        }
-        End::Reset => {
-            for t in peer.socks.drain(..) {
-                let _ = socket2::SockRef::from(&t).set_linger(Some(Duration::ZERO));
-            }
+    d.post_due(&mut rx, usize::MAX); // every Some(_)
+    for st in 0..NSTREAMS {
+        match end {
+            End::Open => {}
+            End::Shutdown => rx.shutdown(st),
+            End::Reset => rx.reset(st),
         }
     }
-    let t0 = Instant::now();
     loop {
-        while d.post_next() {}
-        if d.pump() && d.all_posted() {
+        let mut moved = false;
+        while d.post_next(&mut rx) {
+            moved = true;
+        }
+        let (all, ended) = d.pump();
+        if all && d.all_posted() {
             break;
         }
-        if t0.elapsed() > DEADLINE {
+        if !moved && ended == 0 {
             let pending: Vec<usize> = (0..d.slots.len())
                 .filter(|&k| d.outcomes[k].is_none())
                 .collect();
             let unposted = d.caps.len() - d.slots.len();
-            // The case has failed; the comm's threads may be stuck and may still
-            // write into the buffers: leak both.
-            drop(d);
-            std::mem::forget(r);
-            std::mem::forget(bufs);
+            let held: Vec<usize> = (0..NSTREAMS).map(|t| rx.queued(t)).collect();
             return Err(format!(
-                "receives {pending:?} still pending {DEADLINE:?} after the peer's last write \
-                 ({unposted} not posted: no free slot)"
+                "receives {pending:?} still pending after the peer's last byte \
+                 ({unposted} not posted: no free slot; bytes held back per stream {held:?}; \
+                 strict {strict})"
             ));
         }
-        std::thread::yield_now();
     }
-    let compressed_seen = r
-        .stats()
+    let compressed_seen = rx
+        .stats
         .chunks_compressed
         .load(std::sync::atomic::Ordering::Relaxed);
     let outcomes: Vec<Outcome> = d.outcomes.drain(..).map(|o| o.unwrap()).collect();
-    drop(d);
-    // Join the I/O threads before the buffers are judged: nothing may land in a
-    // receive after `test()` reported it.
-    drop(r);
-    drop(peer);
+    drop(rx);
     Ok(Run {
         outcomes,
         bufs,

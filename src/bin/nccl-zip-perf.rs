@@ -80,9 +80,32 @@ fn idle(o: &Opts) {
 }
 
 /// Threads and open fds of this process.
+/// Threads and fds of the process, less the plugin's process-wide TCP I/O workers
+/// (threads named `zip-io*`, each with an epoll fd and an eventfd): they are
+/// started once and live as long as the process, by design (the library is
+/// linked `-z nodelete`), whatever the comms do.
 fn census() -> (usize, usize) {
-    let n = |d: &str| std::fs::read_dir(d).map(|r| r.count()).unwrap_or(0);
-    (n("/proc/self/task"), n("/proc/self/fd"))
+    let entries = |d: &str| -> Vec<PathBuf> {
+        std::fs::read_dir(d)
+            .map(|r| r.filter_map(|e| e.ok().map(|e| e.path())).collect())
+            .unwrap_or_default()
+    };
+    let workers = entries("/proc/self/task")
+        .iter()
+        .filter(|t| std::fs::read_to_string(t.join("comm")).is_ok_and(|c| c.starts_with("zip-io")))
+        .count();
+    let threads = entries("/proc/self/task").len() - workers;
+    let fds = entries("/proc/self/fd");
+    let anon = |kind: &str| {
+        fds.iter()
+            .filter(|f| std::fs::read_link(f).is_ok_and(|l| l.to_string_lossy() == kind))
+            .count()
+    };
+    let worker_fds = workers
+        .min(anon("anon_inode:[eventpoll]"))
+        .min(anon("anon_inode:[eventfd]"))
+        * 2;
+    (threads, fds.len() - worker_fds)
 }
 
 fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {

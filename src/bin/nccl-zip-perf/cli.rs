@@ -272,7 +272,8 @@ struct Cli {
     wire_iface: Option<String>,
 
     // --- Checks
-    /// Threads and fds after all closes must equal those before init.
+    /// Threads and fds after all closes must equal those before init (the plugin's
+    /// process-wide I/O workers, zip-io*, and their epoll/eventfd handles not counted).
     #[arg(long, help_heading = "Checks")]
     check_leaks: bool,
     /// Succeed only if a call returns that error: remote|invalid-usage|invalid-argument|system|internal|any.

@@ -3,7 +3,7 @@
 
 use std::net::{Shutdown, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
-use std::thread::JoinHandle;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
@@ -11,10 +11,10 @@ use socket2::Socket;
 use tracing::{info, warn};
 
 use super::inline::Inline;
+use super::stream::{self, Placement};
 use crate::error::{Error, Result};
 use crate::gpu::Backend;
-use crate::proto::slots::{Hook, Ring, Slot, NSLOTS};
-use crate::proto::wire::ChunkHeader;
+use crate::proto::slots::{Hook, Ring, NSLOTS};
 use crate::stats::{Stats, HELD};
 
 /// Per request slot of a receiver: the device whose memory the posted buffer is.
@@ -33,8 +33,8 @@ pub struct RxLimits {
 
 pub struct Core {
     pub ring: Ring,
-    /// The data streams, one I/O thread each.
-    pub socks: Vec<Socket>,
+    /// The data streams (shared with whoever drives them).
+    pub socks: Vec<Arc<Socket>>,
     /// The inline stream, driven by NCCL's thread.
     pub inline: Inline,
     /// Receivers: the limits of inline messages (None: this is a sender).
@@ -73,7 +73,10 @@ impl Core {
                     socks.len()
                 )))
             }
-            _ => Inline::new(socks.pop().expect("two or more"))?,
+            _ => Inline::new(
+                socks.pop().expect("two or more"),
+                rx.map(|lim| (peer, lim.max_chunk)),
+            )?,
         };
         HELD.comms.fetch_add(1, Relaxed);
         // A receiver's ring is fed by the data streams and the inline stream.
@@ -83,7 +86,7 @@ impl Core {
         };
         let core = std::sync::Arc::new(Core {
             ring,
-            socks,
+            socks: socks.into_iter().map(Arc::new).collect(),
             inline,
             rx,
             devs: std::array::from_fn(|_| Mutex::new(None)),
@@ -126,9 +129,7 @@ impl Core {
     pub fn poke(&self) {
         match self.rx {
             None => self.inline.progress_tx(self),
-            Some(lim) => self.inline.progress_rx(self, lim, |seq| {
-                self.devs[seq as usize % NSLOTS].lock().clone()
-            }),
+            Some(lim) => self.inline.progress_rx(self, lim),
         }
     }
 
@@ -143,48 +144,24 @@ impl Core {
     /// the comm fails with a remote error (quietly if nothing is pending). It fails
     /// earlier if a pending receive can no longer complete: see [`Core::stalled`].
     pub fn stream_ended(&self, who: usize) {
-        let (all, stalled) = self.ring.producer_ended(who);
+        let verdict = stream::stream_ended(&self.ring, who, self.peer);
         if self.closing() {
             return;
         }
-        if all {
-            self.fail(Error::Remote(format!(
-                "{} closed the connection",
-                self.peer
-            )));
-        } else if let Some(seq) = stalled {
-            self.fail(self.stalled(seq));
+        if let Some(e) = verdict {
+            self.fail(e);
         }
     }
 
     /// The error of a receive, for message `seq`, that can no longer complete: the
     /// streams that have not ended all hold a later message, not posted yet.
     pub fn stalled(&self, seq: u64) -> Error {
-        Error::Remote(format!(
-            "{} closed the connection before sending all of message {seq} (a later message already arrived)",
-            self.peer
-        ))
+        stream::stalled_error(seq, self.peer)
     }
 
     /// Receive side: the inline stream has ended cleanly.
     pub fn inline_ended(&self) -> bool {
         self.ring.producer_has_ended(self.inline_producer())
-    }
-
-    /// Receive side: checks that the message of chunk `h` fits the receive posted
-    /// for it, records its size, admits the chunk (the chunks must tile the
-    /// message: [`Slot::claim`]), and returns that receive's buffer address.
-    pub fn admit(&self, slot: &Slot, h: &ChunkHeader) -> Result<usize> {
-        let (buf, cap) = slot.recv_buffer();
-        if h.total as usize > cap {
-            return Err(Error::InvalidUsage(format!(
-                "message {} from {} is {} bytes but the posted receive holds only {cap} bytes",
-                h.seq, self.peer, h.total
-            )));
-        }
-        slot.learn_size(h.total as usize)?;
-        slot.claim(h.offset as usize, h.raw_len as usize)?;
-        Ok(buf)
     }
 
     /// Logs the counters if a periodic report is due. One relaxed load when it is not.
@@ -259,7 +236,12 @@ impl Core {
     }
 
     pub fn shutdown(&self) {
-        for s in self.socks.iter().chain([self.inline.socket()]) {
+        for s in self
+            .socks
+            .iter()
+            .map(|s| &**s)
+            .chain([self.inline.socket()])
+        {
             let _ = s.shutdown(Shutdown::Both);
         }
     }
@@ -274,33 +256,16 @@ impl Core {
     }
 }
 
+/// A receiver's posted buffers: device memory where `irecv` said so.
+impl Placement for Core {
+    fn is_device(&self, seq: u64) -> bool {
+        self.devs[seq as usize % NSLOTS].lock().is_some()
+    }
+}
+
 impl Drop for Core {
     fn drop(&mut self) {
         HELD.comms.fetch_sub(1, Relaxed);
         info!("{}", HELD.summary());
     }
-}
-
-/// Spawns a comm's I/O thread; a panic inside it fails the comm instead of
-/// unwinding into nothing.
-pub fn spawn_io(
-    name: String,
-    core: std::sync::Arc<Core>,
-    body: impl FnOnce() + Send + 'static,
-) -> Result<JoinHandle<()>> {
-    std::thread::Builder::new()
-        .name(name)
-        .spawn(move || {
-            HELD.io_threads.fetch_add(1, Relaxed);
-            if let Err(p) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(body)) {
-                let what = p
-                    .downcast_ref::<&str>()
-                    .map(|s| s.to_string())
-                    .or_else(|| p.downcast_ref::<String>().cloned())
-                    .unwrap_or_default();
-                core.fail(Error::Internal(format!("I/O thread panicked: {what}")));
-            }
-            HELD.io_threads.fetch_sub(1, Relaxed);
-        })
-        .map_err(|e| Error::io("spawn I/O thread", e))
 }

@@ -18,20 +18,16 @@
 
 use std::collections::VecDeque;
 use std::io::{self, IoSlice};
-use std::mem::MaybeUninit;
-use std::sync::Arc;
+use std::net::SocketAddr;
 
 use parking_lot::Mutex;
 use socket2::Socket;
 
 use super::core::{Core, RxLimits};
-use crate::devpath::Lanes;
+use super::recv::{pump_rx, would_block, RxState};
 use crate::error::{Error, Result};
-use crate::gpu::pool::Dir;
-use crate::gpu::Backend;
-use crate::proto::slots::{Lookup, Slot, NSLOTS};
+use crate::proto::slots::NSLOTS;
 use crate::proto::wire::{ChunkHeader, CHUNK_HEADER_SIZE};
-use crate::stats::HELD;
 
 /// A message on its way out: header, then `len` bytes of NCCL's buffer at `data`.
 struct Out {
@@ -43,51 +39,23 @@ struct Out {
     done: usize,
 }
 
-/// The message being read.
-struct In {
-    hdr: ChunkHeader,
-    slot: *const Slot,
-    /// Payload bytes read so far.
-    got: usize,
-}
-
-#[derive(Default)]
-struct RxState {
-    hdr: [u8; CHUNK_HEADER_SIZE],
-    hdr_got: usize,
-    cur: Option<In>,
-    /// Payload bytes of a message whose posted buffer is device memory: read here,
-    /// then copied up through a lane. At most the sender's chunk size.
-    bounce: Vec<u8>,
-    lanes: Option<Lanes>,
-}
-
-// SAFETY: `In::slot` points into the comm's own ring, which outlives this state.
-unsafe impl Send for RxState {}
-
 pub struct Inline {
     sock: Socket,
     tx: Mutex<VecDeque<Out>>,
-    rx: Mutex<RxState>,
-}
-
-/// Whether `e` means "try again later".
-fn would_block(e: &io::Error) -> bool {
-    matches!(
-        e.kind(),
-        io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
-    )
+    /// Receivers only.
+    rx: Option<Mutex<RxState>>,
 }
 
 impl Inline {
     /// `sock` must already carry the data-socket options; it is made non-blocking.
-    pub fn new(sock: Socket) -> Result<Inline> {
+    /// `rx`: receivers only, the peer and its chunk size (the largest inline message).
+    pub fn new(sock: Socket, rx: Option<(SocketAddr, usize)>) -> Result<Inline> {
         sock.set_nonblocking(true)
             .map_err(|e| Error::io("set_nonblocking", e))?;
         Ok(Inline {
             sock,
             tx: Mutex::new(VecDeque::with_capacity(NSLOTS)),
-            rx: Mutex::new(RxState::default()),
+            rx: rx.map(|(peer, max_chunk)| Mutex::new(RxState::inline(peer, max_chunk))),
         })
     }
 
@@ -177,190 +145,26 @@ impl Inline {
     }
 
     /// Receiver: reads whatever has arrived, placing each message in its posted
-    /// buffer. `devs` gives the device of a posted buffer (None: host memory).
-    pub fn progress_rx(
-        &self,
-        core: &Core,
-        lim: RxLimits,
-        dev_of: impl Fn(u64) -> Option<Arc<dyn Backend>>,
-    ) {
-        let Some(mut st) = self.rx.try_lock() else {
+    /// buffer. Never blocks, never waits for a lane.
+    pub fn progress_rx(&self, core: &Core, lim: RxLimits) {
+        let Some(mut st) = self.rx.as_ref().and_then(|m| m.try_lock()) else {
             return;
         };
         if core.inline_ended() || core.stopped() {
             return;
         }
-        if let Err(e) = self.rx_step(&mut st, core, lim, &dev_of) {
+        if let Err(e) = pump_rx(
+            &self.sock,
+            core,
+            core.inline_producer(),
+            &mut st,
+            lim,
+            usize::MAX,
+        ) {
             drop(st);
             if !core.closing() {
                 core.fail(e);
             }
         }
     }
-
-    fn rx_step(
-        &self,
-        st: &mut RxState,
-        core: &Core,
-        lim: RxLimits,
-        dev_of: &impl Fn(u64) -> Option<Arc<dyn Backend>>,
-    ) -> Result<()> {
-        let max_chunk = lim.max_chunk;
-        let peer = core.peer;
-        let io_err = |e| Error::io(format!("receive from {peer} (inline stream)"), e);
-        loop {
-            if st.cur.is_none() {
-                while st.hdr_got < CHUNK_HEADER_SIZE {
-                    let at = st.hdr_got;
-                    match read_some(&self.sock, &mut st.hdr[at..]) {
-                        Ok(0) if at == 0 => {
-                            // Closed between messages.
-                            core.stream_ended(core.inline_producer());
-                            return Ok(());
-                        }
-                        Ok(0) => {
-                            return Err(io_err(io::Error::new(
-                                io::ErrorKind::UnexpectedEof,
-                                "peer closed the connection mid-message",
-                            )))
-                        }
-                        Ok(n) => st.hdr_got += n,
-                        Err(e) if would_block(&e) => return Ok(()),
-                        Err(e) => return Err(io_err(e)),
-                    }
-                }
-                let h = ChunkHeader::decode(&st.hdr, lim.max_wire)?;
-                if h.compressed() || h.offset != 0 || h.raw_len != h.total {
-                    return Err(Error::Remote(format!(
-                        "corrupt stream: inline message {h:?} is not one raw chunk"
-                    )));
-                }
-                if h.raw_len as usize > max_chunk {
-                    return Err(Error::Remote(format!(
-                        "corrupt stream: inline message of {} bytes, larger than the sender's chunk size {max_chunk}",
-                        h.raw_len
-                    )));
-                }
-                let me = core.inline_producer();
-                let slot = match core.ring.lookup(h.seq) {
-                    Lookup::Ready(s) => {
-                        core.ring.producer_waits(me, None);
-                        s
-                    }
-                    // Not posted yet: the header waits, and so does the socket,
-                    // unless no other stream can bring the pending receives.
-                    Lookup::NotYet => {
-                        return match core.ring.producer_waits(me, Some(h.seq)) {
-                            Some(seq) => Err(core.stalled(seq)),
-                            None => Ok(()),
-                        }
-                    }
-                    Lookup::Stale => {
-                        return Err(Error::Remote(format!(
-                            "corrupt stream: inline message {}, which is not expected",
-                            h.seq
-                        )))
-                    }
-                };
-                core.admit(slot, &h)?;
-                st.hdr_got = 0;
-                st.cur = Some(In {
-                    hdr: h,
-                    slot,
-                    got: 0,
-                });
-            }
-            let (h, slot_ptr, got) = {
-                let c = st.cur.as_ref().expect("set above");
-                (c.hdr, c.slot, c.got)
-            };
-            // SAFETY: the slot is in this comm's ring.
-            let slot = unsafe { &*slot_ptr };
-            let len = h.raw_len as usize;
-            let dev = dev_of(h.seq);
-            let (buf, _) = slot.recv_buffer();
-            let mut got = got;
-            while got < len {
-                let r = match &dev {
-                    None => {
-                        // SAFETY: the posted buffer holds cap >= total bytes (checked
-                        // above) and is ours until `test` reports done.
-                        let dst = unsafe {
-                            std::slice::from_raw_parts_mut((buf + got) as *mut u8, len - got)
-                        };
-                        read_some(&self.sock, dst)
-                    }
-                    Some(_) => {
-                        if st.bounce.len() < len {
-                            let grow = (len - st.bounce.len()) as u64;
-                            st.bounce.resize(len, 0);
-                            core.stats.add(&core.stats.staging_bytes, grow);
-                            HELD.staging_bytes
-                                .fetch_add(grow, std::sync::atomic::Ordering::Relaxed);
-                        }
-                        read_some(&self.sock, &mut st.bounce[got..len])
-                    }
-                };
-                match r {
-                    Ok(0) => {
-                        return Err(io_err(io::Error::new(
-                            io::ErrorKind::UnexpectedEof,
-                            "peer closed the connection mid-message",
-                        )))
-                    }
-                    Ok(n) => got += n,
-                    Err(e) if would_block(&e) => {
-                        st.cur.as_mut().expect("set above").got = got;
-                        return Ok(());
-                    }
-                    Err(e) => return Err(io_err(e)),
-                }
-            }
-            if let Some(b) = dev {
-                if len > 0 {
-                    let lanes = st
-                        .lanes
-                        .get_or_insert_with(|| Lanes::new(Dir::Recv, lim.max_wire, lim.lanes));
-                    // Never wait for a lane, nor make one, on NCCL's thread (the pool
-                    // was prewarmed for this reader): all busy, try on the next call.
-                    let Some(mut lane) = lanes.try_take(&b)? else {
-                        st.cur.as_mut().expect("set above").got = got;
-                        return Ok(());
-                    };
-                    lane.staging(len)?.copy_from_slice(&st.bounce[..len]);
-                    lane.upload(buf as u64, len)?;
-                    core.stats.add(&core.stats.chunks_device, 1);
-                }
-            }
-            st.cur = None;
-            let s = &core.stats;
-            s.add(&s.chunks_raw, 1);
-            s.add(&s.chunks_inline, 1);
-            s.add(&s.wire_bytes, len as u64);
-            s.add(&s.raw_bytes, len as u64);
-            crate::adapt::RECEIVED.add(len as u64);
-            if slot.bytes_placed(len) {
-                s.add(&s.messages, 1);
-            }
-        }
-    }
-}
-
-impl Drop for Inline {
-    fn drop(&mut self) {
-        // The comm's own counters go with it; the plugin-wide one must not keep
-        // the bounce buffer.
-        let n = self.rx.get_mut().bounce.len() as u64;
-        HELD.staging_bytes
-            .fetch_sub(n, std::sync::atomic::Ordering::Relaxed);
-    }
-}
-
-/// One non-blocking read.
-fn read_some(s: &Socket, buf: &mut [u8]) -> io::Result<usize> {
-    // SAFETY: u8 and MaybeUninit<u8> have the same layout, and recv only writes.
-    let b = unsafe {
-        std::slice::from_raw_parts_mut(buf.as_mut_ptr().cast::<MaybeUninit<u8>>(), buf.len())
-    };
-    s.recv_with_flags(b, libc::MSG_DONTWAIT)
 }

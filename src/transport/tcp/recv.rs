@@ -1,38 +1,48 @@
-//! Receive comm: `irecv` posts a buffer for the next message; each stream's thread
-//! reads chunk headers, finds the posted receive for the chunk's message, checks
-//! that it fits, and reads the payload straight into NCCL's buffer.
+//! Receive comm: `irecv` posts a buffer for the next message; each stream's
+//! receive machine ([`StreamRx`]) reads chunk headers, finds the posted receive
+//! for the chunk's message, checks that it fits, and reads the payload straight
+//! into NCCL's buffer (or decodes it there).
+//!
+//! The data streams are driven by the process's shared I/O workers
+//! ([`super::workers`]) with non-blocking reads; the inline stream by NCCL's own
+//! thread from `test`. Both run [`pump_rx`]. A stream whose next chunk belongs to
+//! a receive not posted yet parks until `irecv` kicks it.
 //!
 //! A stream that ends cleanly between chunks is a peer that closed; once every
 //! stream has ended, or the streams left all hold later messages than a pending
 //! receive, pending receives fail with a remote error. Anything else unexpected
 //! fails the comm at once.
 
+use std::io;
+use std::mem::MaybeUninit;
 use std::net::SocketAddr;
-use std::sync::Arc;
-use std::thread::JoinHandle;
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::atomic::{fence, AtomicBool, Ordering::SeqCst};
+use std::sync::{Arc, Weak};
 
+use parking_lot::Mutex;
 use socket2::Socket;
 use tracing::info;
 
-use super::core::{spawn_io, Core, RxLimits};
-use super::sock::{configure_data_socket, recv_exact, recv_exact_or_eof};
-use crate::codec_glue::ChunkDecoder;
+use super::core::{Core, RxLimits};
+use super::sock::configure_data_socket;
+use super::stream::{DeviceChunk, Role, StreamRx, Want};
+use super::workers::{workers, Driven, Next, Registration};
+use crate::codec_glue::decode_chunk;
 use crate::config::Config;
-use crate::devpath::DevSide;
+use crate::devpath::{gpu_decode, Lanes};
 use crate::error::{Error, Result};
 use crate::gpu::pool::Dir;
 use crate::gpu::Backend;
-use crate::proto::slots::NSLOTS;
-use crate::proto::slots::{Slot, Wait};
-use crate::proto::wire::{ChunkHeader, CHUNK_HEADER_SIZE};
-use crate::stats::Staging;
+use crate::proto::slots::{Lookup, Slot, NSLOTS};
 
 pub struct RecvComm {
     core: Arc<Core>,
     /// Largest compressed chunk of the peer (lane staging size) and lane pool size.
     max_wire: usize,
     lanes: usize,
-    threads: Vec<JoinHandle<()>>,
+    /// The data streams, each registered with a worker.
+    tasks: Vec<(Arc<RxTask>, Registration)>,
 }
 
 impl RecvComm {
@@ -47,35 +57,49 @@ impl RecvComm {
         for s in &socks {
             configure_data_socket(s, cfg.peer_timeout)
                 .map_err(|e| Error::io("configure socket", e))?;
+            s.set_nonblocking(true)
+                .map_err(|e| Error::io("set_nonblocking", e))?;
         }
         let max_wire = crate::codec_glue::max_wire(max_chunk);
         let lanes = cfg.gpu_lanes;
+        let lim = RxLimits {
+            max_chunk,
+            max_wire,
+            lanes,
+        };
         let core = Core::new(
             socks,
             peer,
             "recv from",
             cfg.stats.then_some(super::send::STATS_EVERY),
-            Some(RxLimits {
-                max_chunk,
-                max_wire,
-                lanes,
-            }),
+            Some(lim),
         )?;
+        let pool = workers(cfg.io_threads)?;
         let n = core.socks.len();
-        let mut threads = Vec::with_capacity(n);
-        for i in 0..n {
-            let c = core.clone();
-            threads.push(spawn_io(format!("zip-recv{i}"), core.clone(), move || {
-                recv_loop(&c, i, max_wire, lanes)
-            })?);
-        }
-        info!("recv comm from {peer}: {n} streams and the inline stream");
-        Ok(RecvComm {
-            core,
+        let mut comm = RecvComm {
+            core: core.clone(),
             max_wire,
             lanes,
-            threads,
-        })
+            tasks: Vec::with_capacity(n),
+        };
+        for who in 0..n {
+            let task = Arc::new(RxTask {
+                core: Arc::downgrade(&core),
+                sock: core.socks[who].clone(),
+                who,
+                lim,
+                parked: AtomicBool::new(false),
+                state: Mutex::new(Some(RxState {
+                    rx: StreamRx::new(Role::Data, peer, max_chunk),
+                    lanes: None,
+                })),
+            });
+            // On error, `comm`'s drop closes what was registered so far.
+            let reg = pool.register(task.clone())?;
+            comm.tasks.push((task, reg));
+        }
+        info!("recv comm from {peer}: {n} streams and the inline stream");
+        Ok(comm)
     }
 
     /// Posts `cap` bytes at `buf` (device memory of `dev` when given) for the next
@@ -94,109 +118,26 @@ impl RecvComm {
         let Some(seq) = ring.next_free() else {
             return Ok(None);
         };
-        // The slot is free, so no I/O thread reads this entry until `post` below
+        // The slot is free, so no stream reads this entry until `post` below
         // publishes the request (the ring's lock orders the two).
         *self.core.devs[seq as usize % NSLOTS].lock() = dev;
         let slot = ring
             .post(None, 0, Some((buf as usize, cap)))
             .map(|(_, s)| s);
+        // Data streams that hold a header for a receive not posted: go on. (Pairs
+        // with the fence in `RxTask::run`: either it sees this post, or we see
+        // that it parked.)
+        fence(SeqCst);
+        for (t, reg) in &self.tasks {
+            if t.parked.swap(false, SeqCst) {
+                reg.kick();
+            }
+        }
         // A small message may already wait on the inline stream.
         self.core.poke();
         Ok(slot)
     }
-}
 
-fn recv_loop(core: &Core, stream: usize, max_wire: usize, lanes: usize) {
-    if let Err(e) = recv_chunks(core, stream, max_wire, lanes) {
-        if !core.closing() {
-            core.fail(e);
-        }
-    }
-}
-
-fn recv_chunks(core: &Core, stream: usize, max_wire: usize, lanes: usize) -> Result<()> {
-    let sock = &core.socks[stream];
-    let peer = core.peer;
-    let io_err = |e| Error::io(format!("receive from {peer} (stream {stream})"), e);
-    let mut staging = Staging::new(&core.stats.staging_bytes);
-    let mut decoder = ChunkDecoder::default();
-    // Device chunks: a lane from the device's shared pool per chunk, taken only
-    // after the chunk's header arrived (see gpu::pool on why that order matters).
-    let mut dev_side = DevSide::new(
-        Dir::Recv,
-        max_wire,
-        lanes,
-        &core.stats.staging_bytes,
-        || core.stopped(),
-    );
-    loop {
-        let mut hb = [0u8; CHUNK_HEADER_SIZE];
-        if !recv_exact_or_eof(sock, &mut hb).map_err(io_err)? {
-            // Clean end between chunks.
-            core.stream_ended(stream);
-            return Ok(());
-        }
-        let h = ChunkHeader::decode(&hb, max_wire)?;
-        let slot = match core.ring.wait_posted(h.seq, stream, || core.stopped())? {
-            Wait::Posted(s) => s,
-            Wait::Stopped => return Ok(()),
-            Wait::Stalled(seq) => return Err(core.stalled(seq)),
-        };
-        let buf = core.admit(slot, &h)?;
-        let dev = core.devs[h.seq as usize % NSLOTS].lock().clone();
-        if let Some(b) = dev {
-            dev_side.receive(
-                &b,
-                |into| recv_exact(sock, into).map_err(io_err),
-                h.compressed(),
-                h.wire_len as usize,
-                (buf + h.offset as usize) as u64,
-                h.raw_len as usize,
-                &core.stats,
-            )?;
-        } else {
-            let dst: &mut [u8] = if h.raw_len == 0 {
-                &mut []
-            } else {
-                // SAFETY: the receive buffer holds `cap` >= total >= offset + raw_len
-                // bytes (checked above and in decode) and is ours until `test`
-                // reports done. Chunks of one message do not overlap (offsets come
-                // from one plan); a broken peer's that do fail the receive before it
-                // completes (`admit`), though their bytes may race into the buffer.
-                unsafe {
-                    std::slice::from_raw_parts_mut(
-                        (buf + h.offset as usize) as *mut u8,
-                        h.raw_len as usize,
-                    )
-                }
-            };
-            if h.compressed() {
-                let frame = staging.get(h.wire_len as usize);
-                recv_exact(sock, frame).map_err(io_err)?;
-                decoder.decode(frame, dst, &core.stats)?;
-            } else {
-                recv_exact(sock, dst).map_err(io_err)?;
-            }
-        }
-        core.stats.add(
-            if h.compressed() {
-                &core.stats.chunks_compressed
-            } else {
-                &core.stats.chunks_raw
-            },
-            1,
-        );
-        core.stats.add(&core.stats.wire_bytes, h.wire_len as u64);
-        core.stats.add(&core.stats.raw_bytes, h.raw_len as u64);
-        crate::adapt::RECEIVED.add(h.raw_len as u64);
-        if slot.bytes_placed(h.raw_len as usize) {
-            core.stats.add(&core.stats.messages, 1);
-            core.maybe_report();
-        }
-    }
-}
-
-impl RecvComm {
     /// Makes the lanes this comm's streams can use at once on device `b` (from
     /// `regMr`, so that receives never allocate).
     pub fn prewarm_device(&self, b: &Arc<dyn Backend>) -> Result<()> {
@@ -204,12 +145,12 @@ impl RecvComm {
             .prewarm(self.core.socks.len() + 1) // + 1: the inline stream's reader
     }
 
-    /// This comm's counters.
     /// This comm's failure report (one WARN per comm).
     pub fn report(&self) -> &crate::proto::slots::Report {
         self.core.ring.report()
     }
 
+    /// This comm's counters.
     pub fn stats(&self) -> &crate::stats::Stats {
         &self.core.stats
     }
@@ -218,8 +159,13 @@ impl RecvComm {
 impl Drop for RecvComm {
     fn drop(&mut self) {
         self.core.begin_close(true);
-        for t in self.threads.drain(..) {
-            let _ = t.join();
+        // Once a stream's state is gone no worker touches NCCL's buffers for it:
+        // taking it waits for a run in progress.
+        for (t, reg) in self.tasks.drain(..) {
+            if let Some(mut st) = t.state.lock().take() {
+                st.rx.release(&self.core.stats);
+            }
+            reg.close();
         }
         info!(
             "closed recv comm from {}: {}",
@@ -227,4 +173,206 @@ impl Drop for RecvComm {
             self.core.stats.summary()
         );
     }
+}
+
+/// A stream's receive machine, and the lanes that move its chunks bound for
+/// device memory.
+pub(super) struct RxState {
+    rx: StreamRx,
+    lanes: Option<Lanes>,
+}
+
+/// A data stream of a receive comm, as a worker drives it.
+struct RxTask {
+    core: Weak<Core>,
+    /// Kept here too, so the fd stays valid while a worker holds the task.
+    sock: Arc<Socket>,
+    who: usize,
+    lim: RxLimits,
+    /// Holds a header whose receive is not posted: `irecv` kicks it.
+    parked: AtomicBool,
+    /// `None` once the comm closed.
+    state: Mutex<Option<RxState>>,
+}
+
+impl Driven for RxTask {
+    fn fd(&self) -> RawFd {
+        self.sock.as_raw_fd()
+    }
+
+    fn run(&self) -> Next {
+        let mut g = self.state.lock();
+        let Some(st) = g.as_mut() else {
+            return Next::Done;
+        };
+        let Some(core) = self.core.upgrade() else {
+            return Next::Done;
+        };
+        if core.stopped() {
+            return Next::Done;
+        }
+        loop {
+            let r = pump_rx(&self.sock, &core, self.who, st, self.lim, RUN_BUDGET);
+            return match r {
+                Ok(Stop::Drained) => Next::Readable,
+                Ok(Stop::LaneBusy) => Next::Retry,
+                Ok(Stop::Ended) => Next::Done,
+                Ok(Stop::Posted(seq)) => {
+                    self.parked.store(true, SeqCst);
+                    fence(SeqCst);
+                    // Posted meanwhile (its `irecv` may have missed `parked`).
+                    if !matches!(core.ring.lookup(seq), Lookup::NotYet) {
+                        self.parked.store(false, SeqCst);
+                        continue;
+                    }
+                    Next::Park
+                }
+                Err(e) => {
+                    if !core.closing() {
+                        core.fail(e);
+                    }
+                    Next::Done
+                }
+            };
+        }
+    }
+}
+
+/// Bytes a data stream reads in one run before its worker moves on to others:
+/// about one chunk, so that the codec work of one busy stream (decoding runs on
+/// the worker) does not keep the worker's other streams unread for long.
+const RUN_BUDGET: usize = 256 << 10;
+
+/// Why [`pump_rx`] stopped.
+pub(super) enum Stop {
+    /// The socket has nothing more now.
+    Drained,
+    /// The next chunk's receive (message `seq`) is not posted.
+    Posted(u64),
+    /// A chunk for device memory waits for a free lane.
+    LaneBusy,
+    /// The stream ended cleanly (the comm was told).
+    Ended,
+}
+
+/// Drives stream `who`'s receive machine with non-blocking reads of `sock` until
+/// the socket is empty, a chunk must wait, or about `budget` bytes were read (so
+/// that one busy stream does not hold its worker from the others; the socket
+/// still has bytes, so it is ready again at once). Never blocks, never waits for
+/// a lane.
+pub(super) fn pump_rx(
+    sock: &Socket,
+    core: &Core,
+    who: usize,
+    st: &mut RxState,
+    lim: RxLimits,
+    mut budget: usize,
+) -> Result<Stop> {
+    let peer = core.peer;
+    let io_err = |e| Error::io(format!("receive from {peer} (stream {who})"), e);
+    let (ring, stats) = (&core.ring, &core.stats);
+    loop {
+        let want = st.rx.want(ring, core, stats)?;
+        if !matches!(want, Want::Posted(_)) {
+            ring.producer_waits(who, None);
+        }
+        match want {
+            // Out of budget only where the stream waits for bytes anyway (a staged
+            // device chunk must be placed first: no socket event would bring the
+            // stream back for it).
+            Want::Read(_) if budget == 0 => return Ok(Stop::Drained),
+            Want::Read(buf) => match read_some(sock, buf) {
+                Ok(0) => {
+                    st.rx.eof()?;
+                    core.stream_ended(who);
+                    return Ok(Stop::Ended);
+                }
+                Ok(n) => {
+                    st.rx.advance(n, ring, stats)?;
+                    if st.rx.at_boundary() {
+                        core.maybe_report();
+                    }
+                    budget = budget.saturating_sub(n);
+                }
+                Err(e) if would_block(&e) => return Ok(Stop::Drained),
+                Err(e) => return Err(io_err(e)),
+            },
+            // Not posted yet: the header waits, and so does the socket, unless no
+            // other stream can bring the pending receives.
+            Want::Posted(seq) => {
+                return match ring.producer_waits(who, Some(seq)) {
+                    Some(seq) => Err(core.stalled(seq)),
+                    None => Ok(Stop::Posted(seq)),
+                }
+            }
+            Want::Device(c) => {
+                if c.raw_len > 0 {
+                    let b = core.devs[c.seq as usize % NSLOTS]
+                        .lock()
+                        .clone()
+                        .ok_or_else(|| Error::Internal("device chunk without a device".into()))?;
+                    let lanes = st
+                        .lanes
+                        .get_or_insert_with(|| Lanes::new(Dir::Recv, lim.max_wire, lim.lanes));
+                    // Never wait for a lane (the pool was prewarmed for this
+                    // comm's readers): all busy, try again soon.
+                    let Some(mut lane) = lanes.try_take(&b)? else {
+                        return Ok(Stop::LaneBusy);
+                    };
+                    place_on_device(&mut lane, &c, stats)?;
+                    stats.add(&stats.chunks_device, 1);
+                }
+                st.rx.device_done(ring, stats)?;
+            }
+        }
+    }
+}
+
+/// Copies a staged chunk to its device buffer through `lane`, decoding it there
+/// (GPU) or on the CPU first when the device has no kernels.
+fn place_on_device(
+    lane: &mut crate::gpu::pool::LaneGuard,
+    c: &DeviceChunk,
+    stats: &crate::stats::Stats,
+) -> Result<()> {
+    let wire = c.wire.len();
+    if !c.compressed {
+        lane.staging(c.raw_len)?.copy_from_slice(c.wire);
+        return lane.upload(c.dst, c.raw_len);
+    }
+    if lane.kernels() {
+        lane.staging(wire)?.copy_from_slice(c.wire);
+        gpu_decode(lane, wire, c.dst, c.raw_len, stats)
+    } else {
+        let mut out = vec![0u8; c.raw_len];
+        decode_chunk(c.wire, &mut out, stats)?;
+        lane.upload_from(c.dst, &out)
+    }
+}
+
+impl RxState {
+    /// The inline stream's state (`inline.rs`).
+    pub(super) fn inline(peer: SocketAddr, max_chunk: usize) -> RxState {
+        RxState {
+            rx: StreamRx::new(Role::Inline, peer, max_chunk),
+            lanes: None,
+        }
+    }
+}
+
+/// Whether `e` means "try again later".
+pub(super) fn would_block(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+    )
+}
+
+/// One non-blocking read.
+pub(super) fn read_some(s: &Socket, buf: &mut [u8]) -> io::Result<usize> {
+    // SAFETY: u8 and MaybeUninit<u8> have the same layout, and recv only writes.
+    let b = unsafe {
+        std::slice::from_raw_parts_mut(buf.as_mut_ptr().cast::<MaybeUninit<u8>>(), buf.len())
+    };
+    s.recv_with_flags(b, libc::MSG_DONTWAIT)
 }

@@ -1,33 +1,39 @@
-//! Send comm: `isend` cuts a message into chunks and queues them; each stream's
-//! thread takes the next chunk, compresses it into its own staging buffer when the
-//! adaptive policy says it pays (otherwise writes straight from NCCL's buffer, no
-//! copy), and writes header and payload. Chunks go on the wire as soon as each is
-//! ready (split-send), and the request is done when its last chunk is written.
+//! Send comm: `isend` cuts a message into chunks and queues them; the comm's
+//! data streams, driven by the process's shared I/O workers
+//! ([`super::workers`]), take the next chunk, compress it into the stream's own
+//! staging buffer when the adaptive policy says it pays (otherwise write straight
+//! from NCCL's buffer, no copy), and write header and payload without blocking.
+//! Chunks go on the wire as soon as each is ready (split-send), and the request is
+//! done when its last chunk is written. A stream with nothing queued parks until
+//! `isend` kicks it.
 
 use std::io::IoSlice;
 use std::net::SocketAddr;
-use std::sync::Arc;
-use std::thread::JoinHandle;
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::atomic::{fence, AtomicBool, Ordering::Relaxed, Ordering::SeqCst};
+use std::sync::{Arc, Weak};
 
 use crossbeam_channel::{Receiver, Sender};
+use parking_lot::Mutex;
 use socket2::Socket;
 use tracing::info;
 
-use super::core::{spawn_io, Core};
-use super::sock::{configure_data_socket, send_all};
+use super::core::Core;
+use super::recv::would_block;
+use super::sock::configure_data_socket;
+use super::workers::{workers, Driven, Next, Registration};
 use crate::adapt::Policy;
 use crate::codec::EncodeOptions;
 use crate::codec_glue::Coder;
 use crate::config::Config;
-use crate::devpath::{DevSide, Wire};
+use crate::devpath::DevSide;
 use crate::error::{Error, Result};
 use crate::gpu::pool::Dir;
 use crate::gpu::Backend;
 use crate::proto::plan;
 use crate::proto::slots::Slot;
-use crate::proto::wire::FLAG_COMPRESSED;
-use crate::proto::wire::{ChunkHeader, MAX_MESSAGE};
-use crate::stats::Staging;
+use crate::proto::wire::{ChunkHeader, CHUNK_HEADER_SIZE, FLAG_COMPRESSED, MAX_MESSAGE};
+use crate::stats::{Stats, HELD};
 
 /// One chunk to write. `data` is NCCL's buffer, valid until `test` reports done;
 /// with `dev`, it is device memory staged through that device.
@@ -45,7 +51,8 @@ struct Task {
 pub struct SendComm {
     core: Arc<Core>,
     tx: Option<Sender<Task>>,
-    threads: Vec<JoinHandle<()>>,
+    /// The data streams, each registered with a worker.
+    tasks: Vec<(Arc<TxTask>, Registration)>,
     coders: Arc<Coders>,
     cfg: Arc<Config>,
 }
@@ -62,6 +69,8 @@ impl SendComm {
         for s in &socks {
             configure_data_socket(s, cfg.peer_timeout)
                 .map_err(|e| Error::io("configure socket", e))?;
+            s.set_nonblocking(true)
+                .map_err(|e| Error::io("set_nonblocking", e))?;
         }
         let core = Core::new(
             socks,
@@ -88,26 +97,36 @@ impl SendComm {
                 opts,
             },
         });
-        let max_wire = crate::codec_glue::max_wire(cfg.max_chunk);
-        let lanes = cfg.gpu_lanes;
-        let mut threads = Vec::with_capacity(n);
-        for i in 0..n {
-            let (c, rx, coders) = (core.clone(), rx.clone(), coders.clone());
-            threads.push(spawn_io(format!("zip-send{i}"), core.clone(), move || {
-                send_loop(&c, i, rx, &coders, max_wire, lanes)
-            })?);
-        }
         info!(
             "send comm to {peer}: {n} streams and the inline stream (messages up to {} B), compress={:?}, link {link_mbps} Mbps",
             cfg.inline_max, cfg.compress
         );
-        Ok(SendComm {
-            core,
+        let mut comm = SendComm {
+            core: core.clone(),
             tx: Some(tx),
-            threads,
-            coders,
-            cfg,
-        })
+            tasks: Vec::with_capacity(n),
+            coders: coders.clone(),
+            cfg: cfg.clone(),
+        };
+        let pool = workers(cfg.io_threads)?;
+        let max_wire = crate::codec_glue::max_wire(cfg.max_chunk);
+        for who in 0..n {
+            let task = Arc::new(TxTask {
+                core: Arc::downgrade(&core),
+                sock: core.socks[who].clone(),
+                who,
+                queue: rx.clone(),
+                coders: coders.clone(),
+                max_wire,
+                lanes: cfg.gpu_lanes,
+                parked: AtomicBool::new(false),
+                state: Mutex::new(Some(TxState::default())),
+            });
+            // On error, `comm`'s drop closes what was registered so far.
+            let reg = pool.register(task.clone())?;
+            comm.tasks.push((task, reg));
+        }
+        Ok(comm)
     }
 
     /// Queues `size` bytes at `data` (device memory of `dev` when given).
@@ -183,6 +202,20 @@ impl SendComm {
             tx.send(t)
                 .map_err(|_| Error::Internal("send queue closed".into()))?;
         }
+        // Wake as many parked streams as there are chunks. (Pairs with the fence
+        // in `TxTask::run`: either it sees the queued chunks, or we see that it
+        // parked.)
+        fence(SeqCst);
+        let mut want = nchunks;
+        for (t, reg) in &self.tasks {
+            if want == 0 {
+                break;
+            }
+            if t.parked.swap(false, SeqCst) {
+                reg.kick();
+                want -= 1;
+            }
+        }
         Ok(Some(slot))
     }
 }
@@ -196,103 +229,243 @@ struct Coders {
     dev: Coder,
 }
 
-fn send_loop(
-    core: &Core,
-    stream: usize,
-    rx: Receiver<Task>,
-    coders: &Coders,
+/// Bytes a data stream writes in one run before its worker moves on to others:
+/// about one chunk, so that the codec work of one busy stream (compression runs
+/// on the worker) does not keep the worker's other streams waiting for long.
+const RUN_BUDGET: usize = 256 << 10;
+
+/// A chunk on its way out: header, then `len` payload bytes, from NCCL's buffer at
+/// `nccl` or (None) from the stream's staging.
+struct Out {
+    seq: u64,
+    hdr: [u8; CHUNK_HEADER_SIZE],
+    nccl: Option<usize>,
+    len: usize,
+    compressed: bool,
+    /// Bytes of header + payload written so far.
+    done: usize,
+}
+
+/// What a data stream holds between runs.
+#[derive(Default)]
+struct TxState {
+    cur: Option<Out>,
+    /// Compressed frames (and device chunks' wire bytes). Grows to the largest
+    /// (bounded by the codec's worst case for one chunk); counted in the comm's
+    /// stats and [`HELD`].
+    staging: Vec<u8>,
+}
+
+impl TxState {
+    fn grow(&mut self, n: usize, stats: &Stats) {
+        if self.staging.len() < n {
+            let grow = (n - self.staging.len()) as u64;
+            self.staging.resize(n, 0);
+            stats.add(&stats.staging_bytes, grow);
+            HELD.staging_bytes.fetch_add(grow, Relaxed);
+        }
+    }
+
+    fn release(&mut self, stats: &Stats) {
+        let n = std::mem::take(&mut self.staging).len() as u64;
+        stats.staging_bytes.fetch_sub(n, Relaxed);
+        HELD.staging_bytes.fetch_sub(n, Relaxed);
+    }
+}
+
+impl Drop for TxState {
+    fn drop(&mut self) {
+        // Not released: the comm's counters go with it.
+        HELD.staging_bytes
+            .fetch_sub(self.staging.len() as u64, Relaxed);
+    }
+}
+
+/// A data stream of a send comm, as a worker drives it.
+struct TxTask {
+    core: Weak<Core>,
+    /// Kept here too, so the fd stays valid while a worker holds the task.
+    sock: Arc<Socket>,
+    who: usize,
+    /// The comm's chunks, shared by its streams.
+    queue: Receiver<Task>,
+    coders: Arc<Coders>,
     max_wire: usize,
     lanes: usize,
-) {
-    let sock = &core.socks[stream];
-    // Bounded: at most one compressed chunk (max_compressed_size(max_chunk)).
-    let mut staging = Staging::new(&core.stats.staging_bytes);
-    // Device chunks: a lane from the device's shared pool per chunk.
-    let mut dev_side = DevSide::new(
-        Dir::Send,
-        max_wire,
-        lanes,
-        &core.stats.staging_bytes,
-        || core.stopped(),
-    );
-    while let Ok(t) = rx.recv() {
-        if core.stopped() && core.check().is_err() {
-            continue; // the comm failed: its requests already carry the error
-        }
-        let slot = core.ring.slot(t.seq);
-        let encoded = match &t.dev {
-            None => {
-                let payload: &[u8] = if t.len == 0 {
-                    &[]
-                } else {
-                    // SAFETY: NCCL keeps the send buffer alive and unchanged until
-                    // `test` reports this request done, which happens only after
-                    // this write.
-                    unsafe {
-                        std::slice::from_raw_parts(
-                            (t.data + t.offset as usize) as *const u8,
-                            t.len as usize,
-                        )
+    /// Found the queue empty: `isend` kicks it.
+    parked: AtomicBool,
+    /// `None` once the comm closed.
+    state: Mutex<Option<TxState>>,
+}
+
+impl Driven for TxTask {
+    fn fd(&self) -> RawFd {
+        self.sock.as_raw_fd()
+    }
+
+    fn run(&self) -> Next {
+        let mut g = self.state.lock();
+        let Some(st) = g.as_mut() else {
+            return Next::Done;
+        };
+        let Some(core) = self.core.upgrade() else {
+            return Next::Done;
+        };
+        let mut budget = RUN_BUDGET;
+        loop {
+            if st.cur.is_none() {
+                let t = match self.queue.try_recv() {
+                    Ok(t) => t,
+                    Err(crossbeam_channel::TryRecvError::Disconnected) => return Next::Done,
+                    Err(crossbeam_channel::TryRecvError::Empty) => {
+                        self.parked.store(true, SeqCst);
+                        fence(SeqCst);
+                        // Queued meanwhile (its `isend` may have missed `parked`).
+                        if self.queue.is_empty() {
+                            return Next::Park;
+                        }
+                        self.parked.store(false, SeqCst);
+                        continue;
                     }
                 };
-                Ok(
-                    match coders
-                        .host
-                        .encode_chunk(payload, &mut staging, &core.stats, t.compress)
-                    {
-                        Some(frame) => (true, Wire::Host(frame)),
-                        None => (false, Wire::Host(payload)),
+                if core.check().is_err() {
+                    continue; // the comm failed: its requests already carry the error
+                }
+                match self.encode(&core, st, &t) {
+                    Ok(out) => st.cur = Some(out),
+                    Err(e) => {
+                        core.fail(e);
+                        continue;
+                    }
+                }
+            }
+            let o = st.cur.as_mut().expect("set above");
+            let total = CHUNK_HEADER_SIZE + o.len;
+            let payload: &[u8] = match o.nccl {
+                None => &st.staging[..o.len],
+                Some(_) if o.len == 0 => &[],
+                // SAFETY: NCCL keeps the send buffer alive and unchanged until
+                // `test` reports this request done, which happens only after the
+                // chunk's last byte is written.
+                Some(p) => unsafe { std::slice::from_raw_parts(p as *const u8, o.len) },
+            };
+            let (h, p) = if o.done < CHUNK_HEADER_SIZE {
+                (&o.hdr[o.done..], payload)
+            } else {
+                (&[][..], &payload[o.done - CHUNK_HEADER_SIZE..])
+            };
+            let r = self.sock.send_vectored_with_flags(
+                &[IoSlice::new(h), IoSlice::new(p)],
+                libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT,
+            );
+            match r {
+                Ok(0) if o.done < total => {
+                    core.fail(Error::io(
+                        format!("send to {} (stream {})", core.peer, self.who),
+                        std::io::ErrorKind::WriteZero.into(),
+                    ));
+                    return Next::Done;
+                }
+                Ok(n) => {
+                    o.done += n;
+                    budget = budget.saturating_sub(n);
+                }
+                Err(e) if would_block(&e) => return Next::Writable,
+                Err(e) => {
+                    if !core.closing() {
+                        core.fail(Error::io(
+                            format!("send to {} (stream {})", core.peer, self.who),
+                            e,
+                        ));
+                    }
+                    return Next::Done;
+                }
+            }
+            if o.done == total {
+                let (seq, len, compressed) = (o.seq, o.len, o.compressed);
+                st.cur = None;
+                let s = &core.stats;
+                s.add(&s.wire_bytes, len as u64);
+                s.add(
+                    if compressed {
+                        &s.chunks_compressed
+                    } else {
+                        &s.chunks_raw
                     },
-                )
+                    1,
+                );
+                core.ring.slot(seq).chunk_sent();
+                core.maybe_report();
             }
-            Some(b) => dev_side.encode(
-                b,
-                &coders.dev,
-                (t.data + t.offset as usize) as u64,
-                t.len as usize,
-                &core.stats,
-            ),
-        };
-        let (compressed, wire) = match encoded {
-            Ok(x) => x,
-            Err(e) => {
-                core.fail(e);
-                continue;
+            if budget == 0 {
+                // Ready again at once if the socket takes more.
+                return Next::Writable;
+            }
+        }
+    }
+}
+
+impl TxTask {
+    /// The wire form of chunk `t`: compressed into the stream's staging when the
+    /// policy says so and it shrinks, else NCCL's bytes as they are (device
+    /// chunks: staged through a lane, whose bytes are copied to the staging so
+    /// the lane goes back at once).
+    fn encode(&self, core: &Core, st: &mut TxState, t: &Task) -> Result<Out> {
+        let stats = &core.stats;
+        let len = t.len as usize;
+        let src = t.data + t.offset as usize;
+        let (compressed, nccl, wire_len) = match &t.dev {
+            None => {
+                let payload: &[u8] = if len == 0 {
+                    &[]
+                } else {
+                    // SAFETY: as for the write in `run`.
+                    unsafe { std::slice::from_raw_parts(src as *const u8, len) }
+                };
+                let host = &self.coders.host;
+                if t.compress || (len > 0 && host.wants(len, stats)) {
+                    st.grow(crate::codec::max_compressed_size(len), stats);
+                    match host.compress(payload, &mut st.staging, stats) {
+                        Some(n) => (true, None, n),
+                        None => (false, Some(src), len),
+                    }
+                } else {
+                    (false, Some(src), len)
+                }
+            }
+            Some(b) => {
+                let mut dev_side = DevSide::new(
+                    Dir::Send,
+                    self.max_wire,
+                    self.lanes,
+                    &stats.staging_bytes,
+                    || core.stopped(),
+                );
+                let (compressed, wire) =
+                    dev_side.encode(b, &self.coders.dev, src as u64, len, stats)?;
+                let n = wire.len();
+                st.grow(n, stats);
+                st.staging[..n].copy_from_slice(&wire);
+                (compressed, None, n)
             }
         };
-        let flags = if compressed { FLAG_COMPRESSED } else { 0 };
         let hdr = ChunkHeader {
-            flags,
+            flags: if compressed { FLAG_COMPRESSED } else { 0 },
             seq: t.seq,
             total: t.total,
             offset: t.offset,
             raw_len: t.len,
-            wire_len: wire.len() as u32,
+            wire_len: wire_len as u32,
         }
         .encode();
-        let sent = send_all(sock, &mut [IoSlice::new(&hdr), IoSlice::new(&wire)]);
-        let wire_len = wire.len();
-        drop(wire); // gives a pooled lane back
-        match sent {
-            Ok(()) => {
-                let st = &core.stats;
-                st.add(&st.wire_bytes, wire_len as u64);
-                st.add(
-                    if flags == 0 {
-                        &st.chunks_raw
-                    } else {
-                        &st.chunks_compressed
-                    },
-                    1,
-                );
-                slot.chunk_sent();
-                core.maybe_report();
-            }
-            Err(e) => core.fail(Error::io(
-                format!("send to {} (stream {stream})", core.peer),
-                e,
-            )),
-        }
+        Ok(Out {
+            seq: t.seq,
+            hdr,
+            nccl,
+            len: wire_len,
+            compressed,
+            done: 0,
+        })
     }
 }
 
@@ -319,11 +492,17 @@ impl SendComm {
 impl Drop for SendComm {
     fn drop(&mut self) {
         // Requests still in flight at close are abandoned: cut the sockets so no
-        // thread stays blocked on a peer that no longer reads.
+        // stream keeps writing to a peer that no longer reads. (With none in
+        // flight, every queued chunk has been written.)
         self.core.begin_close(!self.core.ring.idle());
         self.tx.take();
-        for t in self.threads.drain(..) {
-            let _ = t.join();
+        // Once a stream's state is gone no worker reads NCCL's buffers for it:
+        // taking it waits for a run in progress.
+        for (t, reg) in self.tasks.drain(..) {
+            if let Some(mut st) = t.state.lock().take() {
+                st.release(&self.core.stats);
+            }
+            reg.close();
         }
         info!(
             "closed send comm to {}: {}",

@@ -1,0 +1,305 @@
+//! The process-wide I/O workers: a few threads, each an epoll loop, that drive
+//! the streams of every comm in the process, so the thread count follows the
+//! machine, not the number of comms.
+//!
+//! epoll through `nix` (already a dependency, safe wrappers for epoll and
+//! eventfd): each stream is registered with `EPOLLONESHOT`, so exactly one worker
+//! runs it at a time and a stream is re-armed only when its driver asks for bytes
+//! (receive) or room (send). A stream that cannot go on until its comm does
+//! something (a receive is posted, a chunk queued) parks; the comm kicks it (an
+//! eventfd wakes the worker).
+//!
+//! How many: the CPUs this process may run on (its affinity mask), shared among
+//! the ranks of this node when the mask is not already theirs alone, at most 8,
+//! at least 1; `NCCL_ZIP_IO_THREADS` caps it.
+
+use std::collections::HashMap;
+use std::os::fd::{BorrowedFd, RawFd};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
+use std::sync::{Arc, OnceLock};
+
+use nix::poll::PollTimeout;
+use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags};
+use nix::sys::eventfd::{EfdFlags, EventFd};
+use parking_lot::Mutex;
+use tracing::{info, warn};
+
+use crate::error::{Error, Result};
+use crate::stats::HELD;
+
+/// What a stream's driver wants after a run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Next {
+    /// Run again when the socket has bytes.
+    Readable,
+    /// Run again when the socket takes bytes.
+    Writable,
+    /// Run again when kicked ([`Registration::kick`]).
+    Park,
+    /// Run again soon (waits on a shared resource that has no wake-up, a GPU lane).
+    Retry,
+    /// Never again: the stream ended or its comm failed or closed.
+    Done,
+}
+
+/// A stream driven by a worker. `run` is never called twice at once.
+pub trait Driven: Send + Sync {
+    fn run(&self) -> Next;
+    fn fd(&self) -> RawFd;
+}
+
+/// The id of the worker's own eventfd in its epoll set.
+const WAKE: u64 = 0;
+/// How long a worker waits before running the streams that asked to retry.
+const RETRY_MS: u8 = 1;
+
+struct Worker {
+    ep: Epoll,
+    wake: EventFd,
+    tasks: Mutex<HashMap<u64, Arc<dyn Driven>>>,
+    /// Streams kicked since the worker last looked.
+    kicked: Mutex<Vec<u64>>,
+    sleeping: AtomicBool,
+}
+
+pub struct Workers {
+    workers: Vec<Arc<Worker>>,
+    next_id: AtomicU64,
+}
+
+/// A stream's place in a worker. Dropping it does not deregister: call
+/// [`Registration::close`].
+pub struct Registration {
+    worker: Arc<Worker>,
+    id: u64,
+    fd: RawFd,
+}
+
+static WORKERS: OnceLock<std::result::Result<Workers, String>> = OnceLock::new();
+
+/// The process's workers, started on first use (`cap`: `NCCL_ZIP_IO_THREADS`).
+pub fn workers(cap: Option<usize>) -> Result<&'static Workers> {
+    WORKERS
+        .get_or_init(|| Workers::start(count(cap)).map_err(|e| e.to_string()))
+        .as_ref()
+        .map_err(|e| Error::Internal(format!("I/O workers: {e}")))
+}
+
+/// CPUs in this process's affinity mask (1 if it cannot be read).
+pub fn usable_cpus() -> usize {
+    use nix::sched::{sched_getaffinity, CpuSet};
+    use nix::unistd::Pid;
+    match sched_getaffinity(Pid::from_raw(0)) {
+        Ok(set) => (0..CpuSet::count())
+            .filter(|&i| set.is_set(i).unwrap_or(false))
+            .count()
+            .max(1),
+        Err(_) => 1,
+    }
+}
+
+/// Ranks of this job on this node, from the launcher's environment (1 if none
+/// says).
+pub fn local_ranks() -> usize {
+    [
+        "LOCAL_WORLD_SIZE",
+        "OMPI_COMM_WORLD_LOCAL_SIZE",
+        "MPI_LOCALNRANKS",
+        "SLURM_NTASKS_PER_NODE",
+    ]
+    .iter()
+    .find_map(|k| std::env::var(k).ok()?.trim().parse::<usize>().ok())
+    .filter(|&n| n > 0)
+    .unwrap_or(1)
+}
+
+/// The number of workers: see the module doc.
+pub fn count(cap: Option<usize>) -> usize {
+    let cpus = usable_cpus();
+    let all = std::thread::available_parallelism().map_or(cpus, |n| n.get());
+    // A mask narrower than the machine is already this rank's share.
+    let share = if cpus < all {
+        cpus
+    } else {
+        cpus / local_ranks()
+    };
+    let n = share.clamp(1, 8);
+    cap.map_or(n, |c| n.min(c.max(1)))
+}
+
+impl Workers {
+    fn start(n: usize) -> Result<Workers> {
+        let mut workers = Vec::with_capacity(n);
+        for i in 0..n {
+            let ep = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC)
+                .map_err(|e| Error::io("epoll_create", e.into()))?;
+            let wake = EventFd::from_flags(EfdFlags::EFD_CLOEXEC | EfdFlags::EFD_NONBLOCK)
+                .map_err(|e| Error::io("eventfd", e.into()))?;
+            ep.add(&wake, EpollEvent::new(EpollFlags::EPOLLIN, WAKE))
+                .map_err(|e| Error::io("epoll_ctl", e.into()))?;
+            let w = Arc::new(Worker {
+                ep,
+                wake,
+                tasks: Mutex::new(HashMap::new()),
+                kicked: Mutex::new(Vec::new()),
+                sleeping: AtomicBool::new(false),
+            });
+            let w2 = w.clone();
+            std::thread::Builder::new()
+                .name(format!("zip-io{i}"))
+                .spawn(move || {
+                    HELD.io_workers.fetch_add(1, Relaxed);
+                    w2.run()
+                })
+                .map_err(|e| Error::io("spawn I/O worker", e))?;
+            workers.push(w);
+        }
+        info!("{n} I/O workers for every TCP comm of this process");
+        Ok(Workers {
+            workers,
+            next_id: AtomicU64::new(WAKE + 1),
+        })
+    }
+
+    pub fn len(&self) -> usize {
+        self.workers.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.workers.is_empty()
+    }
+
+    /// Adds `task` to a worker (spread by id) and runs it once soon.
+    pub fn register(&self, task: Arc<dyn Driven>) -> Result<Registration> {
+        let id = self.next_id.fetch_add(1, Relaxed);
+        let w = self.workers[(id as usize) % self.workers.len()].clone();
+        let fd = task.fd();
+        w.tasks.lock().insert(id, task);
+        // Registered disarmed (no events): the first run arms it.
+        // SAFETY: the fd belongs to the task, which stays alive (in `tasks`) at
+        // least until `close` deletes it from the set.
+        let bfd = unsafe { BorrowedFd::borrow_raw(fd) };
+        if let Err(e) = w.ep.add(bfd, EpollEvent::new(EpollFlags::EPOLLONESHOT, id)) {
+            w.tasks.lock().remove(&id);
+            return Err(Error::io("epoll_ctl add", e.into()));
+        }
+        let r = Registration { worker: w, id, fd };
+        r.kick();
+        Ok(r)
+    }
+}
+
+impl Registration {
+    /// Runs the stream soon, whatever it waits for.
+    pub fn kick(&self) {
+        self.worker.kicked.lock().push(self.id);
+        if self.worker.sleeping.load(SeqCst) {
+            let _ = self.worker.wake.arm();
+        }
+    }
+
+    /// Takes the stream out of its worker. A run in progress may still finish:
+    /// the task must refuse work once its owner has closed it.
+    pub fn close(self) {
+        let task = self.worker.tasks.lock().remove(&self.id);
+        if task.is_some() {
+            // SAFETY: the task (which owns the fd) is alive here.
+            let bfd = unsafe { BorrowedFd::borrow_raw(self.fd) };
+            let _ = self.worker.ep.delete(bfd);
+        }
+    }
+}
+
+impl Worker {
+    fn run(&self) {
+        let mut events = vec![EpollEvent::empty(); 256];
+        let mut retry: Vec<u64> = Vec::new();
+        let mut due: Vec<u64> = Vec::new();
+        loop {
+            let timeout = if retry.is_empty() {
+                PollTimeout::NONE
+            } else {
+                PollTimeout::from(RETRY_MS)
+            };
+            // Announce the sleep before the last look at the kick list: a kick
+            // after that look sees `sleeping` and writes the eventfd.
+            self.sleeping.store(true, SeqCst);
+            let n = if self.kicked.lock().is_empty() {
+                match self.ep.wait(&mut events, timeout) {
+                    Ok(n) => n,
+                    Err(nix::errno::Errno::EINTR) => 0,
+                    Err(e) => {
+                        warn!("I/O worker: epoll_wait failed: {e}");
+                        std::thread::sleep(std::time::Duration::from_millis(10));
+                        0
+                    }
+                }
+            } else {
+                0
+            };
+            self.sleeping.store(false, SeqCst);
+            due.clear();
+            due.append(&mut retry);
+            for ev in &events[..n] {
+                if ev.data() == WAKE {
+                    let _ = self.wake.read();
+                } else {
+                    due.push(ev.data());
+                }
+            }
+            due.append(&mut self.kicked.lock());
+            due.sort_unstable();
+            due.dedup();
+            for &id in &due {
+                let Some(task) = self.tasks.lock().get(&id).cloned() else {
+                    continue; // closed meanwhile
+                };
+                let next =
+                    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| task.run())) {
+                        Ok(n) => n,
+                        Err(_) => {
+                            warn!("I/O worker: a stream's driver panicked; it is dropped");
+                            Next::Done
+                        }
+                    };
+                match next {
+                    Next::Readable | Next::Writable => {
+                        let dir = if next == Next::Readable {
+                            EpollFlags::EPOLLIN
+                        } else {
+                            EpollFlags::EPOLLOUT
+                        };
+                        // SAFETY: the task owns the fd and is alive (`task`).
+                        let bfd = unsafe { BorrowedFd::borrow_raw(task.fd()) };
+                        let mut ev = EpollEvent::new(dir | EpollFlags::EPOLLONESHOT, id);
+                        if self.tasks.lock().contains_key(&id) {
+                            let _ = self.ep.modify(bfd, &mut ev);
+                        }
+                    }
+                    Next::Park => {}
+                    Next::Retry => retry.push(id),
+                    Next::Done => {
+                        if self.tasks.lock().remove(&id).is_some() {
+                            // SAFETY: as above.
+                            let bfd = unsafe { BorrowedFd::borrow_raw(task.fd()) };
+                            let _ = self.ep.delete(bfd);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn count_follows_the_cap() {
+        assert_eq!(count(Some(1)), 1);
+        assert!(count(None) >= 1 && count(None) <= 8);
+        assert!(count(Some(100)) <= 8);
+        assert!(usable_cpus() >= 1);
+    }
+}
