@@ -71,6 +71,14 @@ pub struct Config {
     pub checksum: bool,
     /// `NCCL_ZIP_STATS=1`: periodic INFO lines with per-comm stats.
     pub stats: bool,
+    /// `NCCL_ZIP_STATS_FILE`: JSON lines of the process's and each peer's
+    /// counters (`%h` host name, `%p` pid), see `stats::export`.
+    pub stats_file: Option<String>,
+    /// `NCCL_ZIP_STATS_INTERVAL_MS`: how often the stats file gets a record
+    /// (0: only at exit).
+    pub stats_interval: Duration,
+    /// `NCCL_ZIP_STATS_PER_COMM=1`: per-comm records in the stats file too.
+    pub stats_per_comm: bool,
     /// The link speed the cost model assumes (`NCCL_ZIP_LINK_MBPS`); by default the
     /// device's speed from /sys. Set it when the real bottleneck is elsewhere
     /// (a shaped or shared link).
@@ -137,6 +145,9 @@ impl Default for Config {
             gpu_force_nvrtc: false,
             nccl_dmabuf_enable: true,
             io_threads: None,
+            stats_file: None,
+            stats_interval: Duration::from_secs(10),
+            stats_per_comm: false,
         }
     }
 }
@@ -331,6 +342,18 @@ impl Config {
         if let Some(b) = boolean("NCCL_ZIP_STATS")? {
             c.stats = b;
         }
+        if let Some(v) = get("NCCL_ZIP_STATS_FILE") {
+            let v = v.trim().to_string();
+            if !v.is_empty() {
+                c.stats_file = Some(v);
+            }
+        }
+        if let Some(n) = int("NCCL_ZIP_STATS_INTERVAL_MS", 0, 86_400_000, "milliseconds")? {
+            c.stats_interval = Duration::from_millis(n);
+        }
+        if let Some(b) = boolean("NCCL_ZIP_STATS_PER_COMM")? {
+            c.stats_per_comm = b;
+        }
         // NCCL's own variable, read exactly as NCCL reads it (never an error).
         c.nccl_dmabuf_enable =
             crate::transport::ib::dmabuf::nccl_dmabuf_enable(get("NCCL_DMABUF_ENABLE").as_deref());
@@ -370,6 +393,9 @@ impl Config {
         field!("NCCL_SOCKET_FAMILY", socket_family);
         field!("NCCL_ZIP_CHECKSUM", checksum);
         field!("NCCL_ZIP_STATS", stats);
+        field!("NCCL_ZIP_STATS_FILE", stats_file);
+        field!("NCCL_ZIP_STATS_INTERVAL_MS", stats_interval);
+        field!("NCCL_ZIP_STATS_PER_COMM", stats_per_comm);
         field!("NCCL_ZIP_LINK_MBPS", link_mbps);
         field!("NCCL_ZIP_GPU", gpu);
         field!("NCCL_ZIP_GPU_EMULATE", gpu_emulate);
@@ -519,6 +545,8 @@ mod tests {
             ("NCCL_ZIP_PEER_TIMEOUT_MS", "1M"),
             ("NCCL_ZIP_CHECKSUM", "2"),
             ("NCCL_ZIP_STATS", "maybe"),
+            ("NCCL_ZIP_STATS_INTERVAL_MS", "5s"),
+            ("NCCL_ZIP_STATS_PER_COMM", "sometimes"),
             ("NCCL_ZIP_GPU_SMS", "x"),
             ("NCCL_ZIP_GPU_DECODE_BLOCK_LOG2", "24"),
             ("NCCL_ZIP_GPU_ZEROCOPY", "y"),

@@ -24,4 +24,5 @@ pub mod net;
 pub mod plugin;
 pub mod proto;
 pub mod stats;
+pub mod stats_export;
 pub mod transport;

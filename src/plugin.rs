@@ -129,6 +129,9 @@ pub fn try_init() -> Result<&'static Plugin> {
 fn build() -> Result<Plugin> {
     let cfg = Arc::new(Config::from_env()?);
     crate::config::install(cfg.clone());
+    if let Some(path) = &cfg.stats_file {
+        crate::stats_export::start(path, cfg.stats_interval, cfg.stats_per_comm);
+    }
     let devices = discover(&cfg).map_err(|e| Error::io("listing network interfaces", e))?;
     if devices.is_empty() {
         return Err(Error::Internal(format!(

@@ -261,6 +261,9 @@ fn run_plugin(o: &Opts) -> u8 {
         .map(|p| p.clock.total_bytes())
         .max()
         .unwrap_or(0);
+    if o.exit_without_close {
+        std::process::exit(if result.is_ok() { 0 } else { 1 });
+    }
     let closed_ok = st.close();
     drop(st);
     if let (Some(w), Ok(())) = (&wire, &result) {

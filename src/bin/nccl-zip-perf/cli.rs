@@ -78,6 +78,9 @@ pub struct Opts {
     pub bind: Option<String>,
     pub wire_iface: Option<String>,
     pub check_leaks: bool,
+    /// Exit right after the run, with comms open (a job that never destroys its
+    /// communicators): tests the stats file's exit record.
+    pub exit_without_close: bool,
     /// `Some(None)`: any error; `Some(Some(code))`: that ncclResult_t value.
     pub expect_error: Option<Option<u32>>,
     pub trigger_file: Option<PathBuf>,
@@ -276,6 +279,10 @@ struct Cli {
     /// process-wide I/O workers, zip-io*, and their epoll/eventfd handles not counted).
     #[arg(long, help_heading = "Checks")]
     check_leaks: bool,
+    /// Exit right after the run without closing any comm (as a job that never
+    /// destroys its communicators).
+    #[arg(long, help_heading = "Checks")]
+    exit_without_close: bool,
     /// Succeed only if a call returns that error: remote|invalid-usage|invalid-argument|system|internal|any.
     #[arg(long, value_name = "ERR", help_heading = "Checks")]
     expect_error: Option<String>,
@@ -371,6 +378,7 @@ impl Opts {
             bind: c.bind,
             wire_iface: c.wire_iface,
             check_leaks: c.check_leaks,
+            exit_without_close: c.exit_without_close,
             expect_error: c.expect_error.as_deref().map(error_code).transpose()?,
             trigger_file: c.trigger_file,
             timeout: c.timeout,

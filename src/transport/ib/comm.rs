@@ -727,6 +727,31 @@ struct Shared {
     stats: Stats,
 }
 
+impl crate::stats_export::CommStats for Shared {
+    fn comm_stats(&self) -> &Stats {
+        &self.stats
+    }
+    fn peer(&self) -> SocketAddr {
+        self.peer
+    }
+    fn kind(&self) -> &'static str {
+        if self.what.starts_with("send") {
+            "send"
+        } else {
+            "recv"
+        }
+    }
+    fn transport(&self) -> &'static str {
+        "ib"
+    }
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        crate::stats_export::retire(self);
+    }
+}
+
 impl Shared {
     /// Fails the comm (first error wins) and every pending request. Returns
     /// true for the first failure.
@@ -994,6 +1019,8 @@ impl Comm {
             },
             crate::proto::slots::Report::next_comm_id()
         ));
+        let weak = Arc::downgrade(&sh);
+        crate::stats_export::register(weak);
         let (tx, rx) = crossbeam_channel::unbounded();
         let sh2 = sh.clone();
         let thread = std::thread::Builder::new()

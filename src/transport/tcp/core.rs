@@ -101,6 +101,8 @@ impl Core {
             direction,
         });
         let kind = if rx.is_some() { "recv" } else { "send" };
+        let weak = Arc::downgrade(&core);
+        crate::stats_export::register(weak);
         core.ring.report().set_label(format!(
             "{kind} comm #{} ({direction} {peer})",
             crate::proto::slots::Report::next_comm_id()
@@ -263,8 +265,28 @@ impl Placement for Core {
     }
 }
 
+impl crate::stats_export::CommStats for Core {
+    fn comm_stats(&self) -> &Stats {
+        &self.stats
+    }
+    fn peer(&self) -> SocketAddr {
+        self.peer
+    }
+    fn kind(&self) -> &'static str {
+        if self.rx.is_some() {
+            "recv"
+        } else {
+            "send"
+        }
+    }
+    fn transport(&self) -> &'static str {
+        "tcp"
+    }
+}
+
 impl Drop for Core {
     fn drop(&mut self) {
+        crate::stats_export::retire(self);
         HELD.comms.fetch_sub(1, Relaxed);
         info!("{}", HELD.summary());
     }
