@@ -170,7 +170,7 @@ def coded_block_v2(block, ty, col_off, pos0):
         x, idx = x[keep], idx[keep]
     n = len(x)
     tail = L - m * w
-    head = 4 + zl_bytes
+    head = 5 + zl_bytes  # mode, flags, k, A, phase+sub-segment size (index: 3 more)
     if n == 0:
         return head + tail
     e = (x >> sh) & ((1 << eb) - 1)
@@ -211,6 +211,9 @@ def coded_block_v2(block, ty, col_off, pos0):
     cost = (int(bits_el.sum()) + 7) // 8 + index_bytes(bits_el) + pb * int(
         np.count_nonzero(~((sy == ZERO) & zflag))
     ) / 8
+    if zflag:
+        # per sub-segment count of ZERO elements (plane offsets for parallel decode)
+        cost += index_bytes((sy == ZERO).astype(np.int64))
     if not any(lens is r for r in V1LENS):
         cost += 13
     if ty in ("e4m3", "e5m2"):
@@ -279,9 +282,16 @@ def find_period(x, ty, nsample=32768):
     if var == 0:
         return None
     best = (0.02, None)
-    for p in range(64, 8193, 64):
-        if n / p < 8:
-            break
+    # candidates: the 8 lags (multiples of 16, up to 8192) with the highest
+    # autocorrelation of the centred exponents (zeros set to the mean)
+    v = np.where(ok, e - ev.mean(), 0.0)
+    f = np.fft.rfft(v, 2 * len(v))
+    ac = np.fft.irfft(f * np.conj(f))[: min(8193, len(v) // 8)]
+    lags = np.arange(16, len(ac), 16)
+    if len(lags) == 0:
+        return None
+    for p in lags[np.argsort(-ac[lags])[:8]]:
+        p = int(p)
         col = pos % p
         cnt = np.bincount(col, minlength=p)
         sm = np.bincount(col, weights=ev, minlength=p)

@@ -230,7 +230,7 @@ pub fn embedding_grad(nbytes: usize, width: usize, zero_frac: f64, seed: u64) ->
     let mut vals = Vec::with_capacity(rows * width);
     for _ in 0..rows {
         if r.unit() <= zero_frac {
-            vals.extend(std::iter::repeat(0.0).take(width));
+            vals.extend(std::iter::repeat_n(0.0, width));
         } else {
             let s = 1e-3 * 2f64.powf(-4.0 * r.unit());
             vals.extend((0..width).map(|_| r.gauss() * s));
@@ -260,7 +260,7 @@ pub fn moe_dispatch(
             if row < filled {
                 vals.extend(chan.iter().map(|s| r.gauss() * s));
             } else {
-                vals.extend(std::iter::repeat(0.0).take(width));
+                vals.extend(std::iter::repeat_n(0.0, width));
             }
         }
     }
