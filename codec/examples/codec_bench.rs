@@ -5,9 +5,12 @@
 //! `cargo run --release -p nccl-zip-codec --example codec_bench [-- --data DIR] [--msg BYTES] [--secs S]`
 //!
 //! Data: synthetic seeded classes, plus every `*.bf16`, `*.fp16`, `*.fp32` file in
-//! DIR (default `bench/data`, written by `scripts/make_tensors.py`). Inputs are cut
-//! into messages of `--msg` bytes (default 1 MiB, NCCL's largest) and each message
-//! is one frame, as the plugin does it.
+//! DIR (default `bench/data`, written by `scripts/make_tensors.py`), plus sparse and
+//! fp8 classes (issue 19) built from those files where the class is "real" and
+//! synthetically otherwise (names start with `sparse:` and `fp8:`). Inputs are cut
+//! into messages of `--msg` bytes (default 1 MiB, NCCL's largest; the plugin's chunk
+//! is 256 KiB: `--msg 262144`) and each message is one frame, as the plugin does it.
+//! `--dump DIR` also writes each class's bytes to DIR (for `codec/tools/v2_estimate.py`).
 #[path = "../tests/common/mod.rs"]
 mod common;
 use common::*;
@@ -20,6 +23,7 @@ struct Args {
     secs: f64,
     only: Option<String>,
     no_zstd: bool,
+    dump: Option<String>,
 }
 
 fn args() -> Args {
@@ -29,6 +33,7 @@ fn args() -> Args {
         secs: 0.4,
         only: None,
         no_zstd: false,
+        dump: None,
     };
     let v: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
@@ -38,6 +43,7 @@ fn args() -> Args {
             "--msg" => a.msg = v[i + 1].parse().expect("--msg BYTES"),
             "--secs" => a.secs = v[i + 1].parse().expect("--secs S"),
             "--only" => a.only = Some(v[i + 1].clone()),
+            "--dump" => a.dump = Some(v[i + 1].clone()),
             "--no-zstd" => {
                 a.no_zstd = true;
                 i += 1;
@@ -69,27 +75,38 @@ fn gbps(total: usize, secs: f64, mut f: impl FnMut()) -> f64 {
     total as f64 / best / 1e9
 }
 
-/// Order-0 bound in bytes: entropy of the 16-bit values (bf16, fp16), or of the top
-/// 16 bits plus the low 16 bits at 16 bits (fp32).
-fn entropy_bound(ty: Ty, d: &[u8]) -> f64 {
-    let mut h = vec![0u64; 1 << 16];
-    let w = ty.width();
-    let n = d.len() / w;
-    for c in d.chunks_exact(w) {
-        h[u16::from_le_bytes([c[w - 2], c[w - 1]]) as usize] += 1;
+/// Order-0 bound in bytes: entropy of the 16-bit values (bf16, fp16); of the top 16
+/// bits plus the entropy of the low 16 bits (fp32: the two halves coded independently,
+/// so an fp32 buffer holding bf16 values gets its low half at 0 bits); of the bytes
+/// (fp8). Counts runs of zeros value by value: zstd can beat it on sparse data.
+fn entropy_bound(w: usize, d: &[u8]) -> f64 {
+    fn h(counts: &[u64]) -> f64 {
+        let n: u64 = counts.iter().sum();
+        counts
+            .iter()
+            .filter(|&&c| c > 0)
+            .map(|&c| -(c as f64) * (c as f64 / n as f64).log2())
+            .sum()
     }
-    let bits: f64 = h
-        .iter()
-        .filter(|&&c| c > 0)
-        .map(|&c| {
-            let p = c as f64 / n as f64;
-            -(c as f64) * p.log2()
-        })
-        .sum();
-    (bits + if w == 4 { 16.0 * n as f64 } else { 0.0 }) / 8.0
+    if w == 1 {
+        let mut hb = vec![0u64; 256];
+        for &b in d {
+            hb[b as usize] += 1;
+        }
+        return h(&hb) / 8.0;
+    }
+    let mut hi = vec![0u64; 1 << 16];
+    let mut lo = vec![0u64; 1 << 16];
+    for c in d.chunks_exact(w) {
+        hi[u16::from_le_bytes([c[w - 2], c[w - 1]]) as usize] += 1;
+        if w == 4 {
+            lo[u16::from_le_bytes([c[0], c[1]]) as usize] += 1;
+        }
+    }
+    (h(&hi) + if w == 4 { h(&lo) } else { 0.0 }) / 8.0
 }
 
-fn run(name: &str, ty: Ty, data: &[u8], a: &Args) {
+fn run(name: &str, tname: &str, w: usize, data: &[u8], a: &Args) {
     let msgs: Vec<&[u8]> = data.chunks(a.msg).collect();
     let total = data.len();
     let opts = EncodeOptions::default();
@@ -146,11 +163,11 @@ fn run(name: &str, ty: Ty, data: &[u8], a: &Args) {
     while z.len() < 2 {
         z.push((0.0, 0.0, 0.0));
     }
-    let bound = total as f64 / entropy_bound(ty, data);
+    let bound = total as f64 / entropy_bound(w, data);
     let det: Vec<String> = detected.iter().map(|(k, v)| format!("{k}:{v}")).collect();
     println!(
         "| {name} | {} | {:.1} | {:.4} | {:.4} | {:.2} | {:.2} | {:.4} | {:.2} / {:.2} | {:.4} | {:.2} / {:.2} | {} |",
-        ty.name(),
+        tname,
         total as f64 / (1 << 20) as f64,
         bound,
         total as f64 / ours as f64,
@@ -166,6 +183,112 @@ fn run(name: &str, ty: Ty, data: &[u8], a: &Args) {
     );
 }
 
+type Gen = Box<dyn Fn() -> Vec<u8>>;
+
+/// Reads `DIR/NAME`, or None when the real tensors have not been written.
+fn real(dir: &str, name: &str) -> Option<Vec<u8>> {
+    std::fs::read(std::path::Path::new(dir).join(name)).ok()
+}
+
+/// The sparse and fp8 classes of issue 19: (name, type name, element width, data).
+fn issue19_sets(a: &Args, sets: &mut Vec<(String, &'static str, usize, Gen)>) {
+    let size = 16 << 20;
+    // Embedding-table gradient: only rows of tokens in the batch are non-zero; in a
+    // reduce-scatter the zero rows fill hop by hop (92% -> 85% -> ... -> 50%).
+    for (pct, seed) in [(92u32, 21u64), (50, 22), (85, 23), (99, 24)] {
+        sets.push((
+            format!("sparse: embedding grad, {pct}% zero rows (4096 wide)"),
+            "bf16",
+            2,
+            Box::new(move || embedding_grad(size, 4096, pct as f64 / 100.0, seed)),
+        ));
+    }
+    for (unfilled, seed) in [(30u32, 31u64), (60, 32)] {
+        sets.push((
+            format!("sparse: MoE dispatch, {unfilled}% unfilled capacity (4096 wide)"),
+            "bf16",
+            2,
+            Box::new(move || moe_dispatch(8, 256, 4096, 1.0 - unfilled as f64 / 100.0, seed)),
+        ));
+    }
+    sets.push((
+        "sparse: fp32 holding bf16 (gauss σ=0.02)".into(),
+        "fp32",
+        4,
+        Box::new(move || bf16_in_fp32(&gaussian(Ty::Bf16, size / 2, 0.02, 33))),
+    ));
+    let dir = a.data.clone();
+    if let Some(w) = real(&dir, "weights.bf16") {
+        sets.push((
+            "sparse: fp32 holding bf16 (real weights)".into(),
+            "fp32",
+            4,
+            Box::new(move || bf16_in_fp32(&w[..(size / 2).min(w.len())])),
+        ));
+    }
+    if let Some(act) = real(&dir, "activations.fp32") {
+        let vals = f32_values(&act);
+        let relu: Vec<f64> = vals.iter().map(|v| v.max(0.0)).collect();
+        let r2 = relu.clone();
+        sets.push((
+            "sparse: ReLU of real activations".into(),
+            "bf16",
+            2,
+            Box::new(move || bf16_bytes(r2.iter().copied())),
+        ));
+        let r3 = relu.clone();
+        sets.push((
+            "sparse: ReLU of real activations".into(),
+            "fp16",
+            2,
+            Box::new(move || encode(Ty::Fp16, r3.iter().copied())),
+        ));
+        sets.push((
+            "sparse: ReLU of real activations".into(),
+            "fp32",
+            4,
+            Box::new(move || encode(Ty::Fp32, relu.iter().copied())),
+        ));
+        let v2 = vals.clone();
+        sets.push((
+            "fp8: real activations, per-tensor scale".into(),
+            "e4m3",
+            1,
+            Box::new(move || fp8_scaled(&v2, true)),
+        ));
+    }
+    for (e4m3, tn) in [(true, "e4m3"), (false, "e5m2")] {
+        sets.push((
+            "fp8: gauss, per-tensor scale".into(),
+            tn,
+            1,
+            Box::new(move || {
+                let mut r = Rng::new(41);
+                let v: Vec<f64> = (0..size / 2).map(|_| r.gauss()).collect();
+                fp8_scaled(&v, e4m3)
+            }),
+        ));
+    }
+    if let Some(g) = real(&dir, "gradients.fp32") {
+        let vals = f32_values(&g);
+        sets.push((
+            "fp8: real gradients, per-tensor scale".into(),
+            "e5m2",
+            1,
+            Box::new(move || fp8_scaled(&vals, false)),
+        ));
+    }
+    if let Some(wt) = real(&dir, "weights.fp32") {
+        let vals = f32_values(&wt[..(size / 2).min(wt.len())]);
+        sets.push((
+            "fp8: real weights, per-tensor scale".into(),
+            "e4m3",
+            1,
+            Box::new(move || fp8_scaled(&vals, true)),
+        ));
+    }
+}
+
 fn main() {
     let a = args();
     println!(
@@ -175,30 +298,33 @@ fn main() {
     println!("| data | type | MiB | order-0 bound | ours | enc GB/s | dec GB/s | zstd-1 | zstd-1 enc/dec GB/s | zstd-3 | zstd-3 enc/dec GB/s | detected (msgs) |");
     println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
     let size = 16 << 20;
-    type Gen = Box<dyn Fn() -> Vec<u8>>;
-    let mut sets: Vec<(String, Ty, Gen)> = Vec::new();
+    let mut sets: Vec<(String, &'static str, usize, Gen)> = Vec::new();
     for ty in [Ty::Bf16, Ty::Fp16, Ty::Fp32] {
         for (i, s) in [1e-3, 1e-2, 1e-1, 1.0].into_iter().enumerate() {
             sets.push((
                 format!("gauss σ={s}"),
-                ty,
+                ty.name(),
+                ty.width(),
                 Box::new(move || gaussian(ty, size, s, i as u64)),
             ));
         }
         sets.push((
             "grad-like (synthetic)".into(),
-            ty,
+            ty.name(),
+            ty.width(),
             Box::new(move || gradient_like(ty, size, 7)),
         ));
         sets.push((
             "relu (synthetic)".into(),
-            ty,
+            ty.name(),
+            ty.width(),
             Box::new(move || relu_like(ty, size, 8)),
         ));
     }
     sets.push((
         "random bytes".into(),
-        Ty::Bf16,
+        "bf16",
+        2,
         Box::new(move || Rng::new(9).bytes(size)),
     ));
     if let Ok(rd) = std::fs::read_dir(&a.data) {
@@ -215,17 +341,29 @@ fn main() {
             let stem = p.file_stem().unwrap().to_string_lossy().to_string();
             sets.push((
                 format!("real: {stem}"),
-                ty,
+                ty.name(),
+                ty.width(),
                 Box::new(move || std::fs::read(&p).unwrap()),
             ));
         }
     }
-    for (name, ty, gen) in &sets {
+    issue19_sets(&a, &mut sets);
+    for (i, (name, tname, w, gen)) in sets.iter().enumerate() {
         if let Some(o) = &a.only {
-            if !name.contains(o.as_str()) && ty.name() != o {
+            if !name.contains(o.as_str()) && tname != o {
                 continue;
             }
         }
-        run(name, *ty, &gen(), &a);
+        let data = gen();
+        if let Some(d) = &a.dump {
+            std::fs::create_dir_all(d).unwrap();
+            let slug: String = name
+                .chars()
+                .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+                .collect();
+            let path = std::path::Path::new(d).join(format!("{i:02}-{slug}.{tname}"));
+            std::fs::write(path, &data).unwrap();
+        }
+        run(name, tname, *w, &data, &a);
     }
 }

@@ -155,3 +155,121 @@ pub fn same_as_scalar(src: &[u8], opts: &EncodeOptions) -> Vec<u8> {
     a.truncate(na);
     a
 }
+
+/// Rounds `x` to the nearest fp8 value (ties to even code), saturating at the largest
+/// finite value, sign kept (a negative value that rounds to zero gives -0), as a cast
+/// with saturation does in FP8 training. `e4m3`: 4 exponent bits, bias 7, no
+/// infinities (0x7F is NaN), max 448; otherwise e5m2: bias 15, max 57344.
+pub fn to_fp8(x: f64, e4m3: bool) -> u8 {
+    let sign = if x.is_sign_negative() { 0x80u8 } else { 0 };
+    let a = x.abs();
+    let (mbits, bias, top) = if e4m3 {
+        (3, 7, 0x7Eu8)
+    } else {
+        (2, 15, 0x7Bu8)
+    };
+    let val = |c: u8| -> f64 {
+        let e = (c >> mbits) as i32;
+        let m = (c & ((1 << mbits) - 1)) as f64 / (1 << mbits) as f64;
+        if e == 0 {
+            m * 2f64.powi(1 - bias)
+        } else {
+            (1.0 + m) * 2f64.powi(e - bias)
+        }
+    };
+    // Codes 0..=top are monotonic in value: binary search the last code <= a.
+    let (mut lo, mut hi) = (0u8, top);
+    if a >= val(top) {
+        return sign | top;
+    }
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        if val(mid) <= a {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    let (dl, dh) = (a - val(lo), val(hi) - a);
+    let c = if dl < dh || (dl == dh && lo & 1 == 0) {
+        lo
+    } else {
+        hi
+    };
+    sign | c
+}
+
+/// fp8 bytes of `vals` scaled per tensor so that the largest magnitude maps to the
+/// format's largest finite value (amax scaling, as FP8 training recipes do).
+pub fn fp8_scaled(vals: &[f64], e4m3: bool) -> Vec<u8> {
+    let amax = vals.iter().fold(0f64, |m, v| m.max(v.abs()));
+    let max = if e4m3 { 448.0 } else { 57344.0 };
+    let scale = if amax > 0.0 { max / amax } else { 1.0 };
+    vals.iter().map(|v| to_fp8(v * scale, e4m3)).collect()
+}
+
+/// Values of a little-endian fp32 file's bytes.
+pub fn f32_values(bytes: &[u8]) -> Vec<f64> {
+    bytes
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]) as f64)
+        .collect()
+}
+
+/// bf16 bytes (round to nearest even) of `vals`.
+pub fn bf16_bytes(vals: impl Iterator<Item = f64>) -> Vec<u8> {
+    encode(Ty::Bf16, vals)
+}
+
+/// Embedding-table gradient, bf16, rows of `width` values: each row is zero with
+/// probability `zero_frac` (a token not in the batch); a touched row is Gaussian with a
+/// per-row scale drawn log-uniformly over 2^-4..2^0 times 1e-3 (token frequency).
+pub fn embedding_grad(nbytes: usize, width: usize, zero_frac: f64, seed: u64) -> Vec<u8> {
+    let mut r = Rng::new(seed);
+    let rows = nbytes / 2 / width;
+    let mut vals = Vec::with_capacity(rows * width);
+    for _ in 0..rows {
+        if r.unit() <= zero_frac {
+            vals.extend(std::iter::repeat_n(0.0, width));
+        } else {
+            let s = 1e-3 * 2f64.powf(-4.0 * r.unit());
+            vals.extend((0..width).map(|_| r.gauss() * s));
+        }
+    }
+    bf16_bytes(vals.into_iter())
+}
+
+/// MoE dispatch buffer, bf16: `experts` blocks of `capacity` rows of `width` values;
+/// expert e fills its first rows with tokens (hidden states: Gaussian with a per-channel
+/// scale) and leaves the rest of its capacity zero. Fill fractions are drawn uniformly
+/// over `mean_fill ± 0.25`, clamped to [0, 1].
+pub fn moe_dispatch(
+    experts: usize,
+    capacity: usize,
+    width: usize,
+    mean_fill: f64,
+    seed: u64,
+) -> Vec<u8> {
+    let mut r = Rng::new(seed);
+    let chan: Vec<f64> = (0..width).map(|_| (0.5 * r.gauss()).exp()).collect();
+    let mut vals = Vec::with_capacity(experts * capacity * width);
+    for _ in 0..experts {
+        let fill = (mean_fill + 0.5 * (r.unit() - 0.5)).clamp(0.0, 1.0);
+        let filled = (fill * capacity as f64).round() as usize;
+        for row in 0..capacity {
+            if row < filled {
+                vals.extend(chan.iter().map(|s| r.gauss() * s));
+            } else {
+                vals.extend(std::iter::repeat_n(0.0, width));
+            }
+        }
+    }
+    bf16_bytes(vals.into_iter())
+}
+
+/// fp32 bytes holding bf16 values (low 16 bits zero), from bf16 bytes.
+pub fn bf16_in_fp32(bf16: &[u8]) -> Vec<u8> {
+    bf16.chunks_exact(2)
+        .flat_map(|c| [0, 0, c[0], c[1]])
+        .collect()
+}
