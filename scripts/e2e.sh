@@ -237,7 +237,8 @@ run() {
     zip) common+=("${plugin[@]}" NCCL_ZIP_COMPRESS=auto) net=Zip ;;
     *) log "run: unknown transport $transport"; return 1 ;;
   esac
-  rm -f "$OUT/$name".rank[01].json "$OUT/$name".rank[01].log
+  # .partial too: one left by an earlier run would pass for this run's progress.
+  rm -f "$OUT/$name".rank[01].json "$OUT/$name".rank[01].json.partial "$OUT/$name".rank[01].log
   # ${A[@]+"${A[@]}"}: an empty array under set -u, which bash < 4.4 calls unbound.
   ${A_EXEC[@]+"${A_EXEC[@]}"} env "${common[@]}" RANK=0 NCCL_HOSTID=zip-node-a NCCL_SOCKET_IFNAME="$A_IF" \
     GLOO_SOCKET_IFNAME="$A_IF" timeout "$RUN_TIMEOUT" "$PY" scripts/e2e_torch.py --mode "$mode" \

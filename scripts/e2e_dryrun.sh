@@ -13,8 +13,10 @@
 # they have them, else from the package index. Not part of scripts/test.sh.
 #
 # Env: VENV, OUT (results folder; default a temporary one, removed on success),
-# STEPS (2), NETNS (0; "auto": the ranks in network namespaces, as on the GPU
-# machine: needs root, and replaces any zipa/zipb namespaces already up).
+# STEPS (2), PARTS (check,bench,train: e2e.sh's parts to run; the judges of a part
+# left out are not tested; the log-summary and dead-rank tests always run), NETNS
+# (0; "auto": the ranks in network namespaces, as on the GPU machine: needs root,
+# and replaces any zipa/zipb namespaces already up).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -50,44 +52,71 @@ FAILS=()
 fail() { say "FAIL: $*"; FAILS+=("$*"); }
 T0=$SECONDS
 
-# 1. The whole e2e run, dry.
+PARTS=${PARTS:-check,bench,train}
+part() { [[ ,$PARTS, == *,$1,* ]]; }
+
+# 1. The whole e2e run, dry. A caller's NCCL_ZIP_LINK_MBPS must not reach the ranks
+# (LINK_HINT unset: auto is not told the link's speed).
 say "e2e.sh, dry run, results in $OUT"
-if E2E_DRYRUN=1 PYTHON="$PY" OUT="$OUT/run" STEPS="${STEPS:-2}" MAX_BYTES=$((1 << 20)) \
-  MAX_BYTES_CHECK=$((1 << 20)) BENCH_ARGS="--warmup 1 --iters 5" RUN_TIMEOUT=300 scripts/e2e.sh; then
+if NCCL_ZIP_LINK_MBPS=1234 E2E_DRYRUN=1 PYTHON="$PY" OUT="$OUT/run" STEPS="${STEPS:-2}" MAX_BYTES=$((1 << 20)) \
+  MAX_BYTES_CHECK=$((1 << 20)) BENCH_ARGS="--warmup 1 --iters 5" RUN_TIMEOUT=300 PARTS=$PARTS scripts/e2e.sh; then
   say "e2e.sh passed"
 else
   fail "e2e.sh exited $?"
 fi
 R=$OUT/run
-for f in machine.txt e2e.log report.md; do [[ -s $R/$f ]] || fail "no $f"; done
-for p in Simple LL LL128; do for t in socket off zip; do for r in 0 1; do
-  [[ -s $R/check-$p-$t.rank$r.json ]] || fail "no check-$p-$t.rank$r.json"
-done; done; done
-for k in gauss random; do for t in socket off zip; do
-  [[ -s $R/bench-$k-$t.rank0.json ]] || fail "no bench-$k-$t.rank0.json"
-done; done
-grep -q 'zip / Socket' "$R/report.md" || fail "report.md has no bandwidth table"
-if ((HAVE_MPL)); then
-  [[ -s $R/busbw.png ]] || fail "matplotlib is here but there is no busbw.png"
+for f in machine.txt e2e.log; do [[ -s $R/$f ]] || fail "no $f"; done
+grep -q '^link hint: none' "$R/machine.txt" || fail "machine.txt does not say 'link hint: none' (LINK_HINT unset)"
+if part check; then
+  for p in Simple LL LL128; do for t in socket off zip; do for r in 0 1; do
+    [[ -s $R/check-$p-$t.rank$r.json ]] || fail "no check-$p-$t.rank$r.json"
+    # Sizes run smallest first, each rank saving what it has after each size.
+    "$PY" -c 'import json, sys; d = json.load(open(sys.argv[1])); sys.exit(d["done_up_to_bytes"] != 1 << 20 or not d["result"])' \
+      "$R/check-$p-$t.rank$r.json.partial" 2>/dev/null || fail "check-$p-$t.rank$r.json.partial missing or not up to 1 MiB"
+  done; done; done
+fi
+if part bench; then
+  for k in gauss random; do for t in socket off zip; do
+    [[ -s $R/bench-$k-$t.rank0.json ]] || fail "no bench-$k-$t.rank0.json"
+  done; done
+  [[ -s $R/report.md ]] || fail "no report.md"
+  grep -q 'zip / Socket' "$R/report.md" || fail "report.md has no bandwidth table"
+  if ((HAVE_MPL)); then
+    [[ -s $R/busbw.png ]] || fail "matplotlib is here but there is no busbw.png"
+  fi
 fi
 # Without matplotlib the report must say so (checked on a copy, with matplotlib hidden).
-mkdir -p "$OUT/nompl/hide/matplotlib"
-echo 'raise ImportError("hidden by e2e_dryrun.sh")' >"$OUT/nompl/hide/matplotlib/__init__.py"
-cp "$R"/bench-*.json "$OUT/nompl/"
-if PYTHONPATH="$OUT/nompl/hide" "$PY" scripts/e2e_report.py bench "$OUT/nompl" >"$OUT/nompl.out" 2>&1; then
-  grep -q 'busbw.png skipped' "$OUT/nompl.out" || fail "without matplotlib, the report does not say busbw.png was skipped"
-  [[ -s $OUT/nompl/report.md ]] || fail "without matplotlib, no report.md"
-else
-  fail "e2e_report.py bench fails without matplotlib: $(tail -1 "$OUT/nompl.out")"
+if part bench; then
+  mkdir -p "$OUT/nompl/hide/matplotlib"
+  echo 'raise ImportError("hidden by e2e_dryrun.sh")' >"$OUT/nompl/hide/matplotlib/__init__.py"
+  cp "$R"/bench-*.json "$OUT/nompl/"
+  if PYTHONPATH="$OUT/nompl/hide" "$PY" scripts/e2e_report.py bench "$OUT/nompl" >"$OUT/nompl.out" 2>&1; then
+    grep -q 'busbw.png skipped' "$OUT/nompl.out" || fail "without matplotlib, the report does not say busbw.png was skipped"
+    [[ -s $OUT/nompl/report.md ]] || fail "without matplotlib, no report.md"
+  else
+    fail "e2e_report.py bench fails without matplotlib: $(tail -1 "$OUT/nompl.out")"
+  fi
 fi
 grep -q 'DRY RUN' "$R/machine.txt" || fail "machine.txt does not say DRY RUN"
 for m in check bench train; do
+  part "$m" || continue
   "$PY" - "$R" "$m" <<'EOF' || fail "$m JSON not as e2e_report.py expects"
 import json, sys
 out, m = sys.argv[1], sys.argv[2]
 name = {"check": "check-Simple-zip", "bench": "bench-gauss-zip", "train": "train-zip"}[m]
 d = json.load(open(f"{out}/{name}.rank0.json"))
 assert d["meta"]["backend"] == "gloo", d["meta"]
+# The NCCL settings e2e.sh gives the ranks (gloo ignores them; the JSON records them).
+env = d["meta"]["env"]
+want = {"NCCL_NET": "Zip", "NCCL_NET_PLUGIN_REF_COUNT": "1", "NCCL_ZIP_COMPRESS": "auto", "NCCL_ZIP_GPU": "on",
+        "NCCL_DEBUG": "INFO", "NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1"}
+bad = {k: (env.get(k), v) for k, v in want.items() if env.get(k) != v}
+assert not bad, f"rank env (got, want): {bad}"
+assert "TUNING" in env.get("NCCL_DEBUG_SUBSYS", "").split(","), env
+assert "NCCL_ZIP_LINK_MBPS" not in env, "a caller's NCCL_ZIP_LINK_MBPS reached the ranks without LINK_HINT=1"
+assert env.get("NCCL_NET_PLUGIN", "").endswith("libnccl-net-zip.so"), env
+sock = json.load(open(f"{out}/{name.replace('-zip', '-socket')}.rank0.json"))["meta"]["env"]
+assert sock.get("NCCL_NET") == "Socket" and sock.get("NCCL_NET_PLUGIN") == "none", sock
 r = d["result"]
 if m == "check":
     assert len(r) >= 5 * 3 * 2 * 6 - 12, len(r)  # sizes x dtypes x kinds x collectives
@@ -122,18 +151,23 @@ expect_fail() { # WHAT SUBCOMMAND DIR PATTERN
 }
 N=$OUT/neg
 mkdir -p "$N/hash" "$N/missing" "$N/loss" "$N/params" "$N/empty"
-cp "$R"/check-*.json "$N/hash/"
-mutate "$N/hash/check-LL128-zip.rank1.json" 'k = sorted(d["result"])[7]; d["result"][k] = "0" * 64'
-expect_fail "one changed hash" check "$N/hash" "differs:"
-cp "$R"/check-*.json "$N/missing/"
-rm "$N/missing/check-LL-off.rank0.json"
-expect_fail "a missing run" check "$N/missing" "unreadable"
-cp "$R"/train-*.json "$N/loss/"
-mutate "$N/loss/train-zip.rank0.json" 'd["result"]["losses_hex"][-1] = (float.fromhex(d["result"]["losses_hex"][-1]) * (1 + 2**-20)).hex()'
-expect_fail "one changed loss" train "$N/loss" "first difference at step"
-cp "$R"/train-*.json "$N/params/"
-mutate "$N/params/train-zip.rank1.json" 'd["result"]["params_sha"] = "f" * 64'
-expect_fail "changed final parameters" train "$N/params" "parameters identical: False"
+# On the saved results of each part e2e.sh ran (PARTS).
+if part check; then
+  cp "$R"/check-*.json "$N/hash/"
+  mutate "$N/hash/check-LL128-zip.rank1.json" 'k = sorted(d["result"])[7]; d["result"][k] = "0" * 64'
+  expect_fail "one changed hash" check "$N/hash" "differs:"
+  cp "$R"/check-*.json "$N/missing/"
+  rm "$N/missing/check-LL-off.rank0.json"
+  expect_fail "a missing run" check "$N/missing" "unreadable"
+fi
+if part train; then
+  cp "$R"/train-*.json "$N/loss/"
+  mutate "$N/loss/train-zip.rank0.json" 'd["result"]["losses_hex"][-1] = (float.fromhex(d["result"]["losses_hex"][-1]) * (1 + 2**-20)).hex()'
+  expect_fail "one changed loss" train "$N/loss" "first difference at step"
+  cp "$R"/train-*.json "$N/params/"
+  mutate "$N/params/train-zip.rank1.json" 'd["result"]["params_sha"] = "f" * 64'
+  expect_fail "changed final parameters" train "$N/params" "parameters identical: False"
+fi
 expect_fail "no bench results" bench "$N/empty" "no bench-"
 
 # e2e.sh's summary of NCCL's INFO log (no NCCL here: synthetic lines in its format).
