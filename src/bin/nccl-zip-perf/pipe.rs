@@ -351,7 +351,7 @@ mod tests {
     /// Sender buffers to receiver buffers the way the plugin moves them (through
     /// the buffers' own copies), then the receiver's checks, on `mem`.
     fn round_trip(mem: &Mem) {
-        let args: Vec<String> = ["loop", "--data", "bf16", "--seed", "9"]
+        let args: Vec<String> = ["nccl-zip-perf", "loop", "--data", "bf16", "--seed", "9"]
             .iter()
             .map(|s| s.to_string())
             .collect();
