@@ -414,6 +414,7 @@ fn frame(src: &[u8], spec: &ChunkSpec) -> Vec<u8> {
         dtype: DtypeHint::Auto,
         checksum: spec.checksum,
         block_log2: spec.block_log2,
+        format: 1,
     };
     let mut f = vec![0u8; max_compressed_size(src.len())];
     let n = compress(src, &mut f, &opt).expect("compress");

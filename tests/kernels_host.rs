@@ -441,6 +441,7 @@ fn corrupt_frames_rejected_like_cpu_without_oob() {
             dtype: dt,
             checksum: ck,
             block_log2: bl,
+            format: 1,
         };
         bases.push((cpu_frame(&input, &opts), input));
     }

@@ -98,7 +98,7 @@ fn decompress_with<S: TableSource>(
             }
             let o = i * b;
             let l = b.min(n - o);
-            decode_block(src, pos, size, &mut dst[o..o + l], tables)?;
+            decode_block_any(h.version, src, pos, size, &mut dst[o..o + l], tables)?;
             pos = end;
         }
         if pos != src.len() {
@@ -259,7 +259,7 @@ impl TableSource for Decoder {
 }
 
 /// `memset` with ascending 16-byte stores (see [`copy_ascending`]).
-fn fill_ascending(dst: &mut [u8], v: u8) {
+pub(crate) fn fill_ascending(dst: &mut [u8], v: u8) {
     use std::sync::atomic::{compiler_fence, Ordering};
     let pat = [v; 16];
     let mut d = dst.chunks_exact_mut(16);
@@ -269,6 +269,22 @@ fn fill_ascending(dst: &mut [u8], v: u8) {
     }
     for x in d.into_remainder() {
         *x = v;
+    }
+}
+
+/// [`decode_block`] for a frame of `version` (1 or 2).
+pub(crate) fn decode_block_any<S: TableSource>(
+    version: u8,
+    src: &[u8],
+    start: usize,
+    size: usize,
+    out: &mut [u8],
+    tables: &mut S,
+) -> Result<(), CodecError> {
+    if version == VERSION_2 {
+        crate::v2::decode_block_v2(src, start, size, out)
+    } else {
+        decode_block(src, start, size, out, tables)
     }
 }
 

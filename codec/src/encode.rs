@@ -54,7 +54,7 @@ fn compress_impl(
     } else {
         0
     };
-    let dtype = resolve_dtype(src, opts.dtype);
+    let dtype = resolve_dtype_for(src, opts);
     if dtype != Dtype::Raw
         || (opts.dtype == DtypeHint::Auto && has_fill_block(src, opts.block_log2))
     {
@@ -71,7 +71,12 @@ fn compress_impl(
         let mut ok = pos < limit;
         if ok {
             for (i, blk) in src.chunks(b).enumerate() {
-                match encode_block_with(dtype, blk, &mut dst[pos..limit], simd) {
+                let coded = if opts.format == VERSION_2 {
+                    crate::v2::encode_block_v2(dtype, blk, &mut dst[pos..limit])
+                } else {
+                    encode_block_with(dtype, blk, &mut dst[pos..limit], simd)
+                };
+                match coded {
                     Some((size, kind)) => {
                         dst[table + 4 * i..table + 4 * i + 4]
                             .copy_from_slice(&(size as u32).to_le_bytes());
@@ -98,6 +103,9 @@ pub(crate) fn check_args(n: usize, dst_len: usize, opts: &EncodeOptions) -> Resu
     if !(MIN_BLOCK_LOG2..=MAX_BLOCK_LOG2).contains(&opts.block_log2) {
         return Err(CodecError::InvalidOptions("block_log2 must be in 12..=20"));
     }
+    if opts.format != VERSION && opts.format != VERSION_2 {
+        return Err(CodecError::InvalidOptions("format must be 1 or 2"));
+    }
     let need = n
         .checked_add(HEADER_LEN)
         .ok_or(CodecError::InvalidOptions("input too large"))?;
@@ -118,6 +126,7 @@ pub(crate) fn header(
     stored: bool,
 ) -> Header {
     Header {
+        version: opts.format,
         flags: if opts.checksum { FLAG_CHECKSUM } else { 0 } | if stored { FLAG_STORED } else { 0 },
         dtype: dtype as u8,
         block_log2: opts.block_log2,
@@ -160,6 +169,15 @@ impl FrameStats {
             BlockKind::Raw => self.blocks_raw += 1,
             BlockKind::Fill => self.blocks_fill += 1,
         }
+    }
+}
+
+/// The frame's element type for `opts.format`: version 2 detects over (type, phase).
+pub(crate) fn resolve_dtype_for(src: &[u8], opts: &EncodeOptions) -> Dtype {
+    if opts.format == VERSION_2 && opts.dtype == DtypeHint::Auto && src.len() >= MIN_CODED_INPUT {
+        crate::v2::detect_v2(src)
+    } else {
+        resolve_dtype(src, opts.dtype)
     }
 }
 
@@ -348,7 +366,7 @@ pub(crate) fn has_fill_block(src: &[u8], block_log2: u8) -> bool {
     src.len() >= MIN_CODED_INPUT && src.chunks(1 << block_log2).any(all_equal)
 }
 
-fn all_equal(blk: &[u8]) -> bool {
+pub(crate) fn all_equal(blk: &[u8]) -> bool {
     let v = blk[0];
     let pat = [v; 64];
     let mut chunks = blk.chunks_exact(64);
@@ -495,7 +513,7 @@ fn code_segments2(
 /// (FORMAT.md §6 "Block"). Four interleaved sub-histograms, so that runs of equal
 /// exponents do not serialise on one counter; same counts as the plain loop.
 #[inline(always)]
-fn sample_histogram<T: Elem>(blk: &[u8], m: usize) -> [u32; 256] {
+pub(crate) fn sample_histogram<T: Elem>(blk: &[u8], m: usize) -> [u32; 256] {
     // At most 2^20 / 2 / 13 + 1 < 2^16 samples per block: u16 counts cannot overflow.
     const _: () = assert!((1usize << MAX_BLOCK_LOG2) / 2 / SAMPLE_STRIDE + 1 < 1 << 16);
     let mut hs = [[0u16; 256]; 4];

@@ -4,8 +4,10 @@ use crate::CodecError;
 
 /// Frame magic, "NZCF".
 pub const MAGIC: [u8; 4] = *b"NZCF";
-/// Format version written and accepted.
+/// Format version 1 (the default the encoder writes).
 pub const VERSION: u8 = 1;
+/// Format version 2 (docs/FORMAT.md, "Version 2").
+pub const VERSION_2: u8 = 2;
 /// Header length; also the constant in `max_compressed_size(n) = n + HEADER_LEN`.
 pub const HEADER_LEN: usize = 24;
 /// Flag: bytes 16..20 hold CRC32C of the input.
@@ -36,6 +38,8 @@ pub const MODE_FP32: u8 = 4;
 /// A parsed, validated frame header.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Header {
+    /// 1 or 2.
+    pub version: u8,
     pub flags: u8,
     pub dtype: u8,
     pub block_log2: u8,
@@ -46,7 +50,7 @@ pub struct Header {
 impl Header {
     pub fn write(&self, out: &mut [u8]) {
         out[0..4].copy_from_slice(&MAGIC);
-        out[4] = VERSION;
+        out[4] = self.version;
         out[5] = self.flags;
         out[6] = self.dtype;
         out[7] = self.block_log2;
@@ -66,8 +70,9 @@ impl Header {
         if src[0..4] != MAGIC {
             return Err(CodecError::BadMagic);
         }
-        if src[4] != VERSION {
-            return Err(CodecError::UnsupportedVersion(src[4]));
+        let version = src[4];
+        if version != VERSION && version != VERSION_2 {
+            return Err(CodecError::UnsupportedVersion(version));
         }
         let hcrc = u32::from_le_bytes([src[20], src[21], src[22], src[23]]);
         if crc32c::crc32c(&src[0..20]) != hcrc {
@@ -93,6 +98,7 @@ impl Header {
             return Err(CodecError::Corrupt("checksum field set without flag"));
         }
         Ok(Header {
+            version,
             flags,
             dtype,
             block_log2,

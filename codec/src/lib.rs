@@ -41,10 +41,12 @@ mod elem;
 mod encode;
 pub mod format;
 mod parallel;
+mod v2;
 
 pub use decode::{decompress, frame_info, Decoder};
 pub use encode::{compress, compress_scalar, compress_with_stats};
 pub use parallel::{compress_parallel, decompress_parallel};
+pub use v2::detect_v2;
 
 use std::fmt;
 
@@ -118,6 +120,9 @@ pub struct EncodeOptions {
     pub checksum: bool,
     /// Block size is `1 << block_log2`, 12..=20; default 16 (64 KiB).
     pub block_log2: u8,
+    /// Frame format version to write: 1 (default: the plugin's GPU kernels speak
+    /// version 1 only) or 2 (docs/FORMAT.md "Version 2"). Decoders read both.
+    pub format: u8,
 }
 
 impl Default for EncodeOptions {
@@ -126,6 +131,7 @@ impl Default for EncodeOptions {
             dtype: DtypeHint::Auto,
             checksum: false,
             block_log2: format::DEFAULT_BLOCK_LOG2,
+            format: format::VERSION,
         }
     }
 }

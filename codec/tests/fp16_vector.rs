@@ -25,6 +25,7 @@ fn fp16_opts(block_log2: u8) -> EncodeOptions {
         dtype: DtypeHint::Fp16,
         checksum: false,
         block_log2,
+        format: 1,
     }
 }
 

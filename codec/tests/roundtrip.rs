@@ -99,6 +99,7 @@ fn sweep_sizes_contents_options() {
                         dtype,
                         checksum,
                         block_log2,
+                        format: 1,
                     };
                     let st = check(&data, &opts);
                     if dtype == DtypeHint::Raw || n < 64 {
@@ -284,7 +285,7 @@ proptest! {
     #[test]
     fn prop_arbitrary_bytes(data in proptest::collection::vec(any::<u8>(), 0..20_000),
                             dtype in hint(), checksum in any::<bool>(), bl in 12u8..=20) {
-        check(&data, &EncodeOptions { dtype, checksum, block_log2: bl });
+        check(&data, &EncodeOptions { dtype, checksum, block_log2: bl, format: 1 });
     }
 
     #[test]
@@ -299,7 +300,7 @@ proptest! {
         let bytes = encode(ty, vals.into_iter());
         let end = (off + n).min(bytes.len());
         let src = &bytes[off.min(end)..end];
-        check(src, &EncodeOptions { dtype, checksum: seed % 2 == 0, block_log2: bl });
+        check(src, &EncodeOptions { dtype, checksum: seed % 2 == 0, block_log2: bl, format: 1 });
     }
 
     #[test]
@@ -358,6 +359,7 @@ fn vector_encoder_matches_scalar() {
                         dtype,
                         checksum: false,
                         block_log2,
+                        format: 1,
                     };
                     same_as_scalar(src, &opts);
                 }
@@ -398,6 +400,7 @@ fn vector_encoder_matches_scalar_on_long_codes() {
                         dtype: DtypeHint::Auto,
                         checksum: false,
                         block_log2,
+                        format: 1,
                     };
                     same_as_scalar(&src, &opts);
                 }
@@ -412,6 +415,6 @@ proptest! {
     fn prop_vector_encoder_matches_scalar(data in proptest::collection::vec(any::<u8>(), 0..40_000),
                                           hint in 0usize..3) {
         let dtype = [DtypeHint::Bf16, DtypeHint::Fp16, DtypeHint::Fp32][hint];
-        same_as_scalar(&data, &EncodeOptions { dtype, checksum: false, block_log2: 12 });
+        same_as_scalar(&data, &EncodeOptions { dtype, checksum: false, block_log2: 12, format: 1 });
     }
 }

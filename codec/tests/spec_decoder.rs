@@ -164,6 +164,7 @@ fn spec_decoder_agrees_on_vectors_and_fresh_frames() {
                     dtype: hint,
                     checksum: false,
                     block_log2: 14,
+                    format: 1,
                 },
             )
             .unwrap();

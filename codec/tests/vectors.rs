@@ -21,6 +21,7 @@ fn opts(dtype: DtypeHint, checksum: bool, block_log2: u8) -> EncodeOptions {
         dtype,
         checksum,
         block_log2,
+        format: 1,
     }
 }
 

@@ -76,6 +76,7 @@ pub fn manifest() -> Vec<(&'static Vector, EncodeOptions)> {
                 dtype,
                 checksum: kv("checksum=") == "true",
                 block_log2: kv("block_log2=").parse().unwrap(),
+                format: 1,
             };
             let v = VECTORS.iter().find(|v| v.name == f[0]).unwrap_or_else(|| {
                 panic!(

@@ -110,6 +110,7 @@ fn run(cmd: Cmd) -> Result<(), String> {
                 dtype,
                 checksum: !no_checksum,
                 block_log2,
+                format: 1,
             };
             let src = read(&input)?;
             let mut dst = vec![0u8; max_compressed_size(src.len())];

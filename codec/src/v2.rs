@@ -1,0 +1,1189 @@
+//! Frame format version 2 (docs/FORMAT.md, "Version 2"): coded blocks with a Z flag
+//! (+0.0 as a ZERO symbol with no plane bytes), zero lines, omitted all-zero fp32 low
+//! planes, a per-block phase, one bitstream per block with a sub-segment bit-length
+//! index, and static or explicit code lengths. Header, block table, RAW and FILL
+//! blocks are as in version 1.
+//!
+//! Every encoder decision is an integer function of the block's bytes (FORMAT.md
+//! §V2.6), so a GPU encoder can reproduce the frames byte for byte.
+
+use std::cell::RefCell;
+
+use crate::codes::{symbol_of, CODE_LENGTHS, ESC, MAXLEN, ND, NCODES, NSYM, ZERO};
+use crate::decode::{copy_ascending, fill_ascending};
+use crate::elem::{Bf16, Elem, Fp16, Fp32};
+use crate::encode::{all_equal, BlockKind, SAMPLE_STRIDE};
+use crate::format::*;
+use crate::{CodecError, Dtype};
+
+/// Block flag bits (coded block byte 1).
+pub const F_Z: u8 = 1;
+pub const F_LINES: u8 = 2;
+/// Reserved for the column table (draft §2); rejected by this decoder.
+pub const F_COL: u8 = 4;
+pub const F_EXPLICIT: u8 = 8;
+pub const F_NO_LO0: u8 = 16;
+pub const F_NO_LO1: u8 = 32;
+/// Reserved for fp8 byte codes (draft §6); rejected by this decoder.
+pub const F_BYTECODE: u8 = 64;
+
+/// A zero line: 64 bytes of the element grid.
+pub const LINE: usize = 64;
+/// Sub-segment size the encoder writes (byte 4 bits 4-5 = 1).
+pub const SS_LOG2: u32 = 9;
+/// Fixed part of a coded block header; +3 with Z.
+const FIXED: usize = 8;
+
+const TABLE: usize = 1 << MAXLEN;
+const E_ESC: u32 = 1 << 16;
+const E_ZERO: u32 = 1 << 17;
+const E_INVALID: u32 = 1 << 18;
+
+/// Per-type element access for version 2 (`x` is the element read little-endian).
+pub(crate) trait V2: Elem {
+    fn load(b: &[u8], i: usize) -> u32;
+    fn store(b: &mut [u8], i: usize, x: u32);
+    fn exp(x: u32) -> u32;
+    /// plane1 byte (as version 1).
+    fn p1(x: u32) -> u8;
+    /// fp16: the 3 raw stream bits; 0 otherwise.
+    fn xb(x: u32) -> u32;
+    fn build(e: u32, p1: u8, xb: u32, lo1: u8, lo0: u8) -> u32;
+}
+
+impl V2 for Bf16 {
+    #[inline(always)]
+    fn load(b: &[u8], i: usize) -> u32 {
+        u16::from_le_bytes([b[2 * i], b[2 * i + 1]]) as u32
+    }
+    #[inline(always)]
+    fn store(b: &mut [u8], i: usize, x: u32) {
+        b[2 * i..2 * i + 2].copy_from_slice(&(x as u16).to_le_bytes());
+    }
+    #[inline(always)]
+    fn exp(x: u32) -> u32 {
+        (x >> 7) & 0xFF
+    }
+    #[inline(always)]
+    fn p1(x: u32) -> u8 {
+        (((x >> 8) & 0x80) | (x & 0x7F)) as u8
+    }
+    #[inline(always)]
+    fn xb(_x: u32) -> u32 {
+        0
+    }
+    #[inline(always)]
+    fn build(e: u32, p1: u8, _xb: u32, _lo1: u8, _lo0: u8) -> u32 {
+        (((p1 & 0x80) as u32) << 8) | (e << 7) | (p1 & 0x7F) as u32
+    }
+}
+
+impl V2 for Fp16 {
+    #[inline(always)]
+    fn load(b: &[u8], i: usize) -> u32 {
+        u16::from_le_bytes([b[2 * i], b[2 * i + 1]]) as u32
+    }
+    #[inline(always)]
+    fn store(b: &mut [u8], i: usize, x: u32) {
+        b[2 * i..2 * i + 2].copy_from_slice(&(x as u16).to_le_bytes());
+    }
+    #[inline(always)]
+    fn exp(x: u32) -> u32 {
+        (x >> 10) & 0x1F
+    }
+    #[inline(always)]
+    fn p1(x: u32) -> u8 {
+        x as u8
+    }
+    #[inline(always)]
+    fn xb(x: u32) -> u32 {
+        ((x >> 15) << 2) | ((x >> 8) & 3)
+    }
+    #[inline(always)]
+    fn build(e: u32, p1: u8, xb: u32, _lo1: u8, _lo0: u8) -> u32 {
+        ((xb >> 2) << 15) | (e << 10) | ((xb & 3) << 8) | p1 as u32
+    }
+}
+
+impl V2 for Fp32 {
+    #[inline(always)]
+    fn load(b: &[u8], i: usize) -> u32 {
+        u32::from_le_bytes([b[4 * i], b[4 * i + 1], b[4 * i + 2], b[4 * i + 3]])
+    }
+    #[inline(always)]
+    fn store(b: &mut [u8], i: usize, x: u32) {
+        b[4 * i..4 * i + 4].copy_from_slice(&x.to_le_bytes());
+    }
+    #[inline(always)]
+    fn exp(x: u32) -> u32 {
+        (x >> 23) & 0xFF
+    }
+    #[inline(always)]
+    fn p1(x: u32) -> u8 {
+        (((x >> 24) & 0x80) | ((x >> 16) & 0x7F)) as u8
+    }
+    #[inline(always)]
+    fn xb(_x: u32) -> u32 {
+        0
+    }
+    #[inline(always)]
+    fn build(e: u32, p1: u8, _xb: u32, lo1: u8, lo0: u8) -> u32 {
+        (((p1 & 0x80) as u32) << 24)
+            | (e << 23)
+            | (((p1 & 0x7F) as u32) << 16)
+            | ((lo1 as u32) << 8)
+            | lo0 as u32
+    }
+}
+
+/// Bits needed for `v` (0 for 0).
+#[inline]
+fn bits_for(v: u32) -> u32 {
+    32 - v.leading_zeros()
+}
+
+// ---------------------------------------------------------------------------------
+// Codes
+
+/// Canonical code words (bit-reversed for LSB-first writing) from code lengths
+/// (0 = unused symbol). The caller has checked the lengths form a complete code.
+fn canonical_words(lens: &[u8; NSYM]) -> [u16; NSYM] {
+    let mut out = [0u16; NSYM];
+    let mut code: u32 = 0;
+    let mut prev_len: u32 = 0;
+    let mut first = true;
+    for len in 1..=MAXLEN {
+        for s in 0..NSYM {
+            if lens[s] as u32 == len {
+                if first {
+                    code = 0;
+                    first = false;
+                } else {
+                    code = (code + 1) << (len - prev_len);
+                }
+                prev_len = len;
+                let mut r = 0u16;
+                for i in 0..len {
+                    r = (r << 1) | ((code >> i) & 1) as u16;
+                }
+                out[s] = r;
+            }
+        }
+    }
+    out
+}
+
+/// Kraft sum in units of 2^-12; lengths 0 are unused symbols.
+fn kraft(lens: &[u8; NSYM]) -> u32 {
+    lens.iter()
+        .filter(|&&l| l != 0)
+        .map(|&l| 1u32 << (MAXLEN - l as u32))
+        .sum()
+}
+
+/// Length-limited Huffman code lengths (FORMAT.md §V2.6 "Explicit code"): weights
+/// `16 * count + 1`, two smallest (weight, node id) merged first, then limited to
+/// 12 bits by the normative adjustment. Every symbol gets a length in 1..=12.
+pub(crate) fn explicit_lengths(cnt: &[u64; NSYM]) -> [u8; NSYM] {
+    let mut weight = [0u64; 2 * NSYM];
+    let mut parent = [usize::MAX; 2 * NSYM];
+    let mut alive = [false; 2 * NSYM];
+    for s in 0..NSYM {
+        weight[s] = 16 * cnt[s] + 1;
+        alive[s] = true;
+    }
+    let mut next = NSYM;
+    for _ in 0..NSYM - 1 {
+        let mut a = usize::MAX;
+        let mut b = usize::MAX;
+        for i in 0..next {
+            if !alive[i] {
+                continue;
+            }
+            if a == usize::MAX || weight[i] < weight[a] {
+                b = a;
+                a = i;
+            } else if b == usize::MAX || weight[i] < weight[b] {
+                b = i;
+            }
+        }
+        alive[a] = false;
+        alive[b] = false;
+        weight[next] = weight[a] + weight[b];
+        parent[a] = next;
+        parent[b] = next;
+        alive[next] = true;
+        next += 1;
+    }
+    let mut lens = [0u32; NSYM];
+    for s in 0..NSYM {
+        let mut d = 0;
+        let mut n = s;
+        while parent[n] != usize::MAX {
+            n = parent[n];
+            d += 1;
+        }
+        lens[s] = d;
+    }
+    if lens.iter().any(|&l| l > MAXLEN) {
+        for l in lens.iter_mut() {
+            *l = (*l).min(MAXLEN);
+        }
+        let mut k: u32 = lens.iter().map(|&l| 1u32 << (MAXLEN - l)).sum();
+        while k > 1 << MAXLEN {
+            // lengthen the longest code shorter than 12 (ties: smaller weight, then larger symbol)
+            let mut best = usize::MAX;
+            for s in 0..NSYM {
+                if lens[s] >= MAXLEN {
+                    continue;
+                }
+                if best == usize::MAX
+                    || lens[s] > lens[best]
+                    || (lens[s] == lens[best] && weight[s] <= weight[best])
+                {
+                    best = s;
+                }
+            }
+            lens[best] += 1;
+            k -= 1 << (MAXLEN - lens[best]);
+        }
+        while k < 1 << MAXLEN {
+            // shorten the longest code (ties: larger weight, then smaller symbol)
+            let mut best = usize::MAX;
+            for s in 0..NSYM {
+                if best == usize::MAX
+                    || lens[s] > lens[best]
+                    || (lens[s] == lens[best] && weight[s] > weight[best])
+                {
+                    best = s;
+                }
+            }
+            k += 1 << (MAXLEN - lens[best]);
+            lens[best] -= 1;
+        }
+    }
+    let mut out = [0u8; NSYM];
+    for s in 0..NSYM {
+        out[s] = lens[s] as u8;
+    }
+    out
+}
+
+// ---------------------------------------------------------------------------------
+// Encoder
+
+#[derive(Default)]
+struct Scratch {
+    kept: Vec<u8>,
+    stream: Vec<u8>,
+    elided: Vec<bool>,
+    seg_bits: Vec<u32>,
+    seg_zeros: Vec<u32>,
+}
+
+thread_local! {
+    static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
+}
+
+/// Encodes one block as version 2 into `out` (the room left below the frame limit).
+pub(crate) fn encode_block_v2(
+    dtype: Dtype,
+    blk: &[u8],
+    out: &mut [u8],
+) -> Option<(usize, BlockKind)> {
+    let l = blk.len();
+    if all_equal(blk) {
+        if out.len() < 2 {
+            return None;
+        }
+        out[0] = MODE_FILL;
+        out[1] = blk[0];
+        return Some((2, BlockKind::Fill));
+    }
+    let cap = l.min(out.len());
+    let coded = match dtype {
+        Dtype::Bf16 => encode_coded::<Bf16>(blk, &mut out[..cap]),
+        Dtype::Fp16 => encode_coded::<Fp16>(blk, &mut out[..cap]),
+        Dtype::Fp32 => encode_coded::<Fp32>(blk, &mut out[..cap]),
+        Dtype::Raw => None,
+    };
+    if let Some(size) = coded {
+        return Some((size, BlockKind::Coded));
+    }
+    if out.len() < 1 + l {
+        return None;
+    }
+    out[0] = MODE_RAW;
+    out[1..1 + l].copy_from_slice(blk);
+    Some((1 + l, BlockKind::Raw))
+}
+
+/// The block's phase: the `φ < W` whose 1/13 sample has the smallest estimated
+/// cost (FORMAT.md §V2.6; ties: smaller φ).
+fn choose_phase<T: V2>(blk: &[u8]) -> usize {
+    let mut best = (u64::MAX, 0);
+    for phi in 0..T::W {
+        let m = (blk.len() - phi) / T::W;
+        let mut st = Stats::default();
+        st.add::<T>(&blk[phi..], m, SAMPLE_STRIDE);
+        let c = choose::<T>(&st, false).value;
+        if c < best.0 {
+            best = (c, phi);
+        }
+    }
+    best.1
+}
+
+/// What the encoder chose for a block's code.
+#[derive(Clone, Copy)]
+pub(crate) struct Choice {
+    z: bool,
+    a: u32,
+    /// `None`: explicit lengths.
+    k: Option<u8>,
+    lens: [u8; NSYM],
+    /// 13 × estimated sample bits + header overhead bits.
+    pub(crate) value: u64,
+}
+
+/// Sample statistics of a block or a detection sample.
+pub(crate) struct Stats {
+    /// exponent histogram, all sampled elements
+    hc: [u64; 256],
+    /// exponents of elements with e != 0
+    hz: [u64; 256],
+    /// x == 0
+    nzero: u64,
+    /// x != 0, e == 0
+    nesc0: u64,
+    count: u64,
+    lo_or: u32,
+}
+
+impl Default for Stats {
+    fn default() -> Self {
+        Stats { hc: [0; 256], hz: [0; 256], nzero: 0, nesc0: 0, count: 0, lo_or: 0 }
+    }
+}
+
+impl Stats {
+    /// Adds elements `0, stride, 2*stride, ... < n` of `b`.
+    pub(crate) fn add<T: V2>(&mut self, b: &[u8], n: usize, stride: usize) {
+        let mut i = 0;
+        while i < n {
+            let x = T::load(b, i);
+            let e = T::exp(x);
+            self.hc[e as usize] += 1;
+            if x == 0 {
+                self.nzero += 1;
+            } else if e == 0 {
+                self.nesc0 += 1;
+            } else {
+                self.hz[e as usize] += 1;
+            }
+            self.lo_or |= x;
+            self.count += 1;
+            i += stride;
+        }
+    }
+}
+
+/// The anchor search centre: the largest `e >= 1` such that more than 1/64 of the
+/// histogram's elements with `e >= 1` have an exponent `>= e` (1 if none): a few
+/// outliers (a non-float prefix, one huge value) cannot move it.
+fn robust_max(h: &[u64; 256], emax: u32) -> u32 {
+    let total: u64 = h[1..=emax as usize].iter().sum();
+    let mut suffix = 0u64;
+    for e in (1..=emax).rev() {
+        suffix += h[e as usize];
+        if 64 * suffix > total {
+            return e;
+        }
+    }
+    1
+}
+
+/// Cost and code choice on the sample (FORMAT.md §V2.6).
+pub(crate) fn choose<T: V2>(st: &Stats, explicit: bool) -> Choice {
+    let r: u64 = if T::W == 4 {
+        8 + if st.lo_or & 0xFF00 != 0 { 8 } else { 0 } + if st.lo_or & 0xFF != 0 { 8 } else { 0 }
+    } else {
+        T::RAWBITS
+    };
+    let mut best = Choice {
+        z: false,
+        a: 1,
+        k: Some(0),
+        lens: CODE_LENGTHS[0],
+        value: u64::MAX,
+    };
+    for z in [false, true] {
+        let h = if z { &st.hz } else { &st.hc };
+        let smax = robust_max(h, T::EMAX);
+        let lo = smax.saturating_sub(4).max(1);
+        let hi = (smax + 3).min(T::EMAX);
+        let raw_bits = if z { r * (st.count - st.nzero) } else { r * st.count };
+        let overhead = if z { 24 } else { 0 };
+        for a in lo..=hi {
+            let mut cnt = [0u64; NSYM];
+            for e in 0..=T::EMAX {
+                let c = h[e as usize];
+                if c != 0 {
+                    cnt[symbol_of(e, a)] += c;
+                }
+            }
+            if z {
+                cnt[ZERO] = st.nzero;
+                cnt[ESC] += st.nesc0;
+            }
+            let base = raw_bits + cnt[ESC] * T::EBITS as u64;
+            for k in 0..NCODES {
+                let bits: u64 = (0..NSYM).map(|s| cnt[s] * CODE_LENGTHS[k][s] as u64).sum();
+                let v = SAMPLE_STRIDE as u64 * (bits + base) + overhead;
+                if v < best.value {
+                    best = Choice {
+                        z,
+                        a,
+                        k: Some(k as u8),
+                        lens: CODE_LENGTHS[k],
+                        value: v,
+                    };
+                }
+            }
+            if explicit {
+                let lens = explicit_lengths(&cnt);
+                let bits: u64 = (0..NSYM).map(|s| cnt[s] * lens[s] as u64).sum();
+                let v = SAMPLE_STRIDE as u64 * (bits + base) + overhead + 104;
+                if v < best.value {
+                    best = Choice {
+                        z,
+                        a,
+                        k: None,
+                        lens,
+                        value: v,
+                    };
+                }
+            }
+        }
+    }
+    best
+}
+
+/// Writes `n` entries of `w` bits LSB-first, padded to a byte; returns bytes written.
+fn put_packed(out: &mut [u8], vals: impl Iterator<Item = u32>, w: u32) -> usize {
+    let mut acc = 0u64;
+    let mut nacc = 0u32;
+    let mut p = 0;
+    if w == 0 {
+        return 0;
+    }
+    for v in vals {
+        acc |= (v as u64) << nacc;
+        nacc += w;
+        while nacc >= 8 {
+            out[p] = acc as u8;
+            p += 1;
+            acc >>= 8;
+            nacc -= 8;
+        }
+    }
+    if nacc > 0 {
+        out[p] = acc as u8;
+        p += 1;
+    }
+    p
+}
+
+fn encode_coded<T: V2>(blk: &[u8], out: &mut [u8]) -> Option<usize> {
+    let l = blk.len();
+    let w = T::W;
+    if l / w < MIN_CODED_ELEMS {
+        return None;
+    }
+    SCRATCH.with(|s| {
+        let mut s = s.borrow_mut();
+        let s = &mut *s;
+        let phi = choose_phase::<T>(blk);
+        let m = (l - phi) / w;
+        let t = (l - phi) % w;
+        let gbytes = m * w;
+        let grid = &blk[phi..phi + gbytes];
+        // zero lines
+        let nl = gbytes.div_ceil(LINE);
+        s.elided.clear();
+        let mut n_elided = 0;
+        let mut runs = 0;
+        let mut prev = false;
+        for c in grid.chunks(LINE) {
+            let z = c.iter().fold(0u8, |a, &b| a | b) == 0;
+            s.elided.push(z);
+            if z {
+                n_elided += 1;
+                if !prev {
+                    runs += 1;
+                }
+            }
+            prev = z;
+        }
+        let lines = n_elided > 0;
+        let kept: &[u8] = if lines {
+            s.kept.clear();
+            for (c, &z) in grid.chunks(LINE).zip(s.elided.iter()) {
+                if !z {
+                    s.kept.extend_from_slice(c);
+                }
+            }
+            &s.kept
+        } else {
+            grid
+        };
+        let k_elems = kept.len() / w;
+        let mut st = Stats::default();
+        st.add::<T>(kept, k_elems, SAMPLE_STRIDE);
+        let ch = choose::<T>(&st, true);
+        // encode tables: per exponent (code word + escape payload) and the ZERO word
+        let words = canonical_words(&ch.lens);
+        let mut enc = [(0u64, 0u32); 256];
+        for e in 0..=T::EMAX {
+            let sym = if e == 0 && ch.z { ESC } else { symbol_of(e, ch.a) };
+            let len = ch.lens[sym] as u32;
+            enc[e as usize] = if sym == ESC {
+                (words[sym] as u64 | ((e as u64) << len), len + T::EBITS)
+            } else {
+                (words[sym] as u64, len)
+            };
+        }
+        let zero_word = (words[ZERO] as u64, ch.lens[ZERO] as u32);
+        // stream
+        let ss = 1usize << SS_LOG2;
+        let ns = k_elems.div_ceil(ss);
+        s.stream.clear();
+        s.stream.resize(k_elems * 3 + 16, 0);
+        s.seg_bits.clear();
+        s.seg_zeros.clear();
+        let mut acc = 0u64;
+        let mut nacc = 0u32;
+        let mut sp = 0usize;
+        let mut total_bits = 0u64;
+        let mut lo_or = 0u32;
+        let mut zsum = 0usize;
+        for j in 0..ns {
+            let mut bits = 0u32;
+            let mut zc = 0u32;
+            for i in j * ss..((j + 1) * ss).min(k_elems) {
+                let x = T::load(kept, i);
+                let (c, len) = if ch.z && x == 0 {
+                    zc += 1;
+                    zero_word
+                } else {
+                    lo_or |= x;
+                    let (c, len) = enc[T::exp(x) as usize];
+                    if T::XBITS != 0 {
+                        (c | ((T::xb(x) as u64) << len), len + T::XBITS)
+                    } else {
+                        (c, len)
+                    }
+                };
+                acc |= c << nacc;
+                nacc += len;
+                bits += len;
+                if nacc >= 32 {
+                    s.stream[sp..sp + 4].copy_from_slice(&(acc as u32).to_le_bytes());
+                    sp += 4;
+                    acc >>= 32;
+                    nacc -= 32;
+                }
+            }
+            s.seg_bits.push(bits);
+            s.seg_zeros.push(zc);
+            total_bits += bits as u64;
+            zsum += zc as usize;
+        }
+        while nacc > 0 {
+            s.stream[sp] = acc as u8;
+            sp += 1;
+            acc >>= 8;
+            nacc = nacc.saturating_sub(8);
+        }
+        let stream_bytes = total_bits.div_ceil(8) as usize;
+        debug_assert_eq!(sp, stream_bytes);
+        let no_lo0 = T::W == 4 && lo_or & 0xFF == 0;
+        let no_lo1 = T::W == 4 && lo_or & 0xFF00 == 0;
+        let base = s.seg_bits.iter().copied().min().unwrap_or(0);
+        let iw = bits_for(s.seg_bits.iter().copied().max().unwrap_or(0) - base);
+        let zbase = s.seg_zeros.iter().copied().min().unwrap_or(0);
+        let zw = bits_for(s.seg_zeros.iter().copied().max().unwrap_or(0) - zbase);
+        let bitmap_len = nl.div_ceil(8);
+        let runs_len = 2 + 4 * runs;
+        let list_len = if lines { 1 + bitmap_len.min(runs_len) } else { 0 };
+        let p_elems = k_elems - zsum;
+        let planes = p_elems * (1 + (T::W == 4 && !no_lo1) as usize + (T::W == 4 && !no_lo0) as usize);
+        let size = FIXED
+            + if ch.z { 3 } else { 0 }
+            + if ch.k.is_none() { 13 } else { 0 }
+            + list_len
+            + phi
+            + (ns * iw as usize).div_ceil(8)
+            + if ch.z { (ns * zw as usize).div_ceil(8) } else { 0 }
+            + planes
+            + stream_bytes
+            + t;
+        if size > out.len() {
+            return None;
+        }
+        // header
+        let mut flags = 0u8;
+        if ch.z {
+            flags |= F_Z;
+        }
+        if lines {
+            flags |= F_LINES;
+        }
+        if ch.k.is_none() {
+            flags |= F_EXPLICIT;
+        }
+        if no_lo0 {
+            flags |= F_NO_LO0;
+        }
+        if no_lo1 {
+            flags |= F_NO_LO1;
+        }
+        out[0] = T::MODE;
+        out[1] = flags;
+        out[2] = ch.k.unwrap_or(0);
+        out[3] = ch.a as u8;
+        out[4] = phi as u8 | (((SS_LOG2 - 8) as u8) << 4);
+        out[5] = iw as u8;
+        out[6..8].copy_from_slice(&(base as u16).to_le_bytes());
+        let mut p = FIXED;
+        if ch.z {
+            out[p] = zw as u8;
+            out[p + 1..p + 3].copy_from_slice(&(zbase as u16).to_le_bytes());
+            p += 3;
+        }
+        if ch.k.is_none() {
+            for i in 0..13 {
+                out[p + i] = ch.lens[2 * i] | (ch.lens[2 * i + 1] << 4);
+            }
+            p += 13;
+        }
+        if lines {
+            if bitmap_len <= runs_len {
+                out[p] = 0;
+                p += 1;
+                out[p..p + bitmap_len].fill(0);
+                for (j, &z) in s.elided.iter().enumerate() {
+                    if z {
+                        out[p + j / 8] |= 1 << (j % 8);
+                    }
+                }
+                p += bitmap_len;
+            } else {
+                out[p] = 1;
+                out[p + 1..p + 3].copy_from_slice(&(runs as u16).to_le_bytes());
+                p += 3;
+                let mut j = 0;
+                while j < nl {
+                    if s.elided[j] {
+                        let first = j;
+                        while j < nl && s.elided[j] {
+                            j += 1;
+                        }
+                        out[p..p + 2].copy_from_slice(&(first as u16).to_le_bytes());
+                        out[p + 2..p + 4].copy_from_slice(&((j - first) as u16).to_le_bytes());
+                        p += 4;
+                    } else {
+                        j += 1;
+                    }
+                }
+            }
+        }
+        out[p..p + phi].copy_from_slice(&blk[..phi]);
+        p += phi;
+        p += put_packed(&mut out[p..], s.seg_bits.iter().map(|&b| b - base), iw);
+        if ch.z {
+            p += put_packed(&mut out[p..], s.seg_zeros.iter().map(|&z| z - zbase), zw);
+        }
+        // planes
+        {
+            let (p1, rest) = out[p..p + planes].split_at_mut(p_elems);
+            let (lo1, lo0) = if T::W == 4 {
+                if no_lo1 {
+                    rest.split_at_mut(0)
+                } else {
+                    rest.split_at_mut(p_elems)
+                }
+            } else {
+                rest.split_at_mut(0)
+            };
+            let mut q = 0;
+            for i in 0..k_elems {
+                let x = T::load(kept, i);
+                if ch.z && x == 0 {
+                    continue;
+                }
+                p1[q] = T::p1(x);
+                if T::W == 4 {
+                    if !no_lo1 {
+                        lo1[q] = (x >> 8) as u8;
+                    }
+                    if !no_lo0 {
+                        lo0[q] = x as u8;
+                    }
+                }
+                q += 1;
+            }
+            debug_assert_eq!(q, p_elems);
+        }
+        p += planes;
+        out[p..p + stream_bytes].copy_from_slice(&s.stream[..stream_bytes]);
+        p += stream_bytes;
+        out[p..p + t].copy_from_slice(&blk[l - t..]);
+        p += t;
+        debug_assert_eq!(p, size);
+        Some(size)
+    })
+}
+
+// ---------------------------------------------------------------------------------
+// Decoder
+
+fn corrupt(why: &'static str) -> CodecError {
+    CodecError::Corrupt(why)
+}
+
+/// Decodes block `src[start..start + size]` of a version-2 frame into `out`.
+pub(crate) fn decode_block_v2(
+    src: &[u8],
+    start: usize,
+    size: usize,
+    out: &mut [u8],
+) -> Result<(), CodecError> {
+    if size == 0 {
+        return Err(corrupt("empty block"));
+    }
+    let b = &src[start..start + size];
+    let l = out.len();
+    match b[0] {
+        MODE_RAW => {
+            if size != 1 + l {
+                return Err(corrupt("raw block length mismatch"));
+            }
+            copy_ascending(out, &b[1..]);
+            Ok(())
+        }
+        MODE_FILL => {
+            if size != 2 {
+                return Err(corrupt("fill block length mismatch"));
+            }
+            fill_ascending(out, b[1]);
+            Ok(())
+        }
+        MODE_BF16 => decode_coded::<Bf16>(b, out),
+        MODE_FP16 => decode_coded::<Fp16>(b, out),
+        MODE_FP32 => decode_coded::<Fp32>(b, out),
+        _ => Err(corrupt("unknown block mode")),
+    }
+}
+
+/// Bounds-checked little cursor over a block's bytes.
+struct Cur<'a> {
+    b: &'a [u8],
+    p: usize,
+}
+
+impl<'a> Cur<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], CodecError> {
+        let end = self.p.checked_add(n).ok_or(CodecError::Truncated)?;
+        if end > self.b.len() {
+            return Err(corrupt("coded block shorter than its layout"));
+        }
+        let s = &self.b[self.p..end];
+        self.p = end;
+        Ok(s)
+    }
+    fn u8(&mut self) -> Result<u8, CodecError> {
+        Ok(self.take(1)?[0])
+    }
+    fn u16(&mut self) -> Result<u16, CodecError> {
+        let s = self.take(2)?;
+        Ok(u16::from_le_bytes([s[0], s[1]]))
+    }
+}
+
+/// Reads `n` packed `w`-bit entries (padding bits must be zero) as `base + entry`.
+fn read_packed(
+    cur: &mut Cur,
+    n: usize,
+    w: u32,
+    base: u32,
+    out: &mut [u32],
+) -> Result<(), CodecError> {
+    let bytes = cur.take((n * w as usize).div_ceil(8))?;
+    let mut acc = 0u64;
+    let mut nacc = 0u32;
+    let mut q = 0;
+    for o in out.iter_mut().take(n) {
+        while nacc < w {
+            acc |= (bytes[q] as u64) << nacc;
+            q += 1;
+            nacc += 8;
+        }
+        let v = if w == 0 { 0 } else { (acc & ((1u64 << w) - 1)) as u32 };
+        acc >>= w;
+        nacc -= w;
+        *o = base + v;
+    }
+    if acc != 0 {
+        return Err(corrupt("nonzero index padding"));
+    }
+    Ok(())
+}
+
+/// Most sub-segments a block can have: 2^20 bytes / 2 / 256.
+const MAX_NS: usize = (1 << MAX_BLOCK_LOG2) / 2 / 256;
+/// Most lines a block can have.
+const MAX_LINES: usize = (1 << MAX_BLOCK_LOG2) / LINE;
+
+#[inline(always)]
+fn load64(s: &[u8], p: usize) -> u64 {
+    if p + 8 <= s.len() {
+        u64::from_le_bytes(s[p..p + 8].try_into().unwrap())
+    } else {
+        let mut t = [0u8; 8];
+        if p < s.len() {
+            t[..s.len() - p].copy_from_slice(&s[p..]);
+        }
+        u64::from_le_bytes(t)
+    }
+}
+
+fn decode_coded<T: V2>(b: &[u8], out: &mut [u8]) -> Result<(), CodecError> {
+    let w = T::W;
+    let l = out.len();
+    let mut cur = Cur { b, p: 1 };
+    let flags = cur.u8()?;
+    if flags & (F_COL | F_BYTECODE | 0x80) != 0 {
+        return Err(corrupt("unsupported block flags"));
+    }
+    if w != 4 && flags & (F_NO_LO0 | F_NO_LO1) != 0 {
+        return Err(corrupt("omitted low planes outside fp32"));
+    }
+    let z = flags & F_Z != 0;
+    let k = cur.u8()? as usize;
+    let a = cur.u8()? as u32;
+    let b4 = cur.u8()?;
+    let iw = cur.u8()? as u32;
+    let base = cur.u16()? as u32;
+    if a < 1 || a > T::EMAX {
+        return Err(corrupt("anchor out of range"));
+    }
+    let phi = (b4 & 3) as usize;
+    let ssl = ((b4 >> 4) & 3) as u32;
+    if b4 & 0xCC != 0 || ssl == 3 || phi >= w {
+        return Err(corrupt("bad phase or sub-segment size"));
+    }
+    let ss = 256usize << ssl;
+    if iw > 16 {
+        return Err(corrupt("index width out of range"));
+    }
+    let (zw, zbase) = if z {
+        let zw = cur.u8()? as u32;
+        let zb = cur.u16()? as u32;
+        if zw > 16 {
+            return Err(corrupt("zero index width out of range"));
+        }
+        (zw, zb)
+    } else {
+        (0, 0)
+    };
+    let lens: [u8; NSYM] = if flags & F_EXPLICIT != 0 {
+        if k != 0 {
+            return Err(corrupt("explicit code with nonzero k"));
+        }
+        let t = cur.take(13)?;
+        let mut lens = [0u8; NSYM];
+        for s in 0..NSYM {
+            lens[s] = (t[s / 2] >> (4 * (s % 2))) & 15;
+            if lens[s] as u32 > MAXLEN {
+                return Err(corrupt("explicit code length > 12"));
+            }
+        }
+        if kraft(&lens) != 1 << MAXLEN {
+            return Err(corrupt("explicit code is not a complete prefix code"));
+        }
+        lens
+    } else {
+        if k >= NCODES {
+            return Err(corrupt("code index out of range"));
+        }
+        CODE_LENGTHS[k]
+    };
+    if l < phi {
+        return Err(corrupt("block shorter than its phase"));
+    }
+    let m = (l - phi) / w;
+    let t = (l - phi) % w;
+    let gbytes = m * w;
+    let nl = gbytes.div_ceil(LINE);
+    // elided lines as a bitmap
+    let mut elided = [0u64; MAX_LINES / 64];
+    let mut n_elided_bytes = 0usize;
+    let lines = flags & F_LINES != 0;
+    if lines {
+        let line_bytes = |j: usize| LINE.min(gbytes - j * LINE);
+        match cur.u8()? {
+            0 => {
+                let bm = cur.take(nl.div_ceil(8))?;
+                for j in 0..nl.div_ceil(8) * 8 {
+                    if bm[j / 8] >> (j % 8) & 1 != 0 {
+                        if j >= nl {
+                            return Err(corrupt("line bitmap bit beyond the block"));
+                        }
+                        elided[j / 64] |= 1 << (j % 64);
+                        n_elided_bytes += line_bytes(j);
+                    }
+                }
+            }
+            1 => {
+                let count = cur.u16()? as usize;
+                let mut prev_end = 0usize;
+                for r in 0..count {
+                    let first = cur.u16()? as usize;
+                    let len = cur.u16()? as usize;
+                    if len == 0 || (r > 0 && first <= prev_end) || first + len > nl {
+                        return Err(corrupt("bad zero-line run"));
+                    }
+                    for j in first..first + len {
+                        elided[j / 64] |= 1 << (j % 64);
+                        n_elided_bytes += line_bytes(j);
+                    }
+                    prev_end = first + len;
+                }
+            }
+            _ => return Err(corrupt("unknown zero-line list form")),
+        }
+        if n_elided_bytes == 0 {
+            return Err(corrupt("empty zero-line list"));
+        }
+    }
+    let k_elems = (gbytes - n_elided_bytes) / w;
+    let ns = k_elems.div_ceil(ss);
+    let head = cur.take(phi)?;
+    let mut seg_bits = [0u32; MAX_NS];
+    let mut seg_zeros = [0u32; MAX_NS];
+    read_packed(&mut cur, ns, iw, base, &mut seg_bits)?;
+    if z {
+        read_packed(&mut cur, ns, zw, zbase, &mut seg_zeros)?;
+    }
+    let mut total_bits = 0u64;
+    let mut zsum = 0usize;
+    for j in 0..ns {
+        let n_j = ss.min(k_elems - j * ss);
+        if seg_zeros[j] as usize > n_j {
+            return Err(corrupt("zero count exceeds sub-segment"));
+        }
+        zsum += seg_zeros[j] as usize;
+        total_bits += seg_bits[j] as u64;
+    }
+    let p_elems = k_elems - zsum;
+    let p1 = cur.take(p_elems)?;
+    let lo1 = if w == 4 && flags & F_NO_LO1 == 0 {
+        cur.take(p_elems)?
+    } else {
+        &[][..]
+    };
+    let lo0 = if w == 4 && flags & F_NO_LO0 == 0 {
+        cur.take(p_elems)?
+    } else {
+        &[][..]
+    };
+    let stream_bytes = total_bits.div_ceil(8);
+    if stream_bytes > b.len() as u64 {
+        return Err(corrupt("coded block shorter than its layout"));
+    }
+    let stream = cur.take(stream_bytes as usize)?;
+    let tail = cur.take(t)?;
+    if cur.p != b.len() {
+        return Err(corrupt("coded block length mismatch"));
+    }
+    if total_bits % 8 != 0 && stream[stream.len() - 1] >> (total_bits % 8) != 0 {
+        return Err(corrupt("nonzero stream padding"));
+    }
+    // decode table
+    let words = canonical_words(&lens);
+    let mut lut = [E_INVALID; TABLE];
+    for s in 0..NSYM {
+        let len = lens[s] as u32;
+        if len == 0 {
+            continue;
+        }
+        let v = (if s == ZERO {
+            E_ZERO
+        } else if s == ESC {
+            E_ESC
+        } else if (s as u32) < a && (s as u32) < ND as u32 {
+            (a - s as u32) << 8
+        } else {
+            E_INVALID
+        }) | len;
+        let wd = words[s] as usize;
+        for hi in 0..(1usize << (MAXLEN - len)) {
+            lut[wd | (hi << len)] = v;
+        }
+    }
+    copy_ascending(&mut out[..phi], head);
+    let emask = (1u64 << T::EBITS) - 1;
+    let no_lo1 = lo1.is_empty();
+    let no_lo0 = lo0.is_empty();
+    let mut bitpos = 0u64;
+    let mut pp = 0usize;
+    let mut tmp = [0u8; 1024 * 4];
+    let mut gl = 0usize; // next grid line to write (LINES)
+    let grid_out = &mut out[phi..phi + gbytes];
+    for j in 0..ns {
+        let i0 = j * ss;
+        let n_j = ss.min(k_elems - i0);
+        let end = bitpos + seg_bits[j] as u64;
+        let dst: &mut [u8] = if lines {
+            &mut tmp[..n_j * w]
+        } else {
+            &mut grid_out[i0 * w..(i0 + n_j) * w]
+        };
+        let mut zc = 0u32;
+        for i in 0..n_j {
+            let v = load64(stream, (bitpos >> 3) as usize) >> (bitpos & 7);
+            let ent = lut[(v & (TABLE as u64 - 1)) as usize];
+            let mut len = ent & 31;
+            let x;
+            if ent & E_ZERO != 0 && z {
+                zc += 1;
+                x = 0;
+            } else {
+                let e = if ent & (E_ESC | E_ZERO | E_INVALID) == 0 {
+                    (ent >> 8) & 0xFF
+                } else if ent & E_ESC != 0 {
+                    let e = ((v >> len) & emask) as u32;
+                    len += T::EBITS;
+                    e
+                } else if ent & E_ZERO != 0 {
+                    0
+                } else {
+                    return Err(corrupt("exponent below 1"));
+                };
+                let xb = if T::XBITS != 0 {
+                    let xb = ((v >> len) & 7) as u32;
+                    len += T::XBITS;
+                    xb
+                } else {
+                    0
+                };
+                if pp >= p_elems {
+                    return Err(corrupt("plane overrun"));
+                }
+                let l1 = if no_lo1 { 0 } else { lo1[pp] };
+                let l0 = if no_lo0 { 0 } else { lo0[pp] };
+                x = T::build(e, p1[pp], xb, l1, l0);
+                pp += 1;
+            }
+            bitpos += len as u64;
+            if bitpos > end {
+                return Err(corrupt("sub-segment overruns its length"));
+            }
+            T::store(dst, i, x);
+        }
+        if bitpos != end {
+            return Err(corrupt("sub-segment does not end at its length"));
+        }
+        if z && zc != seg_zeros[j] {
+            return Err(corrupt("zero count mismatch"));
+        }
+        if lines {
+            // emit the elided lines before and the kept lines of this sub-segment
+            let mut q = 0;
+            while q < n_j * w {
+                while gl < nl && elided[gl / 64] >> (gl % 64) & 1 != 0 {
+                    let lb = LINE.min(gbytes - gl * LINE);
+                    fill_ascending(&mut grid_out[gl * LINE..gl * LINE + lb], 0);
+                    gl += 1;
+                }
+                if gl >= nl {
+                    return Err(corrupt("kept elements beyond the grid"));
+                }
+                let lb = LINE.min(gbytes - gl * LINE);
+                copy_ascending(&mut grid_out[gl * LINE..gl * LINE + lb], &tmp[q..q + lb]);
+                q += lb;
+                gl += 1;
+            }
+        }
+    }
+    if lines {
+        while gl < nl {
+            let lb = LINE.min(gbytes - gl * LINE);
+            fill_ascending(&mut grid_out[gl * LINE..gl * LINE + lb], 0);
+            gl += 1;
+        }
+    }
+    copy_ascending(&mut out[phi + gbytes..], tail);
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------
+// Detection
+
+/// Frame type detection over (type, phase) (FORMAT.md §V2.6 "Detection").
+pub fn detect_v2(src: &[u8]) -> Dtype {
+    let n = src.len();
+    if n < MIN_CODED_INPUT {
+        return Dtype::Raw;
+    }
+    let g = (n / 1024).clamp(1, 64);
+    let units = n / 64;
+    // statistics per (type, phase): bf16 0..2, fp16 2..4, fp32 4..8
+    let mut st: [Stats; 8] = Default::default();
+    let mut used = 0u64;
+    for j in 0..g {
+        let off = 64 * (j * units / g);
+        let s = &src[off..off + 64];
+        if all_equal(s) {
+            continue;
+        }
+        used += 1;
+        for phi in 0..2 {
+            st[phi].add::<Bf16>(&s[phi..], (64 - phi) / 2, 1);
+            st[2 + phi].add::<Fp16>(&s[phi..], (64 - phi) / 2, 1);
+        }
+        for phi in 0..4 {
+            st[4 + phi].add::<Fp32>(&s[phi..], (64 - phi) / 4, 1);
+        }
+    }
+    if used == 0 {
+        return Dtype::Raw;
+    }
+    // (value, bytes covered): compare value / bytes
+    let mut best = (u64::MAX, 1u64, Dtype::Raw);
+    for (c, stc) in st.iter().enumerate() {
+        let (dt, w) = match c {
+            0 | 1 => (Dtype::Bf16, 2u64),
+            2 | 3 => (Dtype::Fp16, 2),
+            _ => (Dtype::Fp32, 4),
+        };
+        let value = match dt {
+            Dtype::Bf16 => choose::<Bf16>(stc, false).value,
+            Dtype::Fp16 => choose::<Fp16>(stc, false).value,
+            _ => choose::<Fp32>(stc, false).value,
+        };
+        let bytes = stc.count * w;
+        if best.0 == u64::MAX
+            || (value as u128) * (best.1 as u128) < (best.0 as u128) * (bytes as u128)
+        {
+            best = (value, bytes, dt);
+        }
+    }
+    // raw unless the estimate saves more than 1/32 of the sampled bits
+    if best.0 * 32 >= 31 * 8 * SAMPLE_STRIDE as u64 * best.1 {
+        Dtype::Raw
+    } else {
+        best.2
+    }
+}

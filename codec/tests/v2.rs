@@ -1,0 +1,261 @@
+//! Format version 2 (docs/FORMAT.md "Version 2"): round trips over sizes, alignments,
+//! zeros, -0.0, NaN patterns and subnormals; corrupt frames; detection over
+//! (type, phase); the sparse mechanisms actually engage.
+mod common;
+use common::{Rng, *};
+use nccl_zip_codec::*;
+use proptest::prelude::*;
+
+fn v2(dtype: DtypeHint, checksum: bool, block_log2: u8) -> EncodeOptions {
+    EncodeOptions {
+        dtype,
+        checksum,
+        block_log2,
+        format: 2,
+    }
+}
+
+/// Compresses as v2 and checks every decoder entry point gives the input back.
+fn check(src: &[u8], opts: &EncodeOptions) -> FrameStats {
+    let n = src.len();
+    let mut frame = vec![0xAAu8; max_compressed_size(n) + 5];
+    let st = compress_with_stats(src, &mut frame, opts).unwrap();
+    assert!(st.frame_len <= n + 24);
+    let f = &frame[..st.frame_len];
+    assert_eq!(f[4], 2, "version byte");
+    let info = frame_info(f).unwrap();
+    assert_eq!(info.raw_len, n as u64);
+    assert_eq!(info.frame_len, st.frame_len as u64);
+    let mut out = vec![0x55u8; n];
+    assert_eq!(decompress(f, &mut out).unwrap(), n);
+    assert!(out == src, "v2 round trip differs (n = {n}, {opts:?})");
+    let mut out2 = vec![0x33u8; n];
+    Decoder::new().decompress(f, &mut out2).unwrap();
+    assert!(out2 == src);
+    let mut out3 = vec![0x11u8; n];
+    decompress_parallel(f, &mut out3, 3).unwrap();
+    assert!(out3 == src);
+    let mut f2 = vec![0u8; max_compressed_size(n)];
+    let n2 = compress_parallel(src, &mut f2, opts, 3).unwrap();
+    assert_eq!(&f2[..n2], f, "parallel encoder differs");
+    st
+}
+
+fn specials(ty: Ty, n: usize, seed: u64) -> Vec<u8> {
+    // gaussian with sprinkled +0.0, -0.0, NaNs with payloads, infinities, subnormals
+    let mut b = gaussian(ty, n, 0.05, seed);
+    let w = ty.width();
+    let mut r = Rng::new(seed ^ 0x5EED);
+    let pats: &[u32] = match w {
+        2 => &[0x0000, 0x8000, 0x7FC1, 0xFF81, 0x7F80, 0xFF80, 0x0001, 0x8003, 0x7C01, 0xFE00, 0x03FF],
+        _ => &[
+            0, 0x8000_0000, 0x7FC0_0001, 0xFFBF_FFFF, 0x7F80_0000, 0x0000_0001, 0x8000_0100,
+            0x007F_FFFF, 0x7F80_0001,
+        ],
+    };
+    for i in 0..b.len() / w {
+        if r.next_u64() % 5 == 0 {
+            let p = pats[(r.next_u64() % pats.len() as u64) as usize];
+            b[i * w..i * w + w].copy_from_slice(&p.to_le_bytes()[..w]);
+        }
+    }
+    b
+}
+
+const SIZES: &[usize] = &[
+    0, 1, 2, 3, 17, 63, 64, 65, 127, 129, 1000, 2049, 4095, 4097, 8083, 12345, 65535, 65537, 131071,
+    300001,
+];
+
+#[test]
+fn sweep_sizes_contents_alignments() {
+    for &n in SIZES {
+        for seed in 0..2u64 {
+            let contents: Vec<(&str, Vec<u8>)> = vec![
+                ("bf16", gaussian(Ty::Bf16, n + 8, 0.02, seed)),
+                ("fp16", gaussian(Ty::Fp16, n + 8, 0.5, seed)),
+                ("fp32", gaussian(Ty::Fp32, n + 8, 1e-3, seed)),
+                ("relu16", relu_like(Ty::Bf16, n + 8, seed)),
+                ("relu32", relu_like(Ty::Fp32, n + 8, seed)),
+                ("sp16", specials(Ty::Bf16, n + 8, seed)),
+                ("sph", specials(Ty::Fp16, n + 8, seed)),
+                ("sp32", specials(Ty::Fp32, n + 8, seed)),
+                ("emb", embedding_grad(n + 8 + 4096, 256, 0.9, seed)),
+                ("b16in32", bf16_in_fp32(&gaussian(Ty::Bf16, n / 2 + 8, 0.02, seed))),
+                ("random", Rng::new(seed).bytes(n + 8)),
+                ("zeros", vec![0u8; n + 8]),
+                ("ints", int_counters(n + 8, seed)),
+            ];
+            for (_name, data) in contents {
+                for off in [0usize, 1, 2, 3] {
+                    let end = (off + n).min(data.len());
+                    let src = &data[off.min(end)..end];
+                    for dtype in [DtypeHint::Auto, DtypeHint::Bf16, DtypeHint::Fp16, DtypeHint::Fp32] {
+                        for bl in [12u8, 16] {
+                            check(src, &v2(dtype, seed == 1, bl));
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn sparse_mechanisms_engage() {
+    let n = 256 << 10;
+    let ratio = |d: &[u8]| {
+        let mut f = vec![0u8; max_compressed_size(d.len())];
+        let v1 = compress(d, &mut f, &EncodeOptions::default()).unwrap();
+        let st = check(d, &v2(DtypeHint::Auto, false, 16));
+        (d.len() as f64 / v1 as f64, d.len() as f64 / st.frame_len as f64)
+    };
+    // zero rows
+    let (r1, r2) = ratio(&embedding_grad(n, 4096, 0.92, 21));
+    assert!(r2 > 2.0 * r1, "zero lines: v1 {r1:.3} v2 {r2:.3}");
+    // fp32 holding bf16: both low planes omitted
+    let (r1, r2) = ratio(&bf16_in_fp32(&gaussian(Ty::Bf16, n / 2, 0.02, 3)));
+    assert!(r2 > 2.9, "fp32 holding bf16: v1 {r1:.3} v2 {r2:.3}");
+    // scattered exact zeros (Z)
+    let (r1, r2) = ratio(&relu_like(Ty::Bf16, n, 8));
+    assert!(r2 > 1.3 * r1, "relu: v1 {r1:.3} v2 {r2:.3}");
+    // dense data no worse than v1 by more than the index
+    let (r1, r2) = ratio(&gaussian(Ty::Bf16, n, 0.01, 4));
+    assert!(r2 >= r1 * 0.998, "dense bf16: v1 {r1:.4} v2 {r2:.4}");
+}
+
+/// Detection over (type, phase): a small non-float prefix, or a start misaligned by
+/// 1..3 bytes, does not change the detected type of what follows.
+#[test]
+fn detection_survives_prefix_and_misalignment() {
+    for (ty, dt) in [(Ty::Bf16, Dtype::Bf16), (Ty::Fp16, Dtype::Fp16), (Ty::Fp32, Dtype::Fp32)] {
+        let body = gaussian(ty, 256 << 10, 0.02, 9);
+        assert_eq!(detect_v2(&body), dt);
+        for off in 1..4 {
+            assert_eq!(detect_v2(&body[off..]), dt, "{} misaligned by {off}", ty.name());
+        }
+        for plen in [1usize, 3, 62, 64, 100, 511] {
+            let mut d = int_counters(plen, 1);
+            d.extend_from_slice(&body);
+            assert_eq!(detect_v2(&d), dt, "{} after a {plen}-byte prefix", ty.name());
+            // and the frame codes nearly as well as the aligned body
+            let aligned = check(&body, &v2(DtypeHint::Auto, false, 16)).frame_len;
+            let pre = check(&d, &v2(DtypeHint::Auto, false, 16)).frame_len;
+            assert!(
+                (pre as f64) < aligned as f64 * 1.01 + plen as f64 + 64.0,
+                "{} prefix {plen}: {pre} vs aligned {aligned}",
+                ty.name()
+            );
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
+    #[test]
+    fn prop_arbitrary_bytes(data in proptest::collection::vec(any::<u8>(), 0..20_000),
+                            hint in 0usize..4, checksum in any::<bool>(), bl in 12u8..=17) {
+        let dtype = [DtypeHint::Auto, DtypeHint::Bf16, DtypeHint::Fp16, DtypeHint::Fp32][hint];
+        check(&data, &v2(dtype, checksum, bl));
+    }
+
+    #[test]
+    fn prop_floats_with_specials(seed in any::<u64>(), ty in 0usize..3, n in 0usize..70_000,
+                                 off in 0usize..4, zero_rows in 0u32..100, hint in 0usize..4) {
+        let ty = [Ty::Bf16, Ty::Fp16, Ty::Fp32][ty];
+        let mut b = specials(ty, n + 4, seed);
+        // zero some 64-byte-ish rows
+        let mut r = Rng::new(seed);
+        let row = 192;
+        for c in b.chunks_mut(row) {
+            if (r.next_u64() % 100) < zero_rows as u64 { c.fill(0); }
+        }
+        let src = &b[off.min(b.len())..(off + n).min(b.len())];
+        let dtype = [DtypeHint::Auto, DtypeHint::Bf16, DtypeHint::Fp16, DtypeHint::Fp32][hint];
+        check(src, &v2(dtype, seed % 2 == 0, 12 + (seed % 5) as u8));
+    }
+
+    #[test]
+    fn prop_corrupt_never_panics(seed in any::<u64>(), flips in 1usize..4, cut in any::<bool>()) {
+        let src = specials(Ty::Bf16, 9000, seed);
+        let mut src = src;
+        for c in src.chunks_mut(640).step_by(3) { c.fill(0); }
+        let mut f = vec![0u8; max_compressed_size(src.len())];
+        let n = compress(&src, &mut f, &v2(DtypeHint::Auto, seed % 2 == 0, 12)).unwrap();
+        f.truncate(n);
+        let mut r = Rng::new(seed);
+        for _ in 0..flips {
+            let i = (r.next_u64() % n as u64) as usize;
+            f[i] ^= 1 << (r.next_u64() % 8);
+        }
+        if cut { let c = (r.next_u64() % n as u64) as usize; f.truncate(c); }
+        let mut out = vec![0u8; src.len()];
+        let _ = decompress(&f, &mut out);
+        let _ = decompress_parallel(&f, &mut out, 2);
+    }
+}
+
+fn corrupt_samples() -> Vec<(&'static str, Vec<u8>, EncodeOptions)> {
+    vec![
+        ("bf16", gaussian(Ty::Bf16, 9000, 0.1, 1), v2(DtypeHint::Auto, false, 12)),
+        ("fp16", specials(Ty::Fp16, 9000, 2), v2(DtypeHint::Auto, true, 12)),
+        ("fp32", specials(Ty::Fp32, 9001, 3), v2(DtypeHint::Auto, true, 12)),
+        ("emb", embedding_grad(20000, 256, 0.9, 4), v2(DtypeHint::Auto, true, 12)),
+        ("b16in32", bf16_in_fp32(&gaussian(Ty::Bf16, 5000, 0.02, 5)), v2(DtypeHint::Auto, true, 12)),
+        ("relu", relu_like(Ty::Bf16, 9000, 6), v2(DtypeHint::Auto, true, 12)),
+    ]
+}
+
+#[test]
+fn every_truncation_is_an_error() {
+    for (name, src, opts) in corrupt_samples() {
+        let mut f = vec![0u8; max_compressed_size(src.len())];
+        let n = compress(&src, &mut f, &opts).unwrap();
+        f.truncate(n);
+        let mut out = vec![0u8; src.len()];
+        for c in 0..n {
+            assert!(decompress(&f[..c], &mut out).is_err(), "{name}: prefix {c}/{n} decoded");
+        }
+        f.push(0);
+        assert!(decompress(&f, &mut out).is_err(), "{name}: trailing byte accepted");
+    }
+}
+
+/// Every single bit flip gives an error or (outside the header and without a
+/// checksum) some output; with a checksum, never wrong bytes with Ok.
+#[test]
+fn every_bit_flip_is_caught_or_harmless() {
+    for (name, src, opts) in corrupt_samples() {
+        let mut f = vec![0u8; max_compressed_size(src.len())];
+        let n = compress(&src, &mut f, &opts).unwrap();
+        f.truncate(n);
+        let mut out = vec![0u8; src.len()];
+        let mut silent = 0;
+        for i in 0..n {
+            for bit in 0..8 {
+                f[i] ^= 1 << bit;
+                if let Ok(m) = decompress(&f, &mut out) {
+                    if out[..m] != src[..] {
+                        silent += 1;
+                        assert!(!opts.checksum, "{name}: flip {i}.{bit} gave wrong bytes with a checksum");
+                    }
+                }
+                f[i] ^= 1 << bit;
+            }
+        }
+        eprintln!("{name}: {silent} of {} flips decode to other bytes", 8 * n);
+    }
+}
+
+#[test]
+fn v1_frames_still_decode_and_v1_stays_default() {
+    let src = gaussian(Ty::Bf16, 100_000, 0.02, 7);
+    let mut f = vec![0u8; max_compressed_size(src.len())];
+    let n = compress(&src, &mut f, &EncodeOptions::default()).unwrap();
+    assert_eq!(f[4], 1);
+    let mut out = vec![0u8; src.len()];
+    decompress(&f[..n], &mut out).unwrap();
+    assert_eq!(out, src);
+    let bad = EncodeOptions { format: 3, ..EncodeOptions::default() };
+    assert!(compress(&src, &mut f, &bad).is_err());
+}
