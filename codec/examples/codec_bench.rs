@@ -1,5 +1,5 @@
 //! Codec benchmark: per dtype and data class, our ratio and single-thread GB/s
-//! (encode, decode) against zstd levels 1 and 3 and the order-0 entropy bound, all
+//! (encode, decode) in frame formats 1 and 2 against zstd levels 1 and 3 and the order-0 entropy bound, all
 //! measured in the same run on the same bytes.
 //!
 //! `cargo run --release -p nccl-zip-codec --example codec_bench [-- --data DIR] [--msg BYTES] [--secs S]`
@@ -106,10 +106,12 @@ fn entropy_bound(w: usize, d: &[u8]) -> f64 {
     (h(&hi) + if w == 4 { h(&lo) } else { 0.0 }) / 8.0
 }
 
-fn run(name: &str, tname: &str, w: usize, data: &[u8], a: &Args) {
-    let msgs: Vec<&[u8]> = data.chunks(a.msg).collect();
-    let total = data.len();
-    let opts = EncodeOptions::default();
+/// Our codec in frame format `format`: (ratio, enc GB/s, dec GB/s, detected types).
+fn ours(format: u8, msgs: &[&[u8]], total: usize, a: &Args, name: &str) -> (f64, f64, f64, String) {
+    let opts = EncodeOptions {
+        format,
+        ..EncodeOptions::default()
+    };
     let mut frames: Vec<Vec<u8>> = msgs
         .iter()
         .map(|m| vec![0u8; max_compressed_size(m.len())])
@@ -123,7 +125,7 @@ fn run(name: &str, tname: &str, w: usize, data: &[u8], a: &Args) {
             .entry(st.dtype.map_or("raw", |d| d.name()))
             .or_insert(0) += 1;
     }
-    let ours = lens.iter().sum::<usize>();
+    let sum = lens.iter().sum::<usize>();
     let enc = gbps(total, a.secs, || {
         for (i, m) in msgs.iter().enumerate() {
             std::hint::black_box(compress(m, &mut frames[i], &opts).unwrap());
@@ -132,13 +134,23 @@ fn run(name: &str, tname: &str, w: usize, data: &[u8], a: &Args) {
     let mut out = vec![0u8; a.msg];
     for (i, m) in msgs.iter().enumerate() {
         let n = decompress(&frames[i][..lens[i]], &mut out).unwrap();
-        assert!(&out[..n] == *m, "{name}: round trip failed");
+        assert!(&out[..n] == *m, "{name}: v{format} round trip failed");
     }
     let dec = gbps(total, a.secs, || {
         for (i, f) in frames.iter().enumerate() {
             std::hint::black_box(decompress(&f[..lens[i]], &mut out).unwrap());
         }
     });
+    let det: Vec<String> = detected.iter().map(|(k, v)| format!("{k}:{v}")).collect();
+    (total as f64 / sum as f64, enc, dec, det.join(" "))
+}
+
+fn run(name: &str, tname: &str, w: usize, data: &[u8], a: &Args) {
+    let msgs: Vec<&[u8]> = data.chunks(a.msg).collect();
+    let total = data.len();
+    let v1 = ours(1, &msgs, total, a, name);
+    let v2 = ours(2, &msgs, total, a, name);
+    let mut out = vec![0u8; a.msg];
     let mut z = Vec::new();
     for level in if a.no_zstd { vec![] } else { vec![1, 3] } {
         let mut c = zstd::bulk::Compressor::new(level).unwrap();
@@ -164,22 +176,25 @@ fn run(name: &str, tname: &str, w: usize, data: &[u8], a: &Args) {
         z.push((0.0, 0.0, 0.0));
     }
     let bound = total as f64 / entropy_bound(w, data);
-    let det: Vec<String> = detected.iter().map(|(k, v)| format!("{k}:{v}")).collect();
     println!(
-        "| {name} | {} | {:.1} | {:.4} | {:.4} | {:.2} | {:.2} | {:.4} | {:.2} / {:.2} | {:.4} | {:.2} / {:.2} | {} |",
+        "| {name} | {} | {:.1} | {:.4} | {:.4} | {:.2} / {:.2} | {:.4} | {:.2} / {:.2} | {:.4} | {:.2} / {:.2} | {:.4} | {:.2} / {:.2} | {} | {} |",
         tname,
         total as f64 / (1 << 20) as f64,
         bound,
-        total as f64 / ours as f64,
-        enc,
-        dec,
+        v1.0,
+        v1.1,
+        v1.2,
+        v2.0,
+        v2.1,
+        v2.2,
         z[0].0,
         z[0].1,
         z[0].2,
         z[1].0,
         z[1].1,
         z[1].2,
-        det.join(" ")
+        v1.3,
+        v2.3
     );
 }
 
@@ -295,8 +310,8 @@ fn main() {
         "message size {} bytes, single thread, best-of rounds over ~{} s per figure",
         a.msg, a.secs
     );
-    println!("| data | type | MiB | order-0 bound | ours | enc GB/s | dec GB/s | zstd-1 | zstd-1 enc/dec GB/s | zstd-3 | zstd-3 enc/dec GB/s | detected (msgs) |");
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("| data | type | MiB | order-0 bound | v1 | v1 enc/dec GB/s | v2 | v2 enc/dec GB/s | zstd-1 | zstd-1 enc/dec GB/s | zstd-3 | zstd-3 enc/dec GB/s | v1 detected (msgs) | v2 detected |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     let size = 16 << 20;
     let mut sets: Vec<(String, &'static str, usize, Gen)> = Vec::new();
     for ty in [Ty::Bf16, Ty::Fp16, Ty::Fp32] {

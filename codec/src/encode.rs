@@ -253,7 +253,7 @@ pub fn detect(src: &[u8]) -> Dtype {
 }
 
 /// `CODE_LENGTHS` transposed: per symbol, the length under each code.
-const LENGTHS_BY_SYMBOL: [[u32; NCODES]; NSYM] = {
+pub(crate) const LENGTHS_BY_SYMBOL: [[u32; NCODES]; NSYM] = {
     let mut t = [[0u32; NCODES]; NSYM];
     let mut k = 0;
     while k < NCODES {

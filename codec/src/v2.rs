@@ -12,7 +12,7 @@ use std::cell::RefCell;
 use crate::codes::{symbol_of, CODE_LENGTHS, ESC, MAXLEN, ND, NCODES, NSYM, ZERO};
 use crate::decode::{copy_ascending, fill_ascending};
 use crate::elem::{Bf16, Elem, Fp16, Fp32};
-use crate::encode::{all_equal, BlockKind, SAMPLE_STRIDE};
+use crate::encode::{all_equal, BlockKind, LENGTHS_BY_SYMBOL, SAMPLE_STRIDE};
 use crate::format::*;
 use crate::{CodecError, Dtype};
 
@@ -424,7 +424,7 @@ pub(crate) fn choose<T: V2>(st: &Stats, explicit: bool) -> Choice {
         let hi = (smax + 3).min(T::EMAX);
         let raw_bits = if z { r * (st.count - st.nzero) } else { r * st.count };
         let overhead = if z { 24 } else { 0 };
-        for a in lo..=hi {
+        let counts = |a: u32| {
             let mut cnt = [0u64; NSYM];
             for e in 0..=T::EMAX {
                 let c = h[e as usize];
@@ -436,10 +436,29 @@ pub(crate) fn choose<T: V2>(st: &Stats, explicit: bool) -> Choice {
                 cnt[ZERO] = st.nzero;
                 cnt[ESC] += st.nesc0;
             }
+            cnt
+        };
+        // static codes at every anchor
+        let mut best_a = lo;
+        let mut best_z = u64::MAX;
+        for a in lo..=hi {
+            let cnt = counts(a);
             let base = raw_bits + cnt[ESC] * T::EBITS as u64;
-            for k in 0..NCODES {
-                let bits: u64 = (0..NSYM).map(|s| cnt[s] * CODE_LENGTHS[k][s] as u64).sum();
+            let mut cost = [0u64; NCODES];
+            for s in 0..NSYM {
+                let c = cnt[s];
+                if c != 0 {
+                    for (x, &len) in cost.iter_mut().zip(LENGTHS_BY_SYMBOL[s].iter()) {
+                        *x += c * len as u64;
+                    }
+                }
+            }
+            for (k, &bits) in cost.iter().enumerate() {
                 let v = SAMPLE_STRIDE as u64 * (bits + base) + overhead;
+                if v < best_z {
+                    best_z = v;
+                    best_a = a;
+                }
                 if v < best.value {
                     best = Choice {
                         z,
@@ -450,19 +469,23 @@ pub(crate) fn choose<T: V2>(st: &Stats, explicit: bool) -> Choice {
                     };
                 }
             }
-            if explicit {
-                let lens = explicit_lengths(&cnt);
-                let bits: u64 = (0..NSYM).map(|s| cnt[s] * lens[s] as u64).sum();
-                let v = SAMPLE_STRIDE as u64 * (bits + base) + overhead + 104;
-                if v < best.value {
-                    best = Choice {
-                        z,
-                        a,
-                        k: None,
-                        lens,
-                        value: v,
-                    };
-                }
+        }
+        // explicit lengths at the anchor of this Z's best static code
+        if explicit {
+            let a = best_a;
+            let cnt = counts(a);
+            let base = raw_bits + cnt[ESC] * T::EBITS as u64;
+            let lens = explicit_lengths(&cnt);
+            let bits: u64 = (0..NSYM).map(|s| cnt[s] * lens[s] as u64).sum();
+            let v = SAMPLE_STRIDE as u64 * (bits + base) + overhead + 104;
+            if v < best.value {
+                best = Choice {
+                    z,
+                    a,
+                    k: None,
+                    lens,
+                    value: v,
+                };
             }
         }
     }
@@ -858,6 +881,81 @@ fn load64(s: &[u8], p: usize) -> u64 {
     }
 }
 
+/// Sub-segments decoded side by side.
+const LANES: usize = 4;
+
+/// One sub-segment's decoder state.
+#[derive(Clone, Copy, Default)]
+struct Lane {
+    bit: u64,
+    end: u64,
+    /// next plane element and the end of this sub-segment's plane elements
+    pp: usize,
+    pend: usize,
+    /// next element slot in the group buffer
+    out: usize,
+    n: usize,
+}
+
+struct Planes<'a> {
+    p1: &'a [u8],
+    lo1: &'a [u8],
+    lo0: &'a [u8],
+    z: bool,
+    a_lut: &'a [u32; TABLE],
+}
+
+/// Decodes one element of `lane` into `tmp`.
+#[inline(always)]
+fn dec_step<T: V2>(
+    lane: &mut Lane,
+    stream: &[u8],
+    pl: &Planes,
+    tmp: &mut [u8],
+) -> Result<(), CodecError> {
+    let v = load64(stream, (lane.bit >> 3) as usize) >> (lane.bit & 7);
+    let ent = pl.a_lut[(v & (TABLE as u64 - 1)) as usize];
+    let mut len = ent & 31;
+    let x;
+    if ent & (E_ESC | E_ZERO | E_INVALID) == 0 || !(pl.z && ent & E_ZERO != 0) {
+        let e = if ent & (E_ESC | E_ZERO | E_INVALID) == 0 {
+            (ent >> 8) & 0xFF
+        } else if ent & E_ESC != 0 {
+            let e = ((v >> len) & ((1u64 << T::EBITS) - 1)) as u32;
+            len += T::EBITS;
+            e
+        } else if ent & E_ZERO != 0 {
+            0
+        } else {
+            return Err(corrupt("exponent below 1"));
+        };
+        let xb = if T::XBITS != 0 {
+            let xb = ((v >> len) & 7) as u32;
+            len += T::XBITS;
+            xb
+        } else {
+            0
+        };
+        let pp = lane.pp;
+        if pp >= lane.pend {
+            return Err(corrupt("plane overrun"));
+        }
+        let l1 = if T::W == 4 && !pl.lo1.is_empty() { pl.lo1[pp] } else { 0 };
+        let l0 = if T::W == 4 && !pl.lo0.is_empty() { pl.lo0[pp] } else { 0 };
+        x = T::build(e, pl.p1[pp], xb, l1, l0);
+        lane.pp = pp + 1;
+    } else {
+        x = 0;
+    }
+    lane.bit += len as u64;
+    if lane.bit > lane.end {
+        return Err(corrupt("sub-segment overruns its length"));
+    }
+    T::store(tmp, lane.out, x);
+    lane.out += 1;
+    Ok(())
+}
+
 fn decode_coded<T: V2>(b: &[u8], out: &mut [u8]) -> Result<(), CodecError> {
     let w = T::W;
     let l = out.len();
@@ -1033,75 +1131,70 @@ fn decode_coded<T: V2>(b: &[u8], out: &mut [u8]) -> Result<(), CodecError> {
         }
     }
     copy_ascending(&mut out[..phi], head);
-    let emask = (1u64 << T::EBITS) - 1;
-    let no_lo1 = lo1.is_empty();
-    let no_lo0 = lo0.is_empty();
-    let mut bitpos = 0u64;
-    let mut pp = 0usize;
-    let mut tmp = [0u8; 1024 * 4];
+    let planes = Planes {
+        p1,
+        lo1,
+        lo0,
+        z,
+        a_lut: &lut,
+    };
+    // Sub-segments are decoded LANES at a time (independent bit chains), into `tmp`,
+    // then written out in ascending order (kept lines and elided zero lines).
+    let mut tmp = [0u8; LANES * 1024 * 4];
     let mut gl = 0usize; // next grid line to write (LINES)
     let grid_out = &mut out[phi..phi + gbytes];
-    for j in 0..ns {
+    let mut seg_bit0 = 0u64; // first bit of the group's first sub-segment
+    let mut seg_p0 = 0usize; // first plane element of the group
+    let mut j = 0;
+    while j < ns {
+        let g = LANES.min(ns - j);
         let i0 = j * ss;
-        let n_j = ss.min(k_elems - i0);
-        let end = bitpos + seg_bits[j] as u64;
-        let dst: &mut [u8] = if lines {
-            &mut tmp[..n_j * w]
-        } else {
-            &mut grid_out[i0 * w..(i0 + n_j) * w]
-        };
-        let mut zc = 0u32;
-        for i in 0..n_j {
-            let v = load64(stream, (bitpos >> 3) as usize) >> (bitpos & 7);
-            let ent = lut[(v & (TABLE as u64 - 1)) as usize];
-            let mut len = ent & 31;
-            let x;
-            if ent & E_ZERO != 0 && z {
-                zc += 1;
-                x = 0;
-            } else {
-                let e = if ent & (E_ESC | E_ZERO | E_INVALID) == 0 {
-                    (ent >> 8) & 0xFF
-                } else if ent & E_ESC != 0 {
-                    let e = ((v >> len) & emask) as u32;
-                    len += T::EBITS;
-                    e
-                } else if ent & E_ZERO != 0 {
-                    0
-                } else {
-                    return Err(corrupt("exponent below 1"));
-                };
-                let xb = if T::XBITS != 0 {
-                    let xb = ((v >> len) & 7) as u32;
-                    len += T::XBITS;
-                    xb
-                } else {
-                    0
-                };
-                if pp >= p_elems {
-                    return Err(corrupt("plane overrun"));
+        let n_group = (g * ss).min(k_elems - i0);
+        let mut lanes = [Lane::default(); LANES];
+        let mut bit = seg_bit0;
+        let mut pe = seg_p0;
+        for (q, lane) in lanes.iter_mut().enumerate().take(g) {
+            let n_q = ss.min(k_elems - i0 - q * ss);
+            lane.bit = bit;
+            lane.end = bit + seg_bits[j + q] as u64;
+            lane.pp = pe;
+            lane.pend = pe + n_q - seg_zeros[j + q] as usize;
+            lane.out = q * ss;
+            lane.n = n_q;
+            bit = lane.end;
+            pe = lane.pend;
+        }
+        let full = g == LANES && lanes[LANES - 1].n == ss;
+        if full {
+            for _ in 0..ss {
+                for lane in lanes.iter_mut() {
+                    dec_step::<T>(lane, stream, &planes, &mut tmp)?;
                 }
-                let l1 = if no_lo1 { 0 } else { lo1[pp] };
-                let l0 = if no_lo0 { 0 } else { lo0[pp] };
-                x = T::build(e, p1[pp], xb, l1, l0);
-                pp += 1;
             }
-            bitpos += len as u64;
-            if bitpos > end {
-                return Err(corrupt("sub-segment overruns its length"));
+        } else {
+            for lane in lanes.iter_mut().take(g) {
+                for _ in 0..lane.n {
+                    dec_step::<T>(lane, stream, &planes, &mut tmp)?;
+                }
             }
-            T::store(dst, i, x);
         }
-        if bitpos != end {
-            return Err(corrupt("sub-segment does not end at its length"));
+        for (q, lane) in lanes.iter().enumerate().take(g) {
+            if lane.bit != lane.end {
+                return Err(corrupt("sub-segment does not end at its length"));
+            }
+            if lane.pp != lane.pend {
+                return Err(corrupt("zero count mismatch"));
+            }
+            let _ = q;
         }
-        if z && zc != seg_zeros[j] {
-            return Err(corrupt("zero count mismatch"));
-        }
-        if lines {
-            // emit the elided lines before and the kept lines of this sub-segment
+        seg_bit0 = bit;
+        seg_p0 = pe;
+        let bytes = &tmp[..n_group * w];
+        if !lines {
+            copy_ascending(&mut grid_out[i0 * w..i0 * w + bytes.len()], bytes);
+        } else {
             let mut q = 0;
-            while q < n_j * w {
+            while q < bytes.len() {
                 while gl < nl && elided[gl / 64] >> (gl % 64) & 1 != 0 {
                     let lb = LINE.min(gbytes - gl * LINE);
                     fill_ascending(&mut grid_out[gl * LINE..gl * LINE + lb], 0);
@@ -1111,11 +1204,15 @@ fn decode_coded<T: V2>(b: &[u8], out: &mut [u8]) -> Result<(), CodecError> {
                     return Err(corrupt("kept elements beyond the grid"));
                 }
                 let lb = LINE.min(gbytes - gl * LINE);
-                copy_ascending(&mut grid_out[gl * LINE..gl * LINE + lb], &tmp[q..q + lb]);
+                if q + lb > bytes.len() {
+                    return Err(corrupt("kept line split across groups"));
+                }
+                copy_ascending(&mut grid_out[gl * LINE..gl * LINE + lb], &bytes[q..q + lb]);
                 q += lb;
                 gl += 1;
             }
         }
+        j += g;
     }
     if lines {
         while gl < nl {
