@@ -119,6 +119,59 @@ fn dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/vectors")
 }
 
+/// Format version 2 (docs/FORMAT.md §V2): `tests/vectors/v2/`, same names and
+/// generators as version 1's where they apply, plus the sparse mechanisms.
+fn cases_v2() -> Vec<Case> {
+    let mut v: Vec<Case> = cases()
+        .into_iter()
+        .map(|mut c| {
+            c.opts.format = 2;
+            c
+        })
+        .collect();
+    let o = |dtype, checksum, block_log2| EncodeOptions {
+        format: 2,
+        ..opts(dtype, checksum, block_log2)
+    };
+    use DtypeHint::*;
+    v.push(Case {
+        name: "emb_grad_zero_rows",
+        opts: o(Auto, true, 14),
+        input: || embedding_grad(60_000, 1024, 0.8, 120),
+    });
+    v.push(Case {
+        name: "fp32_holding_bf16",
+        opts: o(Auto, false, 14),
+        input: || bf16_in_fp32(&gaussian(Ty::Bf16, 20_000, 0.02, 121)),
+    });
+    v.push(Case {
+        name: "relu_fp32_specials_odd",
+        opts: o(Fp32, true, 12),
+        input: || {
+            let mut b = relu_like(Ty::Fp32, 12_001, 122);
+            // -0.0, NaN payloads, infinities, subnormals
+            for (i, p) in [0x8000_0000u32, 0x7FC0_0001, 0xFF80_0000, 0x0000_0001, 0x7F80_0001]
+                .iter()
+                .enumerate()
+            {
+                b[400 * i..400 * i + 4].copy_from_slice(&p.to_le_bytes());
+            }
+            b
+        },
+    });
+    v.push(Case {
+        name: "bf16_misaligned_prefix",
+        opts: o(Auto, false, 13),
+        input: || [int_counters(61, 123), gaussian(Ty::Bf16, 20_000, 0.1, 123)].concat(),
+    });
+    v.push(Case {
+        name: "moe_partial",
+        opts: o(Bf16, false, 12),
+        input: || moe_dispatch(2, 16, 256, 0.5, 124),
+    });
+    v
+}
+
 fn manifest_line(c: &Case, input: &[u8], frame: &[u8]) -> String {
     format!(
         "{} dtype={:?} checksum={} block_log2={} in={} frame={} crc32c(frame)={:#010x}",
@@ -134,13 +187,25 @@ fn manifest_line(c: &Case, input: &[u8], frame: &[u8]) -> String {
 
 #[test]
 fn frozen_vectors() {
+    check_vectors(cases(), dir(), "v1");
+}
+
+#[test]
+fn frozen_vectors_v2() {
+    check_vectors(cases_v2(), dir().join("v2"), "v2");
+}
+
+fn check_vectors(cases: Vec<Case>, dir: PathBuf, fmt: &str) {
     let regen = std::env::var_os("NCCL_ZIP_REGEN_VECTORS").is_some();
-    let mut manifest = String::from(
-        "# Frozen vectors of format v1: NAME.in -> NAME.nzf with these options.\n\
+    if regen {
+        std::fs::create_dir_all(&dir).unwrap();
+    }
+    let mut manifest = format!(
+        "# Frozen vectors of format {fmt}: NAME.in -> NAME.nzf with these options.\n\
          # Inputs come from codec/tests/common/mod.rs (seeded); regenerate with\n\
          # NCCL_ZIP_REGEN_VECTORS=1 cargo test -p nccl-zip-codec --release --test vectors\n",
     );
-    for c in cases() {
+    for c in cases {
         let input = (c.input)();
         let mut frame = vec![0u8; max_compressed_size(input.len())];
         let n = compress(&input, &mut frame, &c.opts).unwrap();
@@ -148,8 +213,8 @@ fn frozen_vectors() {
         manifest.push_str(&manifest_line(&c, &input, &frame));
         manifest.push('\n');
         let (pin, pf) = (
-            dir().join(format!("{}.in", c.name)),
-            dir().join(format!("{}.nzf", c.name)),
+            dir.join(format!("{}.in", c.name)),
+            dir.join(format!("{}.nzf", c.name)),
         );
         if regen {
             std::fs::write(&pin, &input).unwrap();
@@ -176,7 +241,7 @@ fn frozen_vectors() {
             c.name
         );
     }
-    let pm = dir().join("MANIFEST.txt");
+    let pm = dir.join("MANIFEST.txt");
     if regen {
         std::fs::write(&pm, &manifest).unwrap();
     } else {
