@@ -254,6 +254,7 @@ fn random_cases(seed: u64, count: usize) -> Vec<Case> {
                     dtype: hints[rng.gen_range(0..hints.len())],
                     checksum: rng.gen_bool(0.3),
                     block_log2: [12u8, 14, 16, 16, 16][rng.gen_range(0..5)],
+                    format: 1,
                 },
             }
         })

@@ -383,6 +383,7 @@ fn sweep_cases(seed: u64, count: usize) -> Vec<EncCase> {
                     block_log2: *[12u8, 13, 14, 16, 16, 16, 17, 20]
                         .get(rng.gen_range(0..8))
                         .unwrap(),
+                    format: 1,
                 },
             }
         })

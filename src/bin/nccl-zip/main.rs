@@ -58,6 +58,11 @@ enum Cmd {
         /// Block size 2^N bytes, 12..=20.
         #[arg(long, value_name = "N", default_value_t = 16, value_parser = clap::value_parser!(u8).range(12..=20))]
         block_log2: u8,
+        /// Frame format version to write: 1 (default; what the plugin's GPU kernels
+        /// read) or 2 (docs/FORMAT.md V2: sparse data, misaligned starts). `decompress`
+        /// reads both.
+        #[arg(long, value_name = "V", default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=2))]
+        format: u8,
     },
     /// Decompress IN into OUT; fails on a corrupt or truncated file.
     Decompress { input: PathBuf, output: PathBuf },
@@ -105,12 +110,13 @@ fn run(cmd: Cmd) -> Result<(), String> {
             no_checksum,
             checksum: _,
             block_log2,
+            format,
         } => {
             let opts = EncodeOptions {
                 dtype,
                 checksum: !no_checksum,
                 block_log2,
-                format: 1,
+                format,
             };
             let src = read(&input)?;
             let mut dst = vec![0u8; max_compressed_size(src.len())];
