@@ -905,6 +905,56 @@ struct Planes<'a> {
     a_lut: &'a [u32; TABLE],
 }
 
+/// One element of a lane without per-element bounds checks: returns the element and
+/// advances the lane's bit position `bit` and plane index `pp`.
+///
+/// # Safety
+/// `stream` holds at least 8 bytes past byte `bit / 8` for every element the lane
+/// can still decode (the caller checks this for all its elements at 20 bits each),
+/// and the planes hold `pp + remaining elements` elements.
+#[inline(always)]
+unsafe fn fast_elem<T: V2>(
+    bit: &mut u64,
+    pp: &mut usize,
+    stream: &[u8],
+    pl: &Planes,
+) -> Result<u32, CodecError> {
+    let p = (*bit >> 3) as usize;
+    let v = u64::from_le_bytes(*(stream.as_ptr().add(p) as *const [u8; 8])) >> (*bit & 7);
+    let ent = *pl.a_lut.get_unchecked((v & (TABLE as u64 - 1)) as usize);
+    let mut len = ent & 31;
+    let x;
+    if ent & (E_ESC | E_ZERO | E_INVALID) == 0 || !(pl.z && ent & E_ZERO != 0) {
+        let e = if ent & (E_ESC | E_ZERO | E_INVALID) == 0 {
+            (ent >> 8) & 0xFF
+        } else if ent & E_ESC != 0 {
+            let e = ((v >> len) & ((1u64 << T::EBITS) - 1)) as u32;
+            len += T::EBITS;
+            e
+        } else if ent & E_ZERO != 0 {
+            0
+        } else {
+            return Err(corrupt("exponent below 1"));
+        };
+        let xb = if T::XBITS != 0 {
+            let xb = ((v >> len) & 7) as u32;
+            len += T::XBITS;
+            xb
+        } else {
+            0
+        };
+        let q = *pp;
+        let l1 = if T::W == 4 && !pl.lo1.is_empty() { *pl.lo1.get_unchecked(q) } else { 0 };
+        let l0 = if T::W == 4 && !pl.lo0.is_empty() { *pl.lo0.get_unchecked(q) } else { 0 };
+        x = T::build(e, *pl.p1.get_unchecked(q), xb, l1, l0);
+        *pp = q + 1;
+    } else {
+        x = 0;
+    }
+    *bit += len as u64;
+    Ok(x)
+}
+
 /// Decodes one element of `lane` into `tmp`.
 #[inline(always)]
 fn dec_step<T: V2>(
@@ -1165,7 +1215,34 @@ fn decode_coded<T: V2>(b: &[u8], out: &mut [u8]) -> Result<(), CodecError> {
             pe = lane.pend;
         }
         let full = g == LANES && lanes[LANES - 1].n == ss;
-        if full {
+        // Fast path: even a corrupt stream cannot make these lanes read past the
+        // stream (at most 20 bits per element) or the planes (at most n elements);
+        // overruns into a neighbour's bits are caught by the end checks below.
+        let fast = full
+            && lanes.iter().all(|l| {
+                (l.bit >> 3) as usize + (l.n * 20).div_ceil(8) + 8 <= stream.len()
+                    && l.pp + l.n <= p_elems
+            });
+        if fast {
+            // four independent chains in registers
+            let (mut b0, mut b1, mut b2, mut b3) = (lanes[0].bit, lanes[1].bit, lanes[2].bit, lanes[3].bit);
+            let (mut q0, mut q1, mut q2, mut q3) = (lanes[0].pp, lanes[1].pp, lanes[2].pp, lanes[3].pp);
+            for i in 0..ss {
+                // SAFETY: the bounds just checked (see `fast_elem`).
+                let x0 = unsafe { fast_elem::<T>(&mut b0, &mut q0, stream, &planes) }?;
+                let x1 = unsafe { fast_elem::<T>(&mut b1, &mut q1, stream, &planes) }?;
+                let x2 = unsafe { fast_elem::<T>(&mut b2, &mut q2, stream, &planes) }?;
+                let x3 = unsafe { fast_elem::<T>(&mut b3, &mut q3, stream, &planes) }?;
+                T::store(&mut tmp, i, x0);
+                T::store(&mut tmp, ss + i, x1);
+                T::store(&mut tmp, 2 * ss + i, x2);
+                T::store(&mut tmp, 3 * ss + i, x3);
+            }
+            for (l, (b, q)) in lanes.iter_mut().zip([(b0, q0), (b1, q1), (b2, q2), (b3, q3)]) {
+                l.bit = b;
+                l.pp = q;
+            }
+        } else if full {
             for _ in 0..ss {
                 for lane in lanes.iter_mut() {
                     dec_step::<T>(lane, stream, &planes, &mut tmp)?;
