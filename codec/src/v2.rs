@@ -424,13 +424,20 @@ pub(crate) fn choose<T: V2>(st: &Stats, explicit: bool) -> Choice {
         let hi = (smax + 3).min(T::EMAX);
         let raw_bits = if z { r * (st.count - st.nzero) } else { r * st.count };
         let overhead = if z { 24 } else { 0 };
+        // the exponents that occur (a few dozen at most in practice)
+        let mut es = [(0u32, 0u64); 256];
+        let mut ne = 0;
+        for e in 0..=T::EMAX {
+            if h[e as usize] != 0 {
+                es[ne] = (e, h[e as usize]);
+                ne += 1;
+            }
+        }
+        let es = &es[..ne];
         let counts = |a: u32| {
             let mut cnt = [0u64; NSYM];
-            for e in 0..=T::EMAX {
-                let c = h[e as usize];
-                if c != 0 {
-                    cnt[symbol_of(e, a)] += c;
-                }
+            for &(e, c) in es {
+                cnt[symbol_of(e, a)] += c;
             }
             if z {
                 cnt[ZERO] = st.nzero;
@@ -444,15 +451,17 @@ pub(crate) fn choose<T: V2>(st: &Stats, explicit: bool) -> Choice {
         for a in lo..=hi {
             let cnt = counts(a);
             let base = raw_bits + cnt[ESC] * T::EBITS as u64;
-            let mut cost = [0u64; NCODES];
+            // all 32 codes at once (u32: at most 2^16 samples of at most 12 bits)
+            let mut cost32 = [0u32; NCODES];
             for s in 0..NSYM {
-                let c = cnt[s];
+                let c = cnt[s] as u32;
                 if c != 0 {
-                    for (x, &len) in cost.iter_mut().zip(LENGTHS_BY_SYMBOL[s].iter()) {
-                        *x += c * len as u64;
+                    for (x, &len) in cost32.iter_mut().zip(LENGTHS_BY_SYMBOL[s].iter()) {
+                        *x += c * len;
                     }
                 }
             }
+            let cost = cost32.map(|c| c as u64);
             for (k, &bits) in cost.iter().enumerate() {
                 let v = SAMPLE_STRIDE as u64 * (bits + base) + overhead;
                 if v < best_z {
@@ -538,7 +547,13 @@ fn encode_coded<T: V2>(blk: &[u8], out: &mut [u8]) -> Option<usize> {
         let mut runs = 0;
         let mut prev = false;
         for c in grid.chunks(LINE) {
-            let z = c.iter().fold(0u8, |a, &b| a | b) == 0;
+            let z = if c.len() == LINE {
+                c.chunks_exact(8)
+                    .fold(0u64, |a, b| a | u64::from_le_bytes(b.try_into().unwrap()))
+                    == 0
+            } else {
+                c.iter().fold(0u8, |a, &b| a | b) == 0
+            };
             s.elided.push(z);
             if z {
                 n_elided += 1;
@@ -580,8 +595,10 @@ fn encode_coded<T: V2>(blk: &[u8], out: &mut [u8]) -> Option<usize> {
         // stream
         let ss = 1usize << SS_LOG2;
         let ns = k_elems.div_ceil(ss);
-        s.stream.clear();
-        s.stream.resize(k_elems * 3 + 16, 0);
+        // every byte below the stream's end is written below: no clearing
+        if s.stream.len() < k_elems * 3 + 16 {
+            s.stream.resize(k_elems * 3 + 16, 0);
+        }
         s.seg_bits.clear();
         s.seg_zeros.clear();
         let mut acc = 0u64;
@@ -593,8 +610,8 @@ fn encode_coded<T: V2>(blk: &[u8], out: &mut [u8]) -> Option<usize> {
         for j in 0..ns {
             let mut bits = 0u32;
             let mut zc = 0u32;
-            for i in j * ss..((j + 1) * ss).min(k_elems) {
-                let x = T::load(kept, i);
+            for xb in kept[j * ss * T::W..((j + 1) * ss).min(k_elems) * T::W].chunks_exact(T::W) {
+                let x = T::load(xb, 0);
                 let (c, len) = if ch.z && x == 0 {
                     zc += 1;
                     zero_word
@@ -740,8 +757,8 @@ fn encode_coded<T: V2>(blk: &[u8], out: &mut [u8]) -> Option<usize> {
                 rest.split_at_mut(0)
             };
             let mut q = 0;
-            for i in 0..k_elems {
-                let x = T::load(kept, i);
+            for xb in kept[..k_elems * T::W].chunks_exact(T::W) {
+                let x = T::load(xb, 0);
                 if ch.z && x == 0 {
                     continue;
                 }
