@@ -28,6 +28,10 @@
 //! * [`Decoder`] decodes frame after frame like [`decompress`], keeping the decode
 //!   tables of its most recent code choices (at most 144 KiB): for receivers.
 //! * [`frame_info`] reads the header and block table only.
+//! * [`EncodeOptions::format`] picks the frame format written: 1 (default) or 2
+//!   (`docs/FORMAT.md` §V2: exact zeros, zero lines, omitted fp32 low planes, a
+//!   per-block phase, independently decodable sub-segments). Every decoder entry
+//!   point reads both versions; [`detect_v2`] is version 2's type detection.
 //! * [`compress_parallel`] / [`decompress_parallel`] spread the blocks of large buffers
 //!   over threads (same bytes as the single-thread encoder; the parallel decoder does
 //!   not keep the ascending write order).
