@@ -29,6 +29,21 @@ pub const F_BYTECODE: u8 = 64;
 
 /// A zero line: 64 bytes of the element grid.
 pub const LINE: usize = 64;
+/// `LENGTHS_BY_SYMBOL` as f32 (exact small integers).
+const LENGTHS_F32: [[f32; NCODES]; NSYM] = {
+    let mut t = [[0f32; NCODES]; NSYM];
+    let mut s = 0;
+    while s < NSYM {
+        let mut k = 0;
+        while k < NCODES {
+            t[s][k] = LENGTHS_BY_SYMBOL[s][k] as f32;
+            k += 1;
+        }
+        s += 1;
+    }
+    t
+};
+
 /// Sub-segment size the encoder writes (byte 4 bits 4-5 = 1).
 pub const SS_LOG2: u32 = 9;
 /// Fixed part of a coded block header; +3 with Z.
@@ -451,17 +466,19 @@ pub(crate) fn choose<T: V2>(st: &Stats, explicit: bool) -> Choice {
         for a in lo..=hi {
             let cnt = counts(a);
             let base = raw_bits + cnt[ESC] * T::EBITS as u64;
-            // all 32 codes at once (u32: at most 2^16 samples of at most 12 bits)
-            let mut cost32 = [0u32; NCODES];
+            // All 32 codes at once, in f32 lanes (SSE2 has no 32-bit integer multiply):
+            // exact, as every product and sum is an integer below 2^24 (at most 2^16
+            // samples of at most 12 bits), so the result is the integer sum.
+            let mut costf = [0f32; NCODES];
             for s in 0..NSYM {
-                let c = cnt[s] as u32;
-                if c != 0 {
-                    for (x, &len) in cost32.iter_mut().zip(LENGTHS_BY_SYMBOL[s].iter()) {
+                let c = cnt[s] as f32;
+                if c != 0.0 {
+                    for (x, &len) in costf.iter_mut().zip(LENGTHS_F32[s].iter()) {
                         *x += c * len;
                     }
                 }
             }
-            let cost = cost32.map(|c| c as u64);
+            let cost = costf.map(|c| c as u32 as u64);
             for (k, &bits) in cost.iter().enumerate() {
                 let v = SAMPLE_STRIDE as u64 * (bits + base) + overhead;
                 if v < best_z {
@@ -581,17 +598,20 @@ fn encode_coded<T: V2>(blk: &[u8], out: &mut [u8]) -> Option<usize> {
         let ch = choose::<T>(&st, true);
         // encode tables: per exponent (code word + escape payload) and the ZERO word
         let words = canonical_words(&ch.lens);
-        let mut enc = [(0u64, 0u32); 256];
+        // per exponent field: (code word + escape payload, its length, extra raw bits);
+        // entry 256 is ZERO under Z (an index, not a branch: zeros are scattered)
+        let mut enc = [(0u64, 0u32, 0u32); 257];
         for e in 0..=T::EMAX {
             let sym = if e == 0 && ch.z { ESC } else { symbol_of(e, ch.a) };
             let len = ch.lens[sym] as u32;
             enc[e as usize] = if sym == ESC {
-                (words[sym] as u64 | ((e as u64) << len), len + T::EBITS)
+                (words[sym] as u64 | ((e as u64) << len), len + T::EBITS, T::XBITS)
             } else {
-                (words[sym] as u64, len)
+                (words[sym] as u64, len, T::XBITS)
             };
         }
-        let zero_word = (words[ZERO] as u64, ch.lens[ZERO] as u32);
+        enc[256] = (words[ZERO] as u64, ch.lens[ZERO] as u32, 0);
+        let zsel = ch.z as u32;
         // stream
         let ss = 1usize << SS_LOG2;
         let ns = k_elems.div_ceil(ss);
@@ -601,6 +621,7 @@ fn encode_coded<T: V2>(blk: &[u8], out: &mut [u8]) -> Option<usize> {
         }
         s.seg_bits.clear();
         s.seg_zeros.clear();
+        let stream = &mut s.stream[..];
         let mut acc = 0u64;
         let mut nacc = 0u32;
         let mut sp = 0usize;
@@ -612,27 +633,24 @@ fn encode_coded<T: V2>(blk: &[u8], out: &mut [u8]) -> Option<usize> {
             let mut zc = 0u32;
             for xb in kept[j * ss * T::W..((j + 1) * ss).min(k_elems) * T::W].chunks_exact(T::W) {
                 let x = T::load(xb, 0);
-                let (c, len) = if ch.z && x == 0 {
-                    zc += 1;
-                    zero_word
+                let is0 = zsel & (x == 0) as u32;
+                let (c, len, xl) = enc[(T::exp(x) | (is0 << 8)) as usize];
+                let (c, len) = if T::XBITS != 0 {
+                    (c | (((T::xb(x) & 7) as u64) << len), len + xl)
                 } else {
-                    lo_or |= x;
-                    let (c, len) = enc[T::exp(x) as usize];
-                    if T::XBITS != 0 {
-                        (c | ((T::xb(x) as u64) << len), len + T::XBITS)
-                    } else {
-                        (c, len)
-                    }
+                    (c, len)
                 };
+                zc += is0;
+                lo_or |= x;
+                // branch-free writer: store 8 bytes, advance by the whole ones
                 acc |= c << nacc;
                 nacc += len;
                 bits += len;
-                if nacc >= 32 {
-                    s.stream[sp..sp + 4].copy_from_slice(&(acc as u32).to_le_bytes());
-                    sp += 4;
-                    acc >>= 32;
-                    nacc -= 32;
-                }
+                stream[sp..sp + 8].copy_from_slice(&acc.to_le_bytes());
+                let nb = (nacc >> 3) as usize;
+                sp += nb;
+                acc >>= 8 * nb as u32;
+                nacc &= 7;
             }
             s.seg_bits.push(bits);
             s.seg_zeros.push(zc);
@@ -759,19 +777,20 @@ fn encode_coded<T: V2>(blk: &[u8], out: &mut [u8]) -> Option<usize> {
             let mut q = 0;
             for xb in kept[..k_elems * T::W].chunks_exact(T::W) {
                 let x = T::load(xb, 0);
-                if ch.z && x == 0 {
-                    continue;
-                }
-                p1[q] = T::p1(x);
-                if T::W == 4 {
-                    if !no_lo1 {
-                        lo1[q] = (x >> 8) as u8;
+                // Branch-free: a ZERO element's bytes land in slot q and are
+                // overwritten by the next coded element (none past the last).
+                if q < p_elems {
+                    p1[q] = T::p1(x);
+                    if T::W == 4 {
+                        if !no_lo1 {
+                            lo1[q] = (x >> 8) as u8;
+                        }
+                        if !no_lo0 {
+                            lo0[q] = x as u8;
+                        }
                     }
-                    if !no_lo0 {
-                        lo0[q] = x as u8;
-                    }
                 }
-                q += 1;
+                q += !(ch.z & (x == 0)) as usize;
             }
             debug_assert_eq!(q, p_elems);
         }
@@ -940,34 +959,31 @@ unsafe fn fast_elem<T: V2>(
     let v = u64::from_le_bytes(*(stream.as_ptr().add(p) as *const [u8; 8])) >> (*bit & 7);
     let ent = *pl.a_lut.get_unchecked((v & (TABLE as u64 - 1)) as usize);
     let mut len = ent & 31;
-    let x;
-    if ent & (E_ESC | E_ZERO | E_INVALID) == 0 || !(pl.z && ent & E_ZERO != 0) {
-        let e = if ent & (E_ESC | E_ZERO | E_INVALID) == 0 {
-            (ent >> 8) & 0xFF
-        } else if ent & E_ESC != 0 {
-            let e = ((v >> len) & ((1u64 << T::EBITS) - 1)) as u32;
-            len += T::EBITS;
-            e
-        } else if ent & E_ZERO != 0 {
-            0
-        } else {
+    // ZERO's exponent field is 0 in the table: without Z it decodes as e = 0
+    let mut e = (ent >> 8) & 0xFF;
+    if ent & (E_ESC | E_INVALID) != 0 {
+        if ent & E_INVALID != 0 {
             return Err(corrupt("exponent below 1"));
-        };
-        let xb = if T::XBITS != 0 {
-            let xb = ((v >> len) & 7) as u32;
-            len += T::XBITS;
-            xb
-        } else {
-            0
-        };
-        let q = *pp;
-        let l1 = if T::W == 4 && !pl.lo1.is_empty() { *pl.lo1.get_unchecked(q) } else { 0 };
-        let l0 = if T::W == 4 && !pl.lo0.is_empty() { *pl.lo0.get_unchecked(q) } else { 0 };
-        x = T::build(e, *pl.p1.get_unchecked(q), xb, l1, l0);
-        *pp = q + 1;
-    } else {
-        x = 0;
+        }
+        e = ((v >> len) & ((1u64 << T::EBITS) - 1)) as u32;
+        len += T::EBITS;
     }
+    // ZERO under Z, branch-free: no extra bits, no plane byte, element 0 (the plane
+    // read at `pp` stays in bounds: the caller's `pp + remaining <= planes`)
+    let is0 = (pl.z & (ent & E_ZERO != 0)) as u32;
+    let keep = is0.wrapping_sub(1); // all ones unless ZERO under Z
+    let xb = if T::XBITS != 0 {
+        let xb = ((v >> len) & 7) as u32;
+        len += T::XBITS & keep;
+        xb
+    } else {
+        0
+    };
+    let q = *pp;
+    let l1 = if T::W == 4 && !pl.lo1.is_empty() { *pl.lo1.get_unchecked(q) } else { 0 };
+    let l0 = if T::W == 4 && !pl.lo0.is_empty() { *pl.lo0.get_unchecked(q) } else { 0 };
+    let x = T::build(e, *pl.p1.get_unchecked(q), xb, l1, l0) & keep;
+    *pp = q + (1 - is0 as usize);
     *bit += len as u64;
     Ok(x)
 }
