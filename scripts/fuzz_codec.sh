@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Fuzzes the codec's decoder (2/3 of the time) and encode->decode round trip (1/3)
+# Fuzzes the codec's decoder (1/2 of the time), the format-2 decoder on bit-flipped v2
+# frames (1/6) and the encode->decode round trip (1/3)
 # with cargo-fuzz (libFuzzer + AddressSanitizer) for SECONDS in total (default 60).
 # Seeds: the committed frozen frames. Prints exec counts and crashes; exits 1 on a crash.
 # Only a stable toolchain exists here, so nightly-only flags are enabled with RUSTC_BOOTSTRAP=1.
@@ -10,10 +11,17 @@ export RUSTC_BOOTSTRAP=1
 command -v cargo-fuzz >/dev/null || cargo install --locked cargo-fuzz || cargo install cargo-fuzz
 unset CARGO_TARGET_DIR  # the fuzz crate is its own workspace: codec/fuzz/target (gitignored)
 
-mkdir -p corpus/decode corpus/roundtrip artifacts
+mkdir -p corpus/decode corpus/decode_v2 corpus/roundtrip artifacts
 for f in ../tests/vectors/*.nzf; do
     # 2 leading bytes choose the destination size (0xFFFF * 32 bytes: big enough)
     { printf '\xff\xff'; cat "$f"; } > "corpus/decode/seed-$(basename "$f")"
+done
+for f in ../tests/vectors/v2/*.nzf; do
+    { printf '\xff\xff'; cat "$f"; } > "corpus/decode/seed-v2-$(basename "$f")"
+done
+for f in ../tests/vectors/v2/*.in; do
+    # byte 0: dtype hint and block size; bytes 1..8: bit positions to flip
+    head -c 30000 "$f" | { printf '\x00\x12\x34\x00\x00\x00\x00\x00\x00'; cat; } > "corpus/decode_v2/seed-$(basename "$f")"
 done
 for f in ../tests/vectors/*.in; do
     head -c 20000 "$f" | { printf '\x00'; cat; } > "corpus/roundtrip/seed-$(basename "$f")"
@@ -21,6 +29,7 @@ done
 
 cargo fuzz build -O decode >/dev/null 2>&1 || cargo fuzz build -O decode
 cargo fuzz build -O roundtrip >/dev/null 2>&1 || cargo fuzz build -O roundtrip
+cargo fuzz build -O decode_v2 >/dev/null 2>&1 || cargo fuzz build -O decode_v2
 
 status=0
 run() {
@@ -41,6 +50,7 @@ run() {
     fi
     rm -f "$log"
 }
-run decode $(( SECS * 2 / 3 ))
+run decode $(( SECS / 2 ))
+run decode_v2 $(( SECS * 2 / 3 - SECS / 2 ))
 run roundtrip $(( SECS - SECS * 2 / 3 ))
 exit $status

@@ -1,4 +1,5 @@
-//! Compress then decompress arbitrary bytes with options taken from the first byte.
+//! Compress then decompress arbitrary bytes with options (format 1 or 2 included)
+//! taken from the first byte.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
 use nccl_zip_codec::{compress, decompress, max_compressed_size, DtypeHint, EncodeOptions};
@@ -6,7 +7,8 @@ use nccl_zip_codec::{compress, decompress, max_compressed_size, DtypeHint, Encod
 fuzz_target!(|data: &[u8]| {
     let Some((&sel, src)) = data.split_first() else { return };
     let dtype = [DtypeHint::Auto, DtypeHint::Bf16, DtypeHint::Fp16, DtypeHint::Fp32, DtypeHint::Raw][(sel % 5) as usize];
-    let opts = EncodeOptions { dtype, checksum: sel & 8 != 0, block_log2: 12 + (sel >> 4) % 9 };
+    // format 1 or 2 (docs/FORMAT.md §V2)
+    let opts = EncodeOptions { dtype, checksum: sel & 8 != 0, block_log2: 12 + (sel >> 4) % 9, format: 1 + (sel / 5) % 2 };
     let mut frame = vec![0u8; max_compressed_size(src.len())];
     let n = compress(src, &mut frame, &opts).expect("compress");
     assert!(n <= src.len() + 24);
