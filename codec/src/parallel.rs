@@ -137,7 +137,14 @@ pub fn decompress_parallel(
                     let mut tables = crate::decode::Decoder::new();
                     for (j, blk_out) in chunk.chunks_mut(b).enumerate() {
                         let i = t * per + j;
-                        decode_block_any(h.version, src, offs[i], offs[i + 1] - offs[i], blk_out, &mut tables)?;
+                        decode_block_any(
+                            h.version,
+                            src,
+                            offs[i],
+                            offs[i + 1] - offs[i],
+                            blk_out,
+                            &mut tables,
+                        )?;
                     }
                     Ok(())
                 })

@@ -9,7 +9,7 @@
 
 use std::cell::RefCell;
 
-use crate::codes::{symbol_of, CODE_LENGTHS, ESC, MAXLEN, ND, NCODES, NSYM, ZERO};
+use crate::codes::{symbol_of, CODE_LENGTHS, ESC, MAXLEN, NCODES, ND, NSYM, ZERO};
 use crate::decode::{copy_ascending, fill_ascending};
 use crate::elem::{Bf16, Elem, Fp16, Fp32};
 use crate::encode::{all_equal, BlockKind, LENGTHS_BY_SYMBOL, SAMPLE_STRIDE};
@@ -377,7 +377,14 @@ pub(crate) struct Stats {
 
 impl Default for Stats {
     fn default() -> Self {
-        Stats { hc: [0; 256], hz: [0; 256], nzero: 0, nesc0: 0, count: 0, lo_or: 0 }
+        Stats {
+            hc: [0; 256],
+            hz: [0; 256],
+            nzero: 0,
+            nesc0: 0,
+            count: 0,
+            lo_or: 0,
+        }
     }
 }
 
@@ -437,7 +444,11 @@ pub(crate) fn choose<T: V2>(st: &Stats, explicit: bool) -> Choice {
         let smax = robust_max(h, T::EMAX);
         let lo = smax.saturating_sub(4).max(1);
         let hi = (smax + 3).min(T::EMAX);
-        let raw_bits = if z { r * (st.count - st.nzero) } else { r * st.count };
+        let raw_bits = if z {
+            r * (st.count - st.nzero)
+        } else {
+            r * st.count
+        };
         let overhead = if z { 24 } else { 0 };
         // the exponents that occur (a few dozen at most in practice)
         let mut es = [(0u32, 0u64); 256];
@@ -602,10 +613,18 @@ fn encode_coded<T: V2>(blk: &[u8], out: &mut [u8]) -> Option<usize> {
         // entry 256 is ZERO under Z (an index, not a branch: zeros are scattered)
         let mut enc = [(0u64, 0u32, 0u32); 257];
         for e in 0..=T::EMAX {
-            let sym = if e == 0 && ch.z { ESC } else { symbol_of(e, ch.a) };
+            let sym = if e == 0 && ch.z {
+                ESC
+            } else {
+                symbol_of(e, ch.a)
+            };
             let len = ch.lens[sym] as u32;
             enc[e as usize] = if sym == ESC {
-                (words[sym] as u64 | ((e as u64) << len), len + T::EBITS, T::XBITS)
+                (
+                    words[sym] as u64 | ((e as u64) << len),
+                    len + T::EBITS,
+                    T::XBITS,
+                )
             } else {
                 (words[sym] as u64, len, T::XBITS)
             };
@@ -673,16 +692,25 @@ fn encode_coded<T: V2>(blk: &[u8], out: &mut [u8]) -> Option<usize> {
         let zw = bits_for(s.seg_zeros.iter().copied().max().unwrap_or(0) - zbase);
         let bitmap_len = nl.div_ceil(8);
         let runs_len = 2 + 4 * runs;
-        let list_len = if lines { 1 + bitmap_len.min(runs_len) } else { 0 };
+        let list_len = if lines {
+            1 + bitmap_len.min(runs_len)
+        } else {
+            0
+        };
         let p_elems = k_elems - zsum;
-        let planes = p_elems * (1 + (T::W == 4 && !no_lo1) as usize + (T::W == 4 && !no_lo0) as usize);
+        let planes =
+            p_elems * (1 + (T::W == 4 && !no_lo1) as usize + (T::W == 4 && !no_lo0) as usize);
         let size = FIXED
             + if ch.z { 3 } else { 0 }
             + if ch.k.is_none() { 13 } else { 0 }
             + list_len
             + phi
             + (ns * iw as usize).div_ceil(8)
-            + if ch.z { (ns * zw as usize).div_ceil(8) } else { 0 }
+            + if ch.z {
+                (ns * zw as usize).div_ceil(8)
+            } else {
+                0
+            }
             + planes
             + stream_bytes
             + t;
@@ -888,7 +916,11 @@ fn read_packed(
             q += 1;
             nacc += 8;
         }
-        let v = if w == 0 { 0 } else { (acc & ((1u64 << w) - 1)) as u32 };
+        let v = if w == 0 {
+            0
+        } else {
+            (acc & ((1u64 << w) - 1)) as u32
+        };
         acc >>= w;
         nacc -= w;
         *o = base + v;
@@ -980,8 +1012,16 @@ unsafe fn fast_elem<T: V2>(
         0
     };
     let q = *pp;
-    let l1 = if T::W == 4 && !pl.lo1.is_empty() { *pl.lo1.get_unchecked(q) } else { 0 };
-    let l0 = if T::W == 4 && !pl.lo0.is_empty() { *pl.lo0.get_unchecked(q) } else { 0 };
+    let l1 = if T::W == 4 && !pl.lo1.is_empty() {
+        *pl.lo1.get_unchecked(q)
+    } else {
+        0
+    };
+    let l0 = if T::W == 4 && !pl.lo0.is_empty() {
+        *pl.lo0.get_unchecked(q)
+    } else {
+        0
+    };
     let x = T::build(e, *pl.p1.get_unchecked(q), xb, l1, l0) & keep;
     *pp = q + (1 - is0 as usize);
     *bit += len as u64;
@@ -1023,8 +1063,16 @@ fn dec_step<T: V2>(
         if pp >= lane.pend {
             return Err(corrupt("plane overrun"));
         }
-        let l1 = if T::W == 4 && !pl.lo1.is_empty() { pl.lo1[pp] } else { 0 };
-        let l0 = if T::W == 4 && !pl.lo0.is_empty() { pl.lo0[pp] } else { 0 };
+        let l1 = if T::W == 4 && !pl.lo1.is_empty() {
+            pl.lo1[pp]
+        } else {
+            0
+        };
+        let l0 = if T::W == 4 && !pl.lo0.is_empty() {
+            pl.lo0[pp]
+        } else {
+            0
+        };
         x = T::build(e, pl.p1[pp], xb, l1, l0);
         lane.pp = pp + 1;
     } else {
@@ -1258,8 +1306,10 @@ fn decode_coded<T: V2>(b: &[u8], out: &mut [u8]) -> Result<(), CodecError> {
             });
         if fast {
             // four independent chains in registers
-            let (mut b0, mut b1, mut b2, mut b3) = (lanes[0].bit, lanes[1].bit, lanes[2].bit, lanes[3].bit);
-            let (mut q0, mut q1, mut q2, mut q3) = (lanes[0].pp, lanes[1].pp, lanes[2].pp, lanes[3].pp);
+            let (mut b0, mut b1, mut b2, mut b3) =
+                (lanes[0].bit, lanes[1].bit, lanes[2].bit, lanes[3].bit);
+            let (mut q0, mut q1, mut q2, mut q3) =
+                (lanes[0].pp, lanes[1].pp, lanes[2].pp, lanes[3].pp);
             for i in 0..ss {
                 // SAFETY: the bounds just checked (see `fast_elem`).
                 let x0 = unsafe { fast_elem::<T>(&mut b0, &mut q0, stream, &planes) }?;
@@ -1271,7 +1321,10 @@ fn decode_coded<T: V2>(b: &[u8], out: &mut [u8]) -> Result<(), CodecError> {
                 T::store(&mut tmp, 2 * ss + i, x2);
                 T::store(&mut tmp, 3 * ss + i, x3);
             }
-            for (l, (b, q)) in lanes.iter_mut().zip([(b0, q0), (b1, q1), (b2, q2), (b3, q3)]) {
+            for (l, (b, q)) in lanes
+                .iter_mut()
+                .zip([(b0, q0), (b1, q1), (b2, q2), (b3, q3)])
+            {
                 l.bit = b;
                 l.pp = q;
             }

@@ -47,10 +47,19 @@ fn specials(ty: Ty, n: usize, seed: u64) -> Vec<u8> {
     let w = ty.width();
     let mut r = Rng::new(seed ^ 0x5EED);
     let pats: &[u32] = match w {
-        2 => &[0x0000, 0x8000, 0x7FC1, 0xFF81, 0x7F80, 0xFF80, 0x0001, 0x8003, 0x7C01, 0xFE00, 0x03FF],
+        2 => &[
+            0x0000, 0x8000, 0x7FC1, 0xFF81, 0x7F80, 0xFF80, 0x0001, 0x8003, 0x7C01, 0xFE00, 0x03FF,
+        ],
         _ => &[
-            0, 0x8000_0000, 0x7FC0_0001, 0xFFBF_FFFF, 0x7F80_0000, 0x0000_0001, 0x8000_0100,
-            0x007F_FFFF, 0x7F80_0001,
+            0,
+            0x8000_0000,
+            0x7FC0_0001,
+            0xFFBF_FFFF,
+            0x7F80_0000,
+            0x0000_0001,
+            0x8000_0100,
+            0x007F_FFFF,
+            0x7F80_0001,
         ],
     };
     for i in 0..b.len() / w {
@@ -63,8 +72,8 @@ fn specials(ty: Ty, n: usize, seed: u64) -> Vec<u8> {
 }
 
 const SIZES: &[usize] = &[
-    0, 1, 2, 3, 17, 63, 64, 65, 127, 129, 1000, 2049, 4095, 4097, 8083, 12345, 65535, 65537, 131071,
-    300001,
+    0, 1, 2, 3, 17, 63, 64, 65, 127, 129, 1000, 2049, 4095, 4097, 8083, 12345, 65535, 65537,
+    131071, 300001,
 ];
 
 #[test]
@@ -81,7 +90,10 @@ fn sweep_sizes_contents_alignments() {
                 ("sph", specials(Ty::Fp16, n + 8, seed)),
                 ("sp32", specials(Ty::Fp32, n + 8, seed)),
                 ("emb", embedding_grad(n + 8 + 4096, 256, 0.9, seed)),
-                ("b16in32", bf16_in_fp32(&gaussian(Ty::Bf16, n / 2 + 8, 0.02, seed))),
+                (
+                    "b16in32",
+                    bf16_in_fp32(&gaussian(Ty::Bf16, n / 2 + 8, 0.02, seed)),
+                ),
                 ("random", Rng::new(seed).bytes(n + 8)),
                 ("zeros", vec![0u8; n + 8]),
                 ("ints", int_counters(n + 8, seed)),
@@ -90,7 +102,12 @@ fn sweep_sizes_contents_alignments() {
                 for off in [0usize, 1, 2, 3] {
                     let end = (off + n).min(data.len());
                     let src = &data[off.min(end)..end];
-                    for dtype in [DtypeHint::Auto, DtypeHint::Bf16, DtypeHint::Fp16, DtypeHint::Fp32] {
+                    for dtype in [
+                        DtypeHint::Auto,
+                        DtypeHint::Bf16,
+                        DtypeHint::Fp16,
+                        DtypeHint::Fp32,
+                    ] {
                         for bl in [12u8, 16] {
                             check(src, &v2(dtype, seed == 1, bl));
                         }
@@ -108,7 +125,10 @@ fn sparse_mechanisms_engage() {
         let mut f = vec![0u8; max_compressed_size(d.len())];
         let v1 = compress(d, &mut f, &EncodeOptions::default()).unwrap();
         let st = check(d, &v2(DtypeHint::Auto, false, 16));
-        (d.len() as f64 / v1 as f64, d.len() as f64 / st.frame_len as f64)
+        (
+            d.len() as f64 / v1 as f64,
+            d.len() as f64 / st.frame_len as f64,
+        )
     };
     // zero rows
     let (r1, r2) = ratio(&embedding_grad(n, 4096, 0.92, 21));
@@ -128,16 +148,30 @@ fn sparse_mechanisms_engage() {
 /// 1..3 bytes, does not change the detected type of what follows.
 #[test]
 fn detection_survives_prefix_and_misalignment() {
-    for (ty, dt) in [(Ty::Bf16, Dtype::Bf16), (Ty::Fp16, Dtype::Fp16), (Ty::Fp32, Dtype::Fp32)] {
+    for (ty, dt) in [
+        (Ty::Bf16, Dtype::Bf16),
+        (Ty::Fp16, Dtype::Fp16),
+        (Ty::Fp32, Dtype::Fp32),
+    ] {
         let body = gaussian(ty, 256 << 10, 0.02, 9);
         assert_eq!(detect_v2(&body), dt);
         for off in 1..4 {
-            assert_eq!(detect_v2(&body[off..]), dt, "{} misaligned by {off}", ty.name());
+            assert_eq!(
+                detect_v2(&body[off..]),
+                dt,
+                "{} misaligned by {off}",
+                ty.name()
+            );
         }
         for plen in [1usize, 3, 62, 64, 100, 511] {
             let mut d = int_counters(plen, 1);
             d.extend_from_slice(&body);
-            assert_eq!(detect_v2(&d), dt, "{} after a {plen}-byte prefix", ty.name());
+            assert_eq!(
+                detect_v2(&d),
+                dt,
+                "{} after a {plen}-byte prefix",
+                ty.name()
+            );
             // and the frame codes nearly as well as the aligned body
             let aligned = check(&body, &v2(DtypeHint::Auto, false, 16)).frame_len;
             let pre = check(&d, &v2(DtypeHint::Auto, false, 16)).frame_len;
@@ -197,12 +231,36 @@ proptest! {
 
 fn corrupt_samples() -> Vec<(&'static str, Vec<u8>, EncodeOptions)> {
     vec![
-        ("bf16", gaussian(Ty::Bf16, 9000, 0.1, 1), v2(DtypeHint::Auto, false, 12)),
-        ("fp16", specials(Ty::Fp16, 9000, 2), v2(DtypeHint::Auto, true, 12)),
-        ("fp32", specials(Ty::Fp32, 9001, 3), v2(DtypeHint::Auto, true, 12)),
-        ("emb", embedding_grad(20000, 256, 0.9, 4), v2(DtypeHint::Auto, true, 12)),
-        ("b16in32", bf16_in_fp32(&gaussian(Ty::Bf16, 5000, 0.02, 5)), v2(DtypeHint::Auto, true, 12)),
-        ("relu", relu_like(Ty::Bf16, 9000, 6), v2(DtypeHint::Auto, true, 12)),
+        (
+            "bf16",
+            gaussian(Ty::Bf16, 9000, 0.1, 1),
+            v2(DtypeHint::Auto, false, 12),
+        ),
+        (
+            "fp16",
+            specials(Ty::Fp16, 9000, 2),
+            v2(DtypeHint::Auto, true, 12),
+        ),
+        (
+            "fp32",
+            specials(Ty::Fp32, 9001, 3),
+            v2(DtypeHint::Auto, true, 12),
+        ),
+        (
+            "emb",
+            embedding_grad(20000, 256, 0.9, 4),
+            v2(DtypeHint::Auto, true, 12),
+        ),
+        (
+            "b16in32",
+            bf16_in_fp32(&gaussian(Ty::Bf16, 5000, 0.02, 5)),
+            v2(DtypeHint::Auto, true, 12),
+        ),
+        (
+            "relu",
+            relu_like(Ty::Bf16, 9000, 6),
+            v2(DtypeHint::Auto, true, 12),
+        ),
     ]
 }
 
@@ -214,10 +272,16 @@ fn every_truncation_is_an_error() {
         f.truncate(n);
         let mut out = vec![0u8; src.len()];
         for c in 0..n {
-            assert!(decompress(&f[..c], &mut out).is_err(), "{name}: prefix {c}/{n} decoded");
+            assert!(
+                decompress(&f[..c], &mut out).is_err(),
+                "{name}: prefix {c}/{n} decoded"
+            );
         }
         f.push(0);
-        assert!(decompress(&f, &mut out).is_err(), "{name}: trailing byte accepted");
+        assert!(
+            decompress(&f, &mut out).is_err(),
+            "{name}: trailing byte accepted"
+        );
     }
 }
 
@@ -237,7 +301,10 @@ fn every_bit_flip_is_caught_or_harmless() {
                 if let Ok(m) = decompress(&f, &mut out) {
                     if out[..m] != src[..] {
                         silent += 1;
-                        assert!(!opts.checksum, "{name}: flip {i}.{bit} gave wrong bytes with a checksum");
+                        assert!(
+                            !opts.checksum,
+                            "{name}: flip {i}.{bit} gave wrong bytes with a checksum"
+                        );
                     }
                 }
                 f[i] ^= 1 << bit;
@@ -256,6 +323,9 @@ fn v1_frames_still_decode_and_v1_stays_default() {
     let mut out = vec![0u8; src.len()];
     decompress(&f[..n], &mut out).unwrap();
     assert_eq!(out, src);
-    let bad = EncodeOptions { format: 3, ..EncodeOptions::default() };
+    let bad = EncodeOptions {
+        format: 3,
+        ..EncodeOptions::default()
+    };
     assert!(compress(&src, &mut f, &bad).is_err());
 }

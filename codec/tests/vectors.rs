@@ -150,9 +150,15 @@ fn cases_v2() -> Vec<Case> {
         input: || {
             let mut b = relu_like(Ty::Fp32, 12_001, 122);
             // -0.0, NaN payloads, infinities, subnormals
-            for (i, p) in [0x8000_0000u32, 0x7FC0_0001, 0xFF80_0000, 0x0000_0001, 0x7F80_0001]
-                .iter()
-                .enumerate()
+            for (i, p) in [
+                0x8000_0000u32,
+                0x7FC0_0001,
+                0xFF80_0000,
+                0x0000_0001,
+                0x7F80_0001,
+            ]
+            .iter()
+            .enumerate()
             {
                 b[400 * i..400 * i + 4].copy_from_slice(&p.to_le_bytes());
             }

@@ -16,7 +16,12 @@ fuzz_target!(|data: &[u8]| {
         }
         _ => return,
     };
-    let dtype = [DtypeHint::Auto, DtypeHint::Bf16, DtypeHint::Fp16, DtypeHint::Fp32][(sel & 3) as usize];
+    let dtype = [
+        DtypeHint::Auto,
+        DtypeHint::Bf16,
+        DtypeHint::Fp16,
+        DtypeHint::Fp32,
+    ][(sel & 3) as usize];
     let opts = EncodeOptions {
         dtype,
         checksum: sel & 4 != 0,
@@ -49,7 +54,10 @@ fuzz_target!(|data: &[u8]| {
     if let Ok(m) = r {
         assert!(out[..m] == out2[..m] && out[..m] == out3[..m]);
         if opts.checksum {
-            assert!(out[..m] == src[..], "checksummed frame decoded to other bytes");
+            assert!(
+                out[..m] == src[..],
+                "checksummed frame decoded to other bytes"
+            );
         }
     }
 });
