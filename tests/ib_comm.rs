@@ -1,5 +1,5 @@
 //! The IB comms end to end over the in-memory RC fabric: TCP bootstrap on
-//! loopback, a progress thread per comm, NCCL-style request slots. Many messages
+//! loopback, progress on the shared workers, NCCL-style request slots. Many messages
 //! of 0 B..4 MiB (odd sizes too), 8 in flight, test() in posting order, checked
 //! bit for bit, compressed (bf16) and raw; peer loss and oversize receives;
 //! device buffers (GPUDirect RDMA) on the emulated GPU backend, and iflush.
@@ -33,6 +33,7 @@ fn cfg(mode: CompressMode, nqps: usize) -> Arc<IbConfig> {
         checksum: false,
         link_mbps: Some(100_000),
         handshake_timeout: Duration::from_secs(20),
+        io_threads: None,
     })
 }
 
@@ -531,4 +532,37 @@ fn iflush_flushes_device_receives_only() {
     r.flush(None, 300_000).unwrap();
     r.flush(Some(&dev), 0).unwrap();
     assert_eq!(fc.flushes.load(Relaxed), 1);
+}
+
+/// Issue 20: IB comms share a few progress workers. 100 pairs (200 comms), one
+/// 64 KiB message each, add at most the workers' threads (before: a thread per
+/// comm, 200 here); all still deliver, and closing them all returns.
+#[test]
+fn many_ib_comms_share_a_few_progress_threads() {
+    use nccl_net_zip::stats::process_threads;
+    use nccl_net_zip::transport::ib::progress;
+    let cfg = cfg(CompressMode::On, 1);
+    // One pair first: the workers start with the first comm.
+    let first = pair(cfg.clone());
+    let before = process_threads().unwrap();
+    let pairs: Vec<(IbSendComm, IbRecvComm)> = (0..100).map(|_| pair(cfg.clone())).collect();
+    let during = process_threads().unwrap();
+    let workers = progress::running();
+    eprintln!(
+        "IB: 100 more comm pairs: threads {before} -> {during}; {workers} shared progress workers"
+    );
+    // Other tests of this binary may start threads meanwhile (the harness runs
+    // them in parallel): allow a few, far below one per comm.
+    assert!((1..=8).contains(&workers), "{workers} workers");
+    assert!(
+        during <= before + 8,
+        "threads grew from {before} to {during} for 200 comms"
+    );
+    for (i, (s, r)) in pairs.iter().chain(std::iter::once(&first)).enumerate() {
+        transfer(s, r, &[bf16(i as u64, 64 << 10)], 64 << 10);
+    }
+    let t0 = Instant::now();
+    drop(pairs);
+    drop(first);
+    eprintln!("closed 202 IB comms in {:?}", t0.elapsed());
 }

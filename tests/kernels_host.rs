@@ -65,7 +65,15 @@ fn build_harness(san: San) -> PathBuf {
     let out = frozen::scratch_dir("kernels_host").join(name);
     let src = source_tree().join("kernels/host/harness.cpp");
     let cxx = std::env::var("CXX").unwrap_or_else(|_| "g++".into());
-    let base = ["-std=c++17", "-O1", "-g", "-Wall", "-Wextra", "-Werror", "-pthread"];
+    let base = [
+        "-std=c++17",
+        "-O1",
+        "-g",
+        "-Wall",
+        "-Wextra",
+        "-Werror",
+        "-pthread",
+    ];
     let flags: &[&str] = match san {
         San::Address => &[
             "-fsanitize=address,undefined",
@@ -87,7 +95,10 @@ fn build_harness(san: San) -> PathBuf {
             .unwrap_or(false)
     };
     if try_build(flags) {
-        eprintln!("kernels_host: harness built with {san:?} sanitizer in {:?}", t0.elapsed());
+        eprintln!(
+            "kernels_host: harness built with {san:?} sanitizer in {:?}",
+            t0.elapsed()
+        );
     } else if san == San::Thread {
         panic!("cannot build kernels/host/harness.cpp with {cxx} -fsanitize=thread (libtsan is part of the g++ packages)");
     } else if try_build(&[]) {

@@ -29,7 +29,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use nccl_zip_codec::{compress, decompress, max_compressed_size, Decoder, DtypeHint, EncodeOptions};
+use nccl_zip_codec::{
+    compress, decompress, max_compressed_size, Decoder, DtypeHint, EncodeOptions,
+};
 
 const STEP: u64 = 0x0000_0007;
 
@@ -49,7 +51,10 @@ impl Rng {
     }
     /// A bf16 of a narrow Gaussian-like value (the sum of uniforms), as gradients.
     fn bf16(&mut self) -> u64 {
-        let u = (0..4).map(|_| (self.next() >> 40) as f32 / (1u64 << 24) as f32).sum::<f32>() - 2.0;
+        let u = (0..4)
+            .map(|_| (self.next() >> 40) as f32 / (1u64 << 24) as f32)
+            .sum::<f32>()
+            - 2.0;
         ((u * 0.02).to_bits() >> 16) as u64
     }
 }
@@ -139,9 +144,9 @@ fn race(
             a.store(w, Relaxed);
         }
         epoch.fetch_add(1, Release); // odd: writing
-        // SAFETY: the writer stores plain bytes into memory the poller reads with
-        // atomic loads, as the decoder does into NCCL's buffer while a GPU (or
-        // this thread) polls it: the point of the test is what such a reader sees.
+                                     // SAFETY: the writer stores plain bytes into memory the poller reads with
+                                     // atomic loads, as the decoder does into NCCL's buffer while a GPU (or
+                                     // this thread) polls it: the point of the test is what such a reader sees.
         let dst = unsafe { std::slice::from_raw_parts_mut(buf.as_ptr() as *mut u8, buf.len() * 8) };
         write(dst);
         epoch.fetch_add(1, Release); // even: done
@@ -170,10 +175,15 @@ fn frame(input: &[u8], dtype: DtypeHint) -> Vec<u8> {
 #[test]
 fn the_sequential_decoder_never_shows_a_flag_before_its_data() {
     if !cfg!(target_arch = "x86_64") {
-        eprintln!("SKIP: the write order is stated and tested for x86-64 only (see the module doc)");
+        eprintln!(
+            "SKIP: the write order is stated and tested for x86-64 only (see the module doc)"
+        );
         return;
     }
-    let secs: f64 = std::env::var("WRITE_ORDER_SECS").ok().and_then(|v| v.parse().ok()).unwrap_or(0.4);
+    let secs: f64 = std::env::var("WRITE_ORDER_SECS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.4);
     let mut report = Vec::new();
     for proto in [Proto::Ll, Proto::Ll128] {
         // 512 KiB of lines (NCCL's LL/LL128 steps are smaller; several blocks).
@@ -185,19 +195,38 @@ fn the_sequential_decoder_never_shows_a_flag_before_its_data() {
         let old: Vec<u64> = traffic(proto, lines, STEP - 1, 12);
         let input = bytes(&new);
         // Coded as bf16 / fp32 (the hint forces it), detected, and stored raw.
-        for dtype in [DtypeHint::Bf16, DtypeHint::Fp32, DtypeHint::Auto, DtypeHint::Raw] {
+        for dtype in [
+            DtypeHint::Bf16,
+            DtypeHint::Fp32,
+            DtypeHint::Auto,
+            DtypeHint::Raw,
+        ] {
             let f = frame(&input, dtype);
             for with_tables in [false, true] {
                 let f2 = f.clone();
                 let seen = if with_tables {
                     let mut d = Decoder::new();
-                    race(proto, &old, &new, Duration::from_secs_f64(secs), 20, move |dst| {
-                        assert_eq!(d.decompress(&f2, dst).unwrap(), dst.len());
-                    })
+                    race(
+                        proto,
+                        &old,
+                        &new,
+                        Duration::from_secs_f64(secs),
+                        20,
+                        move |dst| {
+                            assert_eq!(d.decompress(&f2, dst).unwrap(), dst.len());
+                        },
+                    )
                 } else {
-                    race(proto, &old, &new, Duration::from_secs_f64(secs), 20, move |dst| {
-                        assert_eq!(decompress(&f2, dst).unwrap(), dst.len());
-                    })
+                    race(
+                        proto,
+                        &old,
+                        &new,
+                        Duration::from_secs_f64(secs),
+                        20,
+                        move |dst| {
+                            assert_eq!(decompress(&f2, dst).unwrap(), dst.len());
+                        },
+                    )
                 };
                 let line = format!(
                     "{proto:?} {dtype:?} ratio {:.3} {}: {} rounds, {} lines seen with the new flag, {} stale",
@@ -212,11 +241,18 @@ fn the_sequential_decoder_never_shows_a_flag_before_its_data() {
             }
         }
     }
-    let bad: Vec<_> = report.iter().filter(|(_, s)| s.violations > 0).map(|(l, _)| l).collect();
+    let bad: Vec<_> = report
+        .iter()
+        .filter(|(_, s)| s.violations > 0)
+        .map(|(l, _)| l)
+        .collect();
     assert!(bad.is_empty(), "flags seen before their data: {bad:#?}");
     // Power: the poller saw lines in flight (new flags while a write was going on).
     let checked: u64 = report.iter().map(|(_, s)| s.checked).sum();
-    assert!(checked > 0, "the poller never saw a new flag during a write");
+    assert!(
+        checked > 0,
+        "the poller never saw a new flag during a write"
+    );
 }
 
 /// The control: a writer that stores each LL128 line's flag before its data is
@@ -231,18 +267,25 @@ fn a_flag_first_writer_is_caught() {
     // Up to 10 s: on a loaded machine the two threads may rarely overlap.
     for _ in 0..25 {
         let src = src.clone();
-        let seen = race(Proto::Ll128, &old, &new, Duration::from_millis(400), 20, move |dst| {
-            let p = dst.as_mut_ptr() as *mut u64;
-            for (l, chunk) in src.chunks(16).enumerate() {
-                // SAFETY: within dst (16 words per line); volatile keeps the order.
-                unsafe {
-                    p.add(l * 16 + 15).write_volatile(chunk[15]);
-                    for (k, &w) in chunk[..15].iter().enumerate() {
-                        p.add(l * 16 + k).write_volatile(w);
+        let seen = race(
+            Proto::Ll128,
+            &old,
+            &new,
+            Duration::from_millis(400),
+            20,
+            move |dst| {
+                let p = dst.as_mut_ptr() as *mut u64;
+                for (l, chunk) in src.chunks(16).enumerate() {
+                    // SAFETY: within dst (16 words per line); volatile keeps the order.
+                    unsafe {
+                        p.add(l * 16 + 15).write_volatile(chunk[15]);
+                        for (k, &w) in chunk[..15].iter().enumerate() {
+                            p.add(l * 16 + k).write_volatile(w);
+                        }
                     }
                 }
-            }
-        });
+            },
+        );
         caught.checked += seen.checked;
         caught.violations += seen.violations;
         caught.rounds += seen.rounds;
@@ -251,5 +294,8 @@ fn a_flag_first_writer_is_caught() {
         }
     }
     eprintln!("flag-first control: {caught:?}");
-    assert!(caught.violations > 0, "the poller did not catch a flag-first writer: {caught:?}");
+    assert!(
+        caught.violations > 0,
+        "the poller did not catch a flag-first writer: {caught:?}"
+    );
 }
