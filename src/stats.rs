@@ -19,6 +19,9 @@ pub struct Stats {
     pub chunks_inline: AtomicU64,
     /// Chunks staged through a device lane (CUDA buffers).
     pub chunks_device: AtomicU64,
+    /// Times an IB comm found the process's buffer budget spent and went raw
+    /// (`transport::ib::budget`).
+    pub budget_refusals: AtomicU64,
     /// Time spent in the codec, nanoseconds.
     pub codec_ns: AtomicU64,
     /// CPU time the host codec took on the threads that ran it, nanoseconds.

@@ -566,3 +566,54 @@ fn many_ib_comms_share_a_few_progress_threads() {
     drop(first);
     eprintln!("closed 202 IB comms in {:?}", t0.elapsed());
 }
+
+/// Issue 20: the IB comms' staging and frame buffers come from one bounded
+/// budget. Here a budget of its own, sized for one pair: the first pair gets it
+/// and compresses; a second pair opened meanwhile finds it spent and sends raw
+/// (bit-exact, never waiting); once the first closes, a third pair compresses.
+/// Nothing is reserved before a comm carries data.
+#[test]
+fn ib_buffers_come_from_a_bounded_budget() {
+    use nccl_net_zip::transport::ib::budget::Budget;
+    let budget: &'static Budget = Box::leak(Box::default());
+    let mut c = (*cfg(CompressMode::On, 2)).clone();
+    c.params.budget = budget;
+    let p = &c.params;
+    let one_pair = (p.stage_slots * p.stage_bytes
+        + p.send_bufs * nccl_net_zip::codec_glue::max_wire(p.max_chunk)) as u64;
+    c.params.buffer_cap = one_pair;
+    let c = Arc::new(c);
+    let msgs: Vec<Vec<u8>> = [1 << 20, 300_000, 64 << 10, 4097]
+        .iter()
+        .map(|&n| bf16(n as u64, n))
+        .collect();
+    let compressed = |s: &IbSendComm| s.stats().chunks_compressed.load(Relaxed);
+    let refused = |s: &IbSendComm, r: &IbRecvComm| {
+        s.stats().budget_refusals.load(Relaxed) + r.stats().budget_refusals.load(Relaxed)
+    };
+
+    let (s1, r1) = pair(c.clone());
+    assert_eq!(budget.used(), 0, "nothing reserved before data");
+    transfer(&s1, &r1, &msgs, 1 << 20);
+    eventually("first pair compressed", || compressed(&s1) > 0);
+    assert_eq!(budget.used(), one_pair);
+
+    let (s2, r2) = pair(c.clone());
+    transfer(&s2, &r2, &msgs, 1 << 20);
+    eventually("second pair saw the budget spent", || refused(&s2, &r2) > 0);
+    assert_eq!(compressed(&s2), 0, "no budget, no compression");
+    assert_eq!(budget.used(), one_pair, "the second pair holds nothing");
+
+    drop((s1, r1));
+    assert_eq!(budget.used(), 0, "closing gives the budget back");
+    let (s3, r3) = pair(c);
+    transfer(&s3, &r3, &msgs, 1 << 20);
+    eventually("third pair compressed", || compressed(&s3) > 0);
+    eprintln!(
+        "IB budget {} KiB: pair 1 compressed, pair 2 raw ({} refusals), pair 3 compressed after pair 1 closed",
+        one_pair >> 10,
+        refused(&s2, &r2)
+    );
+    drop((s2, r2, s3, r3));
+    assert_eq!(budget.used(), 0);
+}

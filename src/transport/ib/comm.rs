@@ -77,6 +77,9 @@ impl IbConfig {
                 stage_slots: c.ib_stage_slots,
                 stage_bytes: c.ib_stage_bytes,
                 gpu_lanes: c.gpu_lanes,
+                buffer_cap: c
+                    .ib_buffer_mb
+                    .map_or_else(super::budget::default_cap, |m| m << 20),
                 ..Params::default()
             },
             compress: c.compress,
@@ -803,6 +806,7 @@ fn sync_stats(src: &Stats, dst: &Stats) {
         (&src.bypassed, &dst.bypassed),
         (&src.chunks_device, &dst.chunks_device),
         (&src.codec_ns, &dst.codec_ns),
+        (&src.budget_refusals, &dst.budget_refusals),
     ] {
         d.store(s.load(Relaxed), Relaxed);
     }

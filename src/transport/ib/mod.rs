@@ -10,6 +10,7 @@
 //! - [`progress`]: the process-wide IB progress workers.
 //! - [`dmabuf`]: whether NCCL will register GPU buffers through `regMrDmaBuf`.
 
+pub mod budget;
 pub mod comm;
 pub mod device;
 pub mod dmabuf;
