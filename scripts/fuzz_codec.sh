@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Fuzzes the codec's decoder (2/3 of the time) and encode->decode round trip (1/3)
-# with cargo-fuzz (libFuzzer + AddressSanitizer) for SECONDS in total (default 60).
+# Fuzzes the codec's decoder (1/2 of the time), encode->decode round trip (1/4) and
+# the GPU kernels' decoder built for the host against the CPU decoder
+# (kernel_decode, differential, 1/4) with cargo-fuzz (libFuzzer + AddressSanitizer
+# for the Rust side) for SECONDS in total (default 60).
 # Seeds: the committed frozen frames. Prints exec counts and crashes; exits 1 on a crash.
 # Only a stable toolchain exists here, so nightly-only flags are enabled with RUSTC_BOOTSTRAP=1.
 set -euo pipefail
@@ -10,10 +12,11 @@ export RUSTC_BOOTSTRAP=1
 command -v cargo-fuzz >/dev/null || cargo install --locked cargo-fuzz || cargo install cargo-fuzz
 unset CARGO_TARGET_DIR  # the fuzz crate is its own workspace: codec/fuzz/target (gitignored)
 
-mkdir -p corpus/decode corpus/roundtrip artifacts
+mkdir -p corpus/decode corpus/roundtrip corpus/kernel_decode artifacts
 for f in ../tests/vectors/*.nzf; do
     # 2 leading bytes choose the destination size (0xFFFF * 32 bytes: big enough)
     { printf '\xff\xff'; cat "$f"; } > "corpus/decode/seed-$(basename "$f")"
+    cp "corpus/decode/seed-$(basename "$f")" corpus/kernel_decode/
 done
 for f in ../tests/vectors/*.in; do
     head -c 20000 "$f" | { printf '\x00'; cat; } > "corpus/roundtrip/seed-$(basename "$f")"
@@ -21,6 +24,7 @@ done
 
 cargo fuzz build -O decode >/dev/null 2>&1 || cargo fuzz build -O decode
 cargo fuzz build -O roundtrip >/dev/null 2>&1 || cargo fuzz build -O roundtrip
+cargo fuzz build -O kernel_decode >/dev/null 2>&1 || cargo fuzz build -O kernel_decode
 
 status=0
 run() {
@@ -41,6 +45,7 @@ run() {
     fi
     rm -f "$log"
 }
-run decode $(( SECS * 2 / 3 ))
-run roundtrip $(( SECS - SECS * 2 / 3 ))
+run decode $(( SECS / 2 ))
+run roundtrip $(( SECS / 4 ))
+run kernel_decode $(( SECS - SECS / 2 - SECS / 4 ))
 exit $status

@@ -277,23 +277,19 @@ static int cmd_enc(const char* in, const char* out, u32 hint, u32 cks, u32 log2)
     return 0;
 }
 
-static int cmd_dec(const char* in, const char* out, u64 cap) {
-    std::vector<u8> frame;
-    if (!read_file(in, frame)) return printf("err io\n"), 0;
-    u8* s = exact_copy(frame);
-    u8* d = (u8*)malloc(cap ? cap : 1);
-    memset(d, 0xEE, cap ? cap : 1);
+// Decodes `frame` into `d` (cap bytes) with the sequential executor, shared
+// memory poisoned before every work item; fills `res`.
+static void dec_core(const u8* s, u64 frame_len, u8* d, u64 cap, JobResult* res) {
     const u64 ws_blocks = (cap + 4095) / 4096;
     std::vector<u8> ws(ws_bytes(ws_blocks), 0);
-    JobResult res;
-    memset(&res, 0, sizeof res);
+    memset(res, 0, sizeof *res);
     DecJob job;
     job.src = (u64)(uintptr_t)s;
-    job.src_len = frame.size();
+    job.src_len = frame_len;
     job.dst = (u64)(uintptr_t)d;
     job.dst_cap = cap;
     job.ws = (u64)(uintptr_t)ws.data();
-    job.result = (u64)(uintptr_t)&res;
+    job.result = (u64)(uintptr_t)res;
     job.ws_blocks = ws_blocks;
     job.reserved = 0;
     HostExec x;
@@ -303,7 +299,7 @@ static int cmd_dec(const char* in, const char* out, u64 cap) {
     u32 items = 1;
     for (u32 b = 0; b < items; b++) {
         cta.fresh(log2);
-        DecFrame f = parse_frame(x, s, frame.size(), cap);
+        DecFrame f = parse_frame(x, s, frame_len, cap);
         if (f.status == ST_OK && f.nb > ws_blocks) f.status = ST_BAD_ARGS;
         items = f.status != ST_OK ? 1 : (f.nb ? (u32)f.nb : 1);
         if (f.status == ST_OK && (f.flags & FLAG_CHECKSUM)) crc_init(x, cta.s);
@@ -311,6 +307,26 @@ static int cmd_dec(const char* in, const char* out, u64 cap) {
         if (r && !st->err) st->err = r;
         if (x.finish(st, items)) decode_finish(x, cta.s, job, f, st->err);
     }
+}
+
+// For a fuzzer linked with this file (NZC_HOST_NO_MAIN): the kernels' decoder on
+// arbitrary bytes. Returns the status (0: ok, `*out_len` bytes written), or
+// 0xFFFFFFFF if the job never finished.
+extern "C" u32 nzc_host_decode(const u8* frame, u64 frame_len, u8* dst, u64 cap, u64* out_len) {
+    JobResult res;
+    dec_core(frame, frame_len, dst, cap, &res);
+    *out_len = res.len;
+    return res.done ? res.status : 0xFFFFFFFFu;
+}
+
+static int cmd_dec(const char* in, const char* out, u64 cap) {
+    std::vector<u8> frame;
+    if (!read_file(in, frame)) return printf("err io\n"), 0;
+    u8* s = exact_copy(frame);
+    u8* d = (u8*)malloc(cap ? cap : 1);
+    memset(d, 0xEE, cap ? cap : 1);
+    JobResult res;
+    dec_core(s, frame.size(), d, cap, &res);
     if (!res.done) return printf("err unfinished\n"), 0;
     if (res.status) {
         printf("err %u\n", res.status);
@@ -457,6 +473,7 @@ static int cmd_race() {
     return 0;
 }
 
+#ifndef NZC_HOST_NO_MAIN
 int main(int argc, char** argv) {
     if (argc != 2) {
         fprintf(stderr, "usage: %s SCRIPT\n", argv[0]);
@@ -491,3 +508,4 @@ int main(int argc, char** argv) {
     fclose(f);
     return 0;
 }
+#endif  // NZC_HOST_NO_MAIN

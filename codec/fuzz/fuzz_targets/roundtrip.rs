@@ -4,13 +4,28 @@ use libfuzzer_sys::fuzz_target;
 use nccl_zip_codec::{compress, decompress, max_compressed_size, DtypeHint, EncodeOptions};
 
 fuzz_target!(|data: &[u8]| {
-    let Some((&sel, src)) = data.split_first() else { return };
-    let dtype = [DtypeHint::Auto, DtypeHint::Bf16, DtypeHint::Fp16, DtypeHint::Fp32, DtypeHint::Raw][(sel % 5) as usize];
-    let opts = EncodeOptions { dtype, checksum: sel & 8 != 0, block_log2: 12 + (sel >> 4) % 9 };
+    let Some((&sel, src)) = data.split_first() else {
+        return;
+    };
+    let dtype = [
+        DtypeHint::Auto,
+        DtypeHint::Bf16,
+        DtypeHint::Fp16,
+        DtypeHint::Fp32,
+        DtypeHint::Raw,
+    ][(sel % 5) as usize];
+    let opts = EncodeOptions {
+        dtype,
+        checksum: sel & 8 != 0,
+        block_log2: 12 + (sel >> 4) % 9,
+    };
     let mut frame = vec![0u8; max_compressed_size(src.len())];
     let n = compress(src, &mut frame, &opts).expect("compress");
     assert!(n <= src.len() + 24);
     let mut out = vec![0u8; src.len()];
-    assert_eq!(decompress(&frame[..n], &mut out).expect("decompress"), src.len());
+    assert_eq!(
+        decompress(&frame[..n], &mut out).expect("decompress"),
+        src.len()
+    );
     assert!(out == src);
 });
