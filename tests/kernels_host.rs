@@ -520,6 +520,28 @@ fn random_sweep_matches_cpu_encoder() {
     );
 }
 
+/// Two decoders' answers on the same frames: both accept with the same bytes,
+/// or both reject. Returns how many both rejected.
+fn same_decisions<E1: std::fmt::Debug, E2: std::fmt::Debug>(
+    pairs: impl Iterator<Item = (Result<Vec<u8>, E1>, Result<Vec<u8>, E2>)>,
+    a: &str,
+    b: &str,
+) -> usize {
+    let mut rejected = 0;
+    for (i, (x, y)) in pairs.enumerate() {
+        match (&x, &y) {
+            (Ok(p), Ok(q)) => assert_eq!(p, q, "frame {i}: both accept but outputs differ"),
+            (Err(_), Err(_)) => rejected += 1,
+            _ => panic!(
+                "frame {i}: {a} {:?} vs {b} {:?}",
+                x.as_ref().map(|v| v.len()),
+                y.as_ref().map(|v| v.len())
+            ),
+        }
+    }
+    rejected
+}
+
 /// Frames of six kinds, each corrupted 40 ways (bit flips, truncation, padding,
 /// garbage runs; some with a receive smaller than the message), and intact.
 fn corrupt_frames() -> Vec<(Vec<u8>, usize)> {
@@ -579,20 +601,11 @@ fn corrupt_frames() -> Vec<(Vec<u8>, usize)> {
 fn corrupt_frames_rejected_like_cpu_without_oob() {
     let frames = corrupt_frames();
     let res = harness_decode(&frames);
-    let mut rejected = 0;
-    for (i, ((f, cap), r)) in frames.iter().zip(res).enumerate() {
+    let cpu = frames.iter().map(|(f, cap)| {
         let mut out = vec![0u8; *cap];
-        let cpu = decompress(f, &mut out).map(|n| out[..n].to_vec());
-        match (&cpu, &r) {
-            (Ok(a), Ok(b)) => assert_eq!(a, b, "frame {i}: both accept but outputs differ"),
-            (Err(_), Err(_)) => rejected += 1,
-            _ => panic!(
-                "frame {i}: CPU {:?} vs harness {:?}",
-                cpu.as_ref().map(|v| v.len()),
-                r.as_ref().map(|v| v.len())
-            ),
-        }
-    }
+        decompress(f, &mut out).map(|n| out[..n].to_vec())
+    });
+    let rejected = same_decisions(cpu.zip(res), "CPU", "harness");
     assert!(
         rejected > frames.len() / 2,
         "only {rejected} of {} corrupted frames rejected",
@@ -717,18 +730,7 @@ fn concurrent_decode_of_corrupt_frames_matches_sequential_under_tsan() {
             seed: 5,
         },
     );
-    let mut rejected = 0;
-    for (i, (a, b)) in seq.iter().zip(&conc).enumerate() {
-        match (a, b) {
-            (Ok(x), Ok(y)) => assert_eq!(x, y, "frame {i}: outputs differ"),
-            (Err(_), Err(_)) => rejected += 1,
-            _ => panic!(
-                "frame {i}: sequential {:?} vs concurrent {:?}",
-                a.as_ref().map(|v| v.len()),
-                b.as_ref().map(|v| v.len())
-            ),
-        }
-    }
+    let rejected = same_decisions(seq.into_iter().zip(conc), "sequential", "concurrent");
     eprintln!(
         "kernels_host: {} corrupted frames through concurrent launches under TSan, {rejected} rejected by both",
         frames.len()

@@ -204,30 +204,22 @@ fn the_sequential_decoder_never_shows_a_flag_before_its_data() {
             let f = frame(&input, dtype);
             for with_tables in [false, true] {
                 let f2 = f.clone();
-                let seen = if with_tables {
-                    let mut d = Decoder::new();
-                    race(
-                        proto,
-                        &old,
-                        &new,
-                        Duration::from_secs_f64(secs),
-                        20,
-                        move |dst| {
-                            assert_eq!(d.decompress(&f2, dst).unwrap(), dst.len());
-                        },
-                    )
-                } else {
-                    race(
-                        proto,
-                        &old,
-                        &new,
-                        Duration::from_secs_f64(secs),
-                        20,
-                        move |dst| {
-                            assert_eq!(decompress(&f2, dst).unwrap(), dst.len());
-                        },
-                    )
-                };
+                let mut d = Decoder::new();
+                let seen = race(
+                    proto,
+                    &old,
+                    &new,
+                    Duration::from_secs_f64(secs),
+                    20,
+                    move |dst| {
+                        let n = if with_tables {
+                            d.decompress(&f2, dst)
+                        } else {
+                            decompress(&f2, dst)
+                        };
+                        assert_eq!(n.unwrap(), dst.len());
+                    },
+                );
                 let line = format!(
                     "{proto:?} {dtype:?} ratio {:.3} {}: {} rounds, {} lines seen with the new flag, {} stale",
                     input.len() as f64 / f.len() as f64,
