@@ -25,6 +25,8 @@ pub struct Stats {
     pub codec_cpu_ns: AtomicU64,
     /// Bytes of staging memory this comm's threads hold now.
     pub staging_bytes: AtomicU64,
+    /// TCP data streams up now (opened on demand, besides the inline stream).
+    pub streams: AtomicU64,
 }
 
 impl Stats {
@@ -41,7 +43,7 @@ impl Stats {
             1.0
         };
         format!(
-            "messages {} raw {} B wire {} B ratio {:.3} chunks compressed {} raw {} (bypass {}, inline {}, device {}) codec {:.1} ms (CPU {:.1} ms) staging {} KiB",
+            "messages {} raw {} B wire {} B ratio {:.3} chunks compressed {} raw {} (bypass {}, inline {}, device {}) codec {:.1} ms (CPU {:.1} ms) staging {} KiB streams {}",
             self.messages.load(Relaxed),
             raw,
             wire,
@@ -53,7 +55,8 @@ impl Stats {
             self.chunks_device.load(Relaxed),
             self.codec_ns.load(Relaxed) as f64 / 1e6,
             self.codec_cpu_ns.load(Relaxed) as f64 / 1e6,
-            self.staging_bytes.load(Relaxed) >> 10
+            self.staging_bytes.load(Relaxed) >> 10,
+            self.streams.load(Relaxed)
         )
     }
 }
@@ -65,6 +68,8 @@ pub struct Held {
     pub io_threads: AtomicU64,
     /// The process-wide I/O workers that drive every comm's data streams.
     pub io_workers: AtomicU64,
+    /// TCP data streams (sockets besides each comm's inline stream) open now.
+    pub data_streams: AtomicU64,
     pub staging_bytes: AtomicU64,
     /// GPU lanes (pinned staging + CUDA stream) in the shared pools.
     pub gpu_lanes: AtomicU64,
@@ -78,6 +83,7 @@ pub static HELD: Held = Held {
     comms: AtomicU64::new(0),
     io_threads: AtomicU64::new(0),
     io_workers: AtomicU64::new(0),
+    data_streams: AtomicU64::new(0),
     staging_bytes: AtomicU64::new(0),
     gpu_lanes: AtomicU64::new(0),
     decode_tables: AtomicU64::new(0),
@@ -93,8 +99,9 @@ impl Held {
 
     pub fn summary(&self) -> String {
         format!(
-            "plugin holds {} comms, {} I/O threads (+ {} shared workers), {} KiB staging, {} KiB decode tables, {} GPU lanes; codec CPU {:.3} s; process {} threads, {} fds",
+            "plugin holds {} comms ({} TCP data streams), {} I/O threads (+ {} shared workers), {} KiB staging, {} KiB decode tables, {} GPU lanes; codec CPU {:.3} s; process {} threads, {} fds",
             self.comms.load(Relaxed),
+            self.data_streams.load(Relaxed),
             self.io_threads.load(Relaxed),
             self.io_workers.load(Relaxed),
             self.staging_bytes.load(Relaxed) >> 10,
