@@ -229,6 +229,17 @@ impl Shared {
                 }
             }
         }
+        if st.listens.is_empty() && st.conns.is_empty() && !st.pending.is_empty() {
+            // No listen comm and no receive comm left on this address: nothing
+            // we wait for can come any more (as when a listen comm of its own was
+            // closed, before the listener was shared).
+            for p in st.pending.drain(..) {
+                warn!(
+                    "dropping half-open connection from {}: no comm left to connect to",
+                    p.peer
+                );
+            }
+        }
         for inbox in st.listens.values_mut() {
             inbox.groups.retain(|_, g| {
                 let keep = g.inline.is_some() || g.since.elapsed() <= timeout;
@@ -439,6 +450,7 @@ impl Drop for ListenComm {
         // Connections not accepted are closed; live comms keep their entries.
         let inbox = self.shared.state.lock().listens.remove(&self.handle.secret);
         drop(inbox);
+        self.shared.poll();
     }
 }
 
@@ -452,6 +464,7 @@ impl Drop for Remove {
     fn drop(&mut self) {
         if let Some(s) = self.shared.upgrade() {
             s.state.lock().conns.remove(&self.key);
+            s.poll();
         }
     }
 }
