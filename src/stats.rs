@@ -71,6 +71,8 @@ pub struct Held {
     /// TCP data streams (sockets besides each comm's inline stream) open now.
     pub data_streams: AtomicU64,
     pub staging_bytes: AtomicU64,
+    /// Free TCP staging buffers kept for reuse (`transport::tcp::pool`).
+    pub pooled_bytes: AtomicU64,
     /// GPU lanes (pinned staging + CUDA stream) in the shared pools.
     pub gpu_lanes: AtomicU64,
     /// Decode tables the receivers keep across chunks (`codec_glue::ChunkDecoder`).
@@ -85,6 +87,7 @@ pub static HELD: Held = Held {
     io_workers: AtomicU64::new(0),
     data_streams: AtomicU64::new(0),
     staging_bytes: AtomicU64::new(0),
+    pooled_bytes: AtomicU64::new(0),
     gpu_lanes: AtomicU64::new(0),
     decode_tables: AtomicU64::new(0),
     codec_cpu_ns: AtomicU64::new(0),
@@ -94,17 +97,20 @@ impl Held {
     /// Bytes of memory the plugin's pools and comms hold for data: staging and
     /// decode tables (GPU lanes are counted apart, as lanes).
     pub fn pool_bytes(&self) -> u64 {
-        self.staging_bytes.load(Relaxed) + self.decode_tables.load(Relaxed)
+        self.staging_bytes.load(Relaxed)
+            + self.pooled_bytes.load(Relaxed)
+            + self.decode_tables.load(Relaxed)
     }
 
     pub fn summary(&self) -> String {
         format!(
-            "plugin holds {} comms ({} TCP data streams), {} I/O threads (+ {} shared workers), {} KiB staging, {} KiB decode tables, {} GPU lanes; codec CPU {:.3} s; process {} threads, {} fds",
+            "plugin holds {} comms ({} TCP data streams), {} I/O threads (+ {} shared workers), {} KiB staging (+ {} KiB free for reuse), {} KiB decode tables, {} GPU lanes; codec CPU {:.3} s; process {} threads, {} fds",
             self.comms.load(Relaxed),
             self.data_streams.load(Relaxed),
             self.io_threads.load(Relaxed),
             self.io_workers.load(Relaxed),
             self.staging_bytes.load(Relaxed) >> 10,
+            self.pooled_bytes.load(Relaxed) >> 10,
             self.decode_tables.load(Relaxed) >> 10,
             self.gpu_lanes.load(Relaxed),
             self.codec_cpu_ns.load(Relaxed) as f64 / 1e9,

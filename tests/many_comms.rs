@@ -10,7 +10,8 @@
 //! streams); a lightly used comm costs at most 2 fds and 48 KiB of resident
 //! memory (the growth while the light pairs opened, over their comms; the bulk
 //! comms were already running, so their staging is in the baseline); every bulk
-//! comm opened all its data streams and no light comm opened any; after
+//! comm opened all its data streams, a light comm one at most (its message went
+//! compressed), and idle light comms hold no staging; after
 //! `MANY_COMMS_CYCLES` (default 500) connect/close cycles, comms, I/O threads,
 //! data streams, staging, decode tables, threads and fds are back where they were.
 //!
@@ -175,11 +176,13 @@ fn thousands_of_comms_cost_little_and_leave_nothing_behind() {
     assert_eq!(HELD.io_threads.load(Relaxed), 0, "{}", HELD.summary());
     assert!(fds_per <= 2.0, "{fds_per:.2} fds per light comm");
     assert!(kib_per <= 48.0, "{kib_per:.1} KiB per light comm");
-    // Light comms never opened a data stream; bulk comms opened all of theirs,
-    // at both ends.
+    // A light comm opened one data stream at most (its 64 KiB message goes
+    // compressed when the policy says so, raw on the inline stream otherwise);
+    // bulk comms opened all of theirs, at both ends.
+    let light_streams: usize = light.iter().map(|(s, _)| s.streams_opened()).sum();
     for (s, r) in &light {
-        assert_eq!(s.streams_opened(), 0);
-        assert_eq!(r.stats().streams.load(Relaxed), 0);
+        assert!(s.streams_opened() <= 1);
+        assert!(r.stats().streams.load(Relaxed) <= 1);
     }
     for (s, r) in &bulk {
         assert_eq!(s.streams_up(), nstreams, "{}", s.stats().summary());
@@ -187,16 +190,20 @@ fn thousands_of_comms_cost_little_and_leave_nothing_behind() {
     }
     assert_eq!(
         HELD.data_streams.load(Relaxed),
-        2 * (bulk_n * nstreams) as u64
+        2 * (bulk_n * nstreams + light_streams) as u64
     );
-    let light_held: u64 = light
-        .iter()
-        .flat_map(|(s, r)| [s.stats(), r.stats()])
-        .map(|st| st.staging_bytes.load(Relaxed))
-        .sum();
+    // Idle comms give their staging back (to the shared free list).
+    let light_held = || -> u64 {
+        light
+            .iter()
+            .flat_map(|(s, r)| [s.stats(), r.stats()])
+            .map(|st| st.staging_bytes.load(Relaxed))
+            .sum()
+    };
+    settle("light comms' staging given back", || light_held() == 0);
     println!(
-        "plugin staging per light comm {:.1} KiB",
-        light_held as f64 / 1024.0 / (2 * light.len()).max(1) as f64
+        "light comms with a data stream: {light_streams} of {pairs_n} pairs; staging they hold: {} B",
+        light_held()
     );
     drop(light);
     drop(bulk);

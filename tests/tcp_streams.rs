@@ -78,11 +78,17 @@ fn a_light_comm_has_one_socket_and_bulk_traffic_opens_the_rest_after_close_liste
     let s = connect(&mut handle);
     let r = accept(&mut l);
     drop(l); // as NCCL does right after accept: data streams come later anyway
-    // Small messages (raw) stay on the inline stream.
-    let small: Vec<Vec<u8>> = (0..20).map(|i| pattern(i, 1000 + 3000 * i as usize)).collect();
+    // Small messages the policy sends raw (below the codec's minimum) stay on
+    // the inline stream: no data stream.
+    let small: Vec<Vec<u8>> = (0..20).map(|i| pattern(i, 1 + 200 * i as usize)).collect();
     transfer_and_check(&s, &r, &small, 64 << 10);
     assert_eq!(s.streams_opened(), 0);
     assert_eq!(r.stats().streams.load(Relaxed), 0);
+    // A small compressible message goes compressed on one data stream, opened
+    // for it (a light comm stays within 2 sockets).
+    let one = vec![bf16_gaussian(2, 48 << 10, 0.02)];
+    transfer_and_check(&s, &r, &one, 64 << 10);
+    assert!(s.streams_opened() <= 1);
     // Bulk traffic opens every data stream, and the receiver attaches them
     // through the shared listener, the listen comm being gone.
     let big = vec![bf16_gaussian(3, 4 << 20, 0.02), pattern(4, 3 << 20)];

@@ -756,6 +756,26 @@ mod tests {
         assert_eq!(r.producer_ended(2), (true, Some(1)));
     }
 
+    /// A data stream the sender has not opened yet may still bring any message:
+    /// no stall is judged without it, until the sender closes (`absent_end`).
+    #[test]
+    fn an_absent_stream_may_still_come_until_the_peer_closes() {
+        let r = Ring::with_producers(3);
+        r.producer_absent(0);
+        r.producer_absent(1);
+        r.post(None, 0, Some((1, 64))).unwrap();
+        // The inline stream (2) holds message 1, not posted: 0 or 1 may come.
+        assert_eq!(r.producer_waits(2, Some(1)), None);
+        assert!(r.producer_attach(0));
+        assert!(!r.producer_attach(0), "attached once");
+        assert_eq!(r.producer_ended(0), (false, None), "stream 1 may still come");
+        // The peer closes: stream 1 can no longer come, and message 0 stalls.
+        r.absent_end();
+        assert!(!r.producer_attach(1), "too late");
+        assert!(r.producer_has_ended(1));
+        assert_eq!(r.producer_ended(2), (true, Some(0)));
+    }
+
     #[test]
     fn a_repeated_wait_is_judged_again_after_a_post() {
         let r = Ring::with_producers(2);

@@ -9,6 +9,7 @@ mod connect;
 mod core;
 mod inline;
 mod listen;
+pub mod pool;
 mod recv;
 mod send;
 pub mod sock;

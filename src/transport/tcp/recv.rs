@@ -279,7 +279,12 @@ impl Driven for RxTask {
         loop {
             let r = pump_rx(&self.sock, &core, self.who, st, self.lim, RUN_BUDGET);
             return match r {
-                Ok(Stop::Drained) => Next::Readable,
+                Ok(Stop::Drained) => {
+                    if core.ring.idle() {
+                        st.rx.release_idle(&core.stats);
+                    }
+                    Next::Readable
+                }
                 Ok(Stop::LaneBusy) => Next::Retry,
                 Ok(Stop::Ended) => Next::Done,
                 Ok(Stop::Posted(seq)) => {

@@ -9,7 +9,7 @@
 
 use std::io::IoSlice;
 use std::os::fd::{AsRawFd, RawFd};
-use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering::Relaxed, Ordering::SeqCst};
+use std::sync::atomic::{fence, AtomicBool, Ordering::Relaxed, Ordering::SeqCst};
 use std::sync::{Arc, Weak};
 
 use crossbeam_channel::{Receiver, Sender};
@@ -60,14 +60,8 @@ pub struct SendComm {
     coders: Arc<Coders>,
     /// Where data streams connect, and their hellos.
     target: Target,
-    /// Bytes sent on the inline stream while no data stream was open.
-    inline_bytes: AtomicU64,
     cfg: Arc<Config>,
 }
-
-/// A comm that has sent this many bytes on its inline stream alone opens a data
-/// stream (sustained traffic: its compressible messages then go compressed).
-const GROW_AFTER_BYTES: u64 = 16 << 20;
 
 impl SendComm {
     /// A comm on `inline`, the connected inline stream (its hello written); data
@@ -121,7 +115,6 @@ impl SendComm {
             tasks: Mutex::new(Vec::with_capacity(n)),
             coders,
             target,
-            inline_bytes: AtomicU64::new(0),
             cfg,
         })
     }
@@ -195,18 +188,8 @@ impl SendComm {
         if small && self.core.ring.next_free().is_none() {
             return Ok(None);
         }
+        let compress = small && self.coders.host.wants(size, &self.core.stats);
         let mut tasks = self.tasks.lock();
-        // A comm with no data stream sends its small messages raw on the inline
-        // stream (a lightly used comm costs one socket); after enough bytes it
-        // opens one, and compressible messages then go compressed.
-        if small
-            && tasks.is_empty()
-            && self.inline_bytes.load(Relaxed) >= GROW_AFTER_BYTES
-            && self.cfg.compress != crate::config::CompressMode::Off
-        {
-            self.grow(&mut tasks, 1)?;
-        }
-        let compress = small && !tasks.is_empty() && self.coders.host.wants(size, &self.core.stats);
         let inline = small && !compress;
         let chunk = plan::chunk_size(
             size,
@@ -227,15 +210,13 @@ impl SendComm {
         st.add(&st.raw_bytes, size as u64);
         if inline {
             drop(tasks);
-            if size > 0 {
-                self.inline_bytes.fetch_add(size as u64, Relaxed);
-            }
             self.core.inline.send(&self.core, seq, data, size);
             return Ok(Some(slot));
         }
-        // Bulk traffic: as many data streams as this message has chunks (up to
-        // the configured count). Until they are up its chunks wait in the queue.
-        if let Err(e) = self.grow(&mut tasks, nchunks) {
+        // As many data streams as this message has chunks (up to the configured
+        // count; a small compressed message: one, so a lightly used comm stays
+        // within 2 sockets). Until they are up its chunks wait in the queue.
+        if let Err(e) = self.grow(&mut tasks, if small { 1 } else { nchunks }) {
             if tasks.is_empty() {
                 self.core.fail(e.duplicate());
                 return Err(e);
@@ -330,6 +311,12 @@ struct TxState {
 
 impl TxState {
     fn grow(&mut self, n: usize, stats: &Stats) {
+        if self.staging.is_empty() {
+            self.staging = super::pool::take(n);
+            let got = self.staging.len() as u64;
+            stats.add(&stats.staging_bytes, got);
+            HELD.staging_bytes.fetch_add(got, Relaxed);
+        }
         if self.staging.len() < n {
             let grow = (n - self.staging.len()) as u64;
             self.staging.resize(n, 0);
@@ -339,9 +326,11 @@ impl TxState {
     }
 
     fn release(&mut self, stats: &Stats) {
-        let n = std::mem::take(&mut self.staging).len() as u64;
+        let b = std::mem::take(&mut self.staging);
+        let n = b.len() as u64;
         stats.staging_bytes.fetch_sub(n, Relaxed);
         HELD.staging_bytes.fetch_sub(n, Relaxed);
+        super::pool::give(b);
     }
 }
 
@@ -409,6 +398,11 @@ impl Driven for TxTask {
                         fence(SeqCst);
                         // Queued meanwhile (its `isend` may have missed `parked`).
                         if self.queue.is_empty() {
+                            // Nothing in flight: a lightly used comm holds no
+                            // staging between messages.
+                            if core.ring.idle() {
+                                st.release(&core.stats);
+                            }
                             return Next::Park;
                         }
                         self.parked.store(false, SeqCst);
