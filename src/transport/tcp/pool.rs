@@ -56,3 +56,29 @@ pub fn give(b: Vec<u8>) {
     let at = free.partition_point(|x| x.len() <= b.len());
     free.insert(at, b);
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buffers_come_back_larger_first_and_the_list_is_bounded() {
+        let held = || HELD.pooled_bytes.load(Relaxed);
+        let before = held();
+        give(vec![1u8; 1000]);
+        give(vec![2u8; 5000]);
+        assert!(held() >= before + 6000);
+        // The largest fits; a request larger than every free buffer allocates.
+        let b = take(4000);
+        assert!(b.len() >= 4000);
+        let c = take(1 << 22);
+        assert_eq!(c.len(), 1 << 22);
+        for _ in 0..2 * MAX_FREE {
+            give(vec![0u8; 10]);
+        }
+        assert!(FREE.lock().len() <= MAX_FREE);
+        // Sorted by size: the largest at the end.
+        let f = FREE.lock();
+        assert!(f.windows(2).all(|w| w[0].len() <= w[1].len()));
+    }
+}

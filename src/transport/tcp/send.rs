@@ -189,7 +189,6 @@ impl SendComm {
             return Ok(None);
         }
         let compress = small && self.coders.host.wants(size, &self.core.stats);
-        let mut tasks = self.tasks.lock();
         let inline = small && !compress;
         let chunk = plan::chunk_size(
             size,
@@ -209,10 +208,10 @@ impl SendComm {
         st.add(&st.messages, 1);
         st.add(&st.raw_bytes, size as u64);
         if inline {
-            drop(tasks);
             self.core.inline.send(&self.core, seq, data, size);
             return Ok(Some(slot));
         }
+        let mut tasks = self.tasks.lock();
         // As many data streams as this message has chunks (up to the configured
         // count; a small compressed message: one, so a lightly used comm stays
         // within 2 sockets). Until they are up its chunks wait in the queue.
