@@ -185,3 +185,87 @@ fn listen_comms_share_one_port_and_strangers_there_disturb_no_comm() {
     assert_all_streams(&s, &r);
     assert!(s.stats().summary().contains("streams"));
 }
+
+/// A hand-made sender: the inline stream of connection `conn_id` (3 streams:
+/// data streams 0 and 1, then the inline stream 2), and the receive comm.
+fn hand_made(conn_id: u64) -> (RecvComm, TcpStream, Handle) {
+    let (mut l, handle) = listen();
+    let h = Handle::decode(&handle).unwrap();
+    let mut inline = TcpStream::connect(h.addr).unwrap();
+    inline.write_all(&hello(h.secret, conn_id, 2).encode()).unwrap();
+    let r = accept(&mut l);
+    drop(l);
+    (r, inline, h)
+}
+
+fn hello(secret: u64, conn_id: u64, stream: u16) -> Hello {
+    Hello {
+        secret,
+        conn_id,
+        stream,
+        nstreams: 3,
+        max_chunk: 1 << 20,
+    }
+}
+
+/// Opens data stream `k` of a hand-made connection and waits for its ack.
+fn open_data_stream(h: &Handle, conn_id: u64, k: u16) -> TcpStream {
+    let mut s = TcpStream::connect(h.addr).unwrap();
+    s.write_all(&hello(h.secret, conn_id, k).encode()).unwrap();
+    inproc_util::wait_stream_ack(&s);
+    s
+}
+
+/// A data stream not opened yet may still bring a pending message: a later
+/// message on the inline stream does not fail it; once the sender closes its
+/// inline stream, none can come any more and the pending receive fails.
+#[test]
+fn a_data_stream_not_opened_yet_may_still_bring_a_message() {
+    use inproc_util::{post, send_raw, wait};
+    let (r, mut inline, h) = hand_made(0xA1);
+    let (m0, m1) = (pattern(20, 3000), pattern(21, 50));
+    let (mut b0, mut b1) = (vec![0u8; 4096], vec![0u8; 4096]);
+    let (q0, q1) = (post(&r, &mut b0), post(&r, &mut b1));
+    send_raw(&mut inline, 1, &m1);
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(matches!(q0.test(), Ok(None)), "message 0 may still come");
+    // Message 0 comes on data stream 0, opened now.
+    let mut d0 = open_data_stream(&h, 0xA1, 0);
+    send_raw(&mut d0, 0, &m0);
+    assert_eq!(wait(q0).unwrap(), m0.len());
+    assert_eq!(wait(q1).unwrap(), m1.len());
+    assert_eq!((&b0[..m0.len()], &b1[..m1.len()]), (&m0[..], &m1[..]));
+    assert_eq!(r.stats().streams.load(Relaxed), 1);
+    // A second hello for the same stream is refused; the comm goes on.
+    let mut dup = TcpStream::connect(h.addr).unwrap();
+    dup.write_all(&hello(h.secret, 0xA1, 0).encode()).unwrap();
+    {
+        use std::io::Read;
+        dup.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut b = [0u8; 1];
+        assert_eq!(dup.read(&mut b).unwrap_or(0), 0, "duplicate stream closed");
+    }
+    let m2 = pattern(22, 777);
+    let mut b2 = vec![0u8; 4096];
+    let q2 = post(&r, &mut b2);
+    send_raw(&mut inline, 2, &m2);
+    assert_eq!(wait(q2).unwrap(), m2.len());
+
+    // Another connection: message 1 on the inline stream, message 0 pending, then
+    // the sender closes without opening a data stream: message 0 fails.
+    let (r, mut inline, h) = hand_made(0xA2);
+    let (mut b0, mut b1) = (vec![0u8; 4096], vec![0u8; 4096]);
+    let (q0, q1) = (post(&r, &mut b0), post(&r, &mut b1));
+    send_raw(&mut inline, 1, &m1);
+    assert_eq!(wait(q1).unwrap(), m1.len());
+    drop(inline);
+    let e = wait(q0).unwrap_err();
+    assert!(e.to_string().contains("closed"), "{e}");
+    // A data stream that comes now is refused.
+    let mut late = TcpStream::connect(h.addr).unwrap();
+    late.write_all(&hello(h.secret, 0xA2, 0).encode()).unwrap();
+    use std::io::Read;
+    late.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut b = [0u8; 1];
+    assert_eq!(late.read(&mut b).unwrap_or(0), 0, "late stream closed");
+}
