@@ -78,8 +78,8 @@ fn a_light_comm_has_one_socket_and_bulk_traffic_opens_the_rest_after_close_liste
     let s = connect(&mut handle);
     let r = accept(&mut l);
     drop(l); // as NCCL does right after accept: data streams come later anyway
-    // Small messages the policy sends raw (below the codec's minimum) stay on
-    // the inline stream: no data stream.
+             // Small messages the policy sends raw (below the codec's minimum) stay on
+             // the inline stream: no data stream.
     let small: Vec<Vec<u8>> = (0..20).map(|i| pattern(i, 1 + 200 * i as usize)).collect();
     transfer_and_check(&s, &r, &small, 64 << 10);
     assert_eq!(s.streams_opened(), 0);
@@ -95,7 +95,11 @@ fn a_light_comm_has_one_socket_and_bulk_traffic_opens_the_rest_after_close_liste
     transfer_and_check(&s, &r, &big, 4 << 20);
     assert_all_streams(&s, &r);
     // And the comm goes on with both kinds.
-    let mixed = vec![pattern(5, 100), bf16_gaussian(6, 2 << 20, 0.02), pattern(7, 10)];
+    let mixed = vec![
+        pattern(5, 100),
+        bf16_gaussian(6, 2 << 20, 0.02),
+        pattern(7, 10),
+    ];
     transfer_and_check(&s, &r, &mixed, 4 << 20);
 }
 
@@ -113,8 +117,10 @@ fn data_streams_that_come_before_accept_wait_for_it() {
     let mut buf = vec![0u8; big.len()];
     let rq = r.irecv(buf.as_mut_ptr(), buf.len(), None).unwrap().unwrap() as *const _;
     // SAFETY: the slots live in the comms' rings, alive here.
-    let (sq, rq): (&nccl_net_zip::proto::slots::Slot, &nccl_net_zip::proto::slots::Slot) =
-        unsafe { (&*sq, &*rq) };
+    let (sq, rq): (
+        &nccl_net_zip::proto::slots::Slot,
+        &nccl_net_zip::proto::slots::Slot,
+    ) = unsafe { (&*sq, &*rq) };
     let (mut sent, mut got) = (None, None);
     let t0 = Instant::now();
     while sent.is_none() || got.is_none() {
@@ -136,7 +142,10 @@ fn data_streams_that_come_before_accept_wait_for_it() {
 fn listen_comms_share_one_port_and_strangers_there_disturb_no_comm() {
     let (mut l, mut handle) = listen();
     let (l2, handle2) = listen();
-    let (a, b) = (Handle::decode(&handle).unwrap(), Handle::decode(&handle2).unwrap());
+    let (a, b) = (
+        Handle::decode(&handle).unwrap(),
+        Handle::decode(&handle2).unwrap(),
+    );
     assert_eq!(a.addr, b.addr, "one listener per device address");
     assert_ne!(a.secret, b.secret);
     drop(l2);
@@ -162,7 +171,9 @@ fn listen_comms_share_one_port_and_strangers_there_disturb_no_comm() {
     let mut closed = TcpStream::connect(a.addr).unwrap();
     closed.write_all(&hello(b.secret, 4).encode()).unwrap();
     let mut data_of_nobody = TcpStream::connect(a.addr).unwrap();
-    data_of_nobody.write_all(&hello(a.secret, 0).encode()).unwrap();
+    data_of_nobody
+        .write_all(&hello(a.secret, 0).encode())
+        .unwrap();
     let _silent = TcpStream::connect(a.addr).unwrap();
     // The rejected ones are closed by the listener.
     for (what, sock) in [
@@ -172,7 +183,8 @@ fn listen_comms_share_one_port_and_strangers_there_disturb_no_comm() {
         ("data stream of no comm", &mut data_of_nobody),
     ] {
         use std::io::Read;
-        sock.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        sock.set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
         let mut b = [0u8; 1];
         let n = sock.read(&mut b).unwrap_or(0);
         assert_eq!(n, 0, "{what}: the listener answered instead of closing");
@@ -192,7 +204,9 @@ fn hand_made(conn_id: u64) -> (RecvComm, TcpStream, Handle) {
     let (mut l, handle) = listen();
     let h = Handle::decode(&handle).unwrap();
     let mut inline = TcpStream::connect(h.addr).unwrap();
-    inline.write_all(&hello(h.secret, conn_id, 2).encode()).unwrap();
+    inline
+        .write_all(&hello(h.secret, conn_id, 2).encode())
+        .unwrap();
     let r = accept(&mut l);
     drop(l);
     (r, inline, h)
@@ -265,7 +279,8 @@ fn a_data_stream_not_opened_yet_may_still_bring_a_message() {
     let mut late = TcpStream::connect(h.addr).unwrap();
     late.write_all(&hello(h.secret, 0xA2, 0).encode()).unwrap();
     use std::io::Read;
-    late.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    late.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
     let mut b = [0u8; 1];
     assert_eq!(late.read(&mut b).unwrap_or(0), 0, "late stream closed");
 }

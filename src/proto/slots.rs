@@ -768,7 +768,11 @@ mod tests {
         assert_eq!(r.producer_waits(2, Some(1)), None);
         assert!(r.producer_attach(0));
         assert!(!r.producer_attach(0), "attached once");
-        assert_eq!(r.producer_ended(0), (false, None), "stream 1 may still come");
+        assert_eq!(
+            r.producer_ended(0),
+            (false, None),
+            "stream 1 may still come"
+        );
         // The peer closes: stream 1 can no longer come, and message 0 stalls.
         r.absent_end();
         assert!(!r.producer_attach(1), "too late");

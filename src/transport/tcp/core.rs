@@ -69,7 +69,9 @@ impl Core {
         rx: Option<RxLimits>,
     ) -> Result<std::sync::Arc<Core>> {
         if nstreams == 0 {
-            return Err(Error::Internal("a comm needs at least one data stream".into()));
+            return Err(Error::Internal(
+                "a comm needs at least one data stream".into(),
+            ));
         }
         let inline = Inline::new(inline, rx.map(|lim| (peer, lim.max_chunk)))?;
         HELD.comms.fetch_add(1, Relaxed);
@@ -318,7 +320,8 @@ impl Drop for Core {
     fn drop(&mut self) {
         crate::stats_export::retire(self);
         HELD.comms.fetch_sub(1, Relaxed);
-        HELD.data_streams.fetch_sub(self.streams_up() as u64, Relaxed);
+        HELD.data_streams
+            .fetch_sub(self.streams_up() as u64, Relaxed);
         info!("{}", HELD.summary());
     }
 }

@@ -124,7 +124,10 @@ fn shared(bind: SocketAddr, cfg: &Config) -> Result<Arc<Shared>> {
         state: Mutex::new(State::default()),
     });
     let reg = workers(cfg.io_threads)?.register(s.clone())?;
-    info!("listening on {addr} for every TCP comm of this process on {}", bind.ip());
+    info!(
+        "listening on {addr} for every TCP comm of this process on {}",
+        bind.ip()
+    );
     all.push((bind, s.clone(), reg));
     Ok(s)
 }

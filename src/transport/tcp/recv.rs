@@ -100,8 +100,12 @@ impl Attach for RxStreams {
         tasks.push((task, reg));
         // The sender writes on this stream only once it reads this byte; a fresh
         // socket's buffer always takes it.
-        if let Err(e) = sock.send_with_flags(&[STREAM_ACK], libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT) {
-            core.fail(Error::io(format!("data stream {who} from {}", core.peer), e));
+        if let Err(e) = sock.send_with_flags(&[STREAM_ACK], libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT)
+        {
+            core.fail(Error::io(
+                format!("data stream {who} from {}", core.peer),
+                e,
+            ));
             return false;
         }
         true
@@ -160,7 +164,7 @@ impl RecvComm {
         ))
     }
 
-/// Posts `cap` bytes at `buf` (device memory of `dev` when given) for the next
+    /// Posts `cap` bytes at `buf` (device memory of `dev` when given) for the next
     /// message. `Ok(None)`: retry later.
     pub fn irecv(
         &self,

@@ -33,7 +33,9 @@ use crate::gpu::pool::Dir;
 use crate::gpu::Backend;
 use crate::proto::plan;
 use crate::proto::slots::Slot;
-use crate::proto::wire::{ChunkHeader, CHUNK_HEADER_SIZE, FLAG_COMPRESSED, HELLO_SIZE, MAX_MESSAGE};
+use crate::proto::wire::{
+    ChunkHeader, CHUNK_HEADER_SIZE, FLAG_COMPRESSED, HELLO_SIZE, MAX_MESSAGE,
+};
 use crate::stats::{Stats, HELD};
 
 /// One chunk to write. `data` is NCCL's buffer, valid until `test` reports done;
@@ -491,7 +493,8 @@ impl TxTask {
     fn setup(&self, core: &Arc<Core>, setup: &mut Setup) -> Result<Option<Next>> {
         let peer = core.peer;
         let s = &*self.sock;
-        let io_err = |what: &str, e| Error::io(format!("{what} (data stream {} to {peer})", self.who), e);
+        let io_err =
+            |what: &str, e| Error::io(format!("{what} (data stream {} to {peer})", self.who), e);
         if let Setup::Connecting = setup {
             if !writable(s).map_err(|e| io_err("poll", e))? {
                 return Ok(Some(Next::Writable));
@@ -503,7 +506,10 @@ impl TxTask {
         }
         if let Setup::Hello(done) = setup {
             while *done < HELLO_SIZE {
-                match s.send_with_flags(&self.hello[*done..], libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT) {
+                match s.send_with_flags(
+                    &self.hello[*done..],
+                    libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT,
+                ) {
                     Ok(k) => *done += k,
                     Err(e) if would_block(&e) => return Ok(Some(Next::Writable)),
                     Err(e) => return Err(io_err("handshake", e)),
@@ -534,7 +540,10 @@ impl TxTask {
                 .and_then(|()| s.set_nonblocking(true))
                 .map_err(|e| io_err("configure socket", e))?;
             if !core.attach(self.who, self.sock.clone()) {
-                return Err(Error::Internal(format!("data stream {} attached twice", self.who)));
+                return Err(Error::Internal(format!(
+                    "data stream {} attached twice",
+                    self.who
+                )));
             }
             *setup = Setup::Up;
         }
