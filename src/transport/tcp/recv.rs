@@ -48,6 +48,9 @@ pub struct RecvComm {
     pub(super) remove: Option<super::listen::Remove>,
 }
 
+/// A data stream and its place in a worker.
+type Stream = (Arc<RxTask>, Registration);
+
 /// A receive comm's data streams: they come when the sender opens them, sorted
 /// to this comm by the listener ([`Attach`]).
 struct RxStreams {
@@ -57,7 +60,7 @@ struct RxStreams {
     peer_timeout: std::time::Duration,
     io_threads: Option<usize>,
     /// `None` once the comm closed.
-    tasks: Mutex<Option<Vec<(Arc<RxTask>, Registration)>>>,
+    tasks: Mutex<Option<Vec<Stream>>>,
 }
 
 impl Attach for RxStreams {
