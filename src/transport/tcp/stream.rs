@@ -400,12 +400,33 @@ impl StreamRx {
     }
 
     fn grow_staging(&mut self, n: usize, stats: &Stats) {
+        if self.staging.is_empty() {
+            self.staging = super::pool::take(n);
+            let got = self.staging.len() as u64;
+            stats.add(&stats.staging_bytes, got);
+            HELD.staging_bytes.fetch_add(got, Relaxed);
+        }
         if self.staging.len() < n {
             let grow = (n - self.staging.len()) as u64;
             self.staging.resize(n, 0);
             stats.add(&stats.staging_bytes, grow);
             HELD.staging_bytes.fetch_add(grow, Relaxed);
         }
+    }
+
+    /// Between chunks, while its comm is idle: gives the staging buffer to the
+    /// process's free list and drops the decode tables, so that a lightly used
+    /// comm holds neither between messages. No-op inside a chunk.
+    pub fn release_idle(&mut self, stats: &Stats) {
+        if !self.at_boundary() {
+            return;
+        }
+        let b = std::mem::take(&mut self.staging);
+        let n = b.len() as u64;
+        stats.staging_bytes.fetch_sub(n, Relaxed);
+        HELD.staging_bytes.fetch_sub(n, Relaxed);
+        super::pool::give(b);
+        self.decoder = ChunkDecoder::default();
     }
 
     /// Gives the staging buffer back (uncounted from `stats` and [`HELD`]).
