@@ -46,7 +46,7 @@ impl Stats {
             1.0
         };
         format!(
-            "messages {} raw {} B wire {} B ratio {:.3} chunks compressed {} raw {} (bypass {}, inline {}, device {}) codec {:.1} ms (CPU {:.1} ms) staging {} KiB streams {}",
+            "messages {} raw {} B wire {} B ratio {:.3} chunks compressed {} raw {} (bypass {}, inline {}, device {}) codec {:.1} ms (CPU {:.1} ms) staging {} KiB streams {} budget refusals {}",
             self.messages.load(Relaxed),
             raw,
             wire,
@@ -59,7 +59,8 @@ impl Stats {
             self.codec_ns.load(Relaxed) as f64 / 1e6,
             self.codec_cpu_ns.load(Relaxed) as f64 / 1e6,
             self.staging_bytes.load(Relaxed) >> 10,
-            self.streams.load(Relaxed)
+            self.streams.load(Relaxed),
+            self.budget_refusals.load(Relaxed)
         )
     }
 }

@@ -574,7 +574,7 @@ fn many_ib_comms_share_a_few_progress_threads() {
 /// Nothing is reserved before a comm carries data.
 #[test]
 fn ib_buffers_come_from_a_bounded_budget() {
-    use nccl_net_zip::transport::ib::budget::Budget;
+    use nccl_net_zip::budget::Budget;
     let budget: &'static Budget = Box::leak(Box::default());
     let mut c = (*cfg(CompressMode::On, 2)).clone();
     c.params.budget = budget;

@@ -77,9 +77,7 @@ impl IbConfig {
                 stage_slots: c.ib_stage_slots,
                 stage_bytes: c.ib_stage_bytes,
                 gpu_lanes: c.gpu_lanes,
-                buffer_cap: c
-                    .ib_buffer_mb
-                    .map_or_else(super::budget::default_cap, |m| m << 20),
+                buffer_cap: crate::budget::cap(c.buffer_mb),
                 ..Params::default()
             },
             compress: c.compress,

@@ -10,7 +10,6 @@
 //! - [`progress`]: the process-wide IB progress workers.
 //! - [`dmabuf`]: whether NCCL will register GPU buffers through `regMrDmaBuf`.
 
-pub mod budget;
 pub mod comm;
 pub mod device;
 pub mod dmabuf;

@@ -38,10 +38,10 @@ use crate::proto::plan;
 use crate::proto::slots::NSLOTS;
 use crate::stats::{OwnedCharge, Stats};
 
-use super::budget::{Budget, Reservation, IB_BUFFERS};
 use super::fabric::{Completion, Fabric, Local, Mr, Remote, WcOp, WcStatus};
 use super::gdr::DevLane;
 use super::region::Region;
+use crate::budget::{Budget, Reservation, BUFFERS};
 
 /// CTS FIFO entries: one per request slot, indexed by `seq % FIFO_DEPTH`.
 pub const FIFO_DEPTH: usize = NSLOTS;
@@ -82,9 +82,9 @@ pub struct Params {
     /// buffers (`NCCL_ZIP_GPU_LANES`; the pools are shared by all comms).
     pub gpu_lanes: usize,
     /// Cap on the process's staging and frame buffers, all IB comms together
-    /// ([`super::budget`]; `NCCL_ZIP_IB_BUFFER_MB`).
+    /// ([`crate::budget`]; `NCCL_ZIP_BUFFER_MB`).
     pub buffer_cap: u64,
-    /// The budget they count against ([`IB_BUFFERS`]; tests give their own).
+    /// The budget they count against ([`BUFFERS`]; tests give their own).
     pub budget: &'static Budget,
 }
 
@@ -99,7 +99,7 @@ impl Default for Params {
             sq_depth: 128,
             gpu_lanes: 16,
             buffer_cap: u64::MAX,
-            budget: &IB_BUFFERS,
+            budget: &BUFFERS,
         }
     }
 }

@@ -10,7 +10,8 @@ use std::sync::atomic::Ordering::Relaxed;
 
 use parking_lot::Mutex;
 
-use crate::stats::HELD;
+use crate::budget::{Reservation, BUFFERS};
+use crate::stats::{Stats, HELD};
 
 /// Most free buffers kept (each at most one chunk's worst-case frame).
 const MAX_FREE: usize = 32;
@@ -55,6 +56,85 @@ pub fn give(b: Vec<u8>) {
     HELD.pooled_bytes.fetch_add(b.len() as u64, Relaxed);
     let at = free.partition_point(|x| x.len() <= b.len());
     free.insert(at, b);
+}
+
+/// A stream's staging buffer: taken from the free list, counted in its comm's
+/// stats and in [`HELD`] while held, given back when the comm goes idle. What a
+/// sender holds counts against the process's buffer budget ([`crate::budget`]).
+#[derive(Default)]
+pub struct Staging {
+    buf: Vec<u8>,
+    /// The budget the buffer holds (senders).
+    res: Option<Reservation<'static>>,
+}
+
+impl Staging {
+    /// At least `n` bytes, counted. For a receiver: a chunk already on its way
+    /// must be read whatever the budget says.
+    pub fn grow(&mut self, n: usize, stats: &Stats) {
+        if self.buf.is_empty() {
+            self.buf = take(n);
+            let got = self.buf.len() as u64;
+            stats.add(&stats.staging_bytes, got);
+            HELD.staging_bytes.fetch_add(got, Relaxed);
+        }
+        if self.buf.len() < n {
+            let grow = (n - self.buf.len()) as u64;
+            self.buf.resize(n, 0);
+            stats.add(&stats.staging_bytes, grow);
+            HELD.staging_bytes.fetch_add(grow, Relaxed);
+        }
+    }
+
+    /// As [`Staging::grow`], within the process's buffer budget of `cap` bytes:
+    /// `false` (nothing taken; the caller sends raw) when it would go over.
+    pub fn try_grow(&mut self, n: usize, stats: &Stats, cap: u64) -> bool {
+        let held = self.res.as_ref().map_or(0, |r| r.bytes()) as usize;
+        if n > held {
+            // One reservation for the whole buffer: the old one goes once the
+            // new one is granted.
+            match BUFFERS.reserve(n.max(self.buf.len()) as u64, cap) {
+                Some(r) => self.res = Some(r),
+                None => {
+                    stats.add(&stats.budget_refusals, 1);
+                    return false;
+                }
+            }
+        }
+        self.grow(n, stats);
+        true
+    }
+
+    /// Gives the buffer (and its budget) back, uncounted.
+    pub fn release(&mut self, stats: &Stats) {
+        let b = std::mem::take(&mut self.buf);
+        let n = b.len() as u64;
+        stats.staging_bytes.fetch_sub(n, Relaxed);
+        HELD.staging_bytes.fetch_sub(n, Relaxed);
+        self.res = None;
+        give(b);
+    }
+}
+
+impl std::ops::Deref for Staging {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.buf
+    }
+}
+
+impl std::ops::DerefMut for Staging {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        &mut self.buf
+    }
+}
+
+impl Drop for Staging {
+    fn drop(&mut self) {
+        // Not released: the comm's counters go with the comm; the plugin-wide
+        // one must not keep the buffer.
+        HELD.staging_bytes.fetch_sub(self.buf.len() as u64, Relaxed);
+    }
 }
 
 #[cfg(test)]

@@ -9,7 +9,7 @@
 
 use std::io::IoSlice;
 use std::os::fd::{AsRawFd, RawFd};
-use std::sync::atomic::{fence, AtomicBool, Ordering::Relaxed, Ordering::SeqCst};
+use std::sync::atomic::{fence, AtomicBool, Ordering::SeqCst};
 use std::sync::{Arc, Weak};
 
 use crossbeam_channel::{Receiver, Sender};
@@ -36,7 +36,7 @@ use crate::proto::slots::Slot;
 use crate::proto::wire::{
     ChunkHeader, CHUNK_HEADER_SIZE, FLAG_COMPRESSED, HELLO_SIZE, MAX_MESSAGE,
 };
-use crate::stats::{Stats, HELD};
+use crate::stats::Stats;
 
 /// One chunk to write. `data` is NCCL's buffer, valid until `test` reports done;
 /// with `dev`, it is device memory staged through that device.
@@ -135,6 +135,7 @@ impl SendComm {
                 queue: self.queue.clone(),
                 coders: self.coders.clone(),
                 max_wire: crate::codec_glue::max_wire(self.cfg.max_chunk),
+                buffer_cap: crate::budget::cap(self.cfg.buffer_mb),
                 lanes: self.cfg.gpu_lanes,
                 peer_timeout: self.cfg.peer_timeout,
                 hello: self.target.hello(who),
@@ -306,40 +307,13 @@ struct TxState {
     cur: Option<Out>,
     /// Compressed frames (and device chunks' wire bytes). Grows to the largest
     /// (bounded by the codec's worst case for one chunk); counted in the comm's
-    /// stats and [`HELD`].
-    staging: Vec<u8>,
+    /// stats and [`HELD`]; host frames within the process's buffer budget.
+    staging: super::pool::Staging,
 }
 
 impl TxState {
-    fn grow(&mut self, n: usize, stats: &Stats) {
-        if self.staging.is_empty() {
-            self.staging = super::pool::take(n);
-            let got = self.staging.len() as u64;
-            stats.add(&stats.staging_bytes, got);
-            HELD.staging_bytes.fetch_add(got, Relaxed);
-        }
-        if self.staging.len() < n {
-            let grow = (n - self.staging.len()) as u64;
-            self.staging.resize(n, 0);
-            stats.add(&stats.staging_bytes, grow);
-            HELD.staging_bytes.fetch_add(grow, Relaxed);
-        }
-    }
-
     fn release(&mut self, stats: &Stats) {
-        let b = std::mem::take(&mut self.staging);
-        let n = b.len() as u64;
-        stats.staging_bytes.fetch_sub(n, Relaxed);
-        HELD.staging_bytes.fetch_sub(n, Relaxed);
-        super::pool::give(b);
-    }
-}
-
-impl Drop for TxState {
-    fn drop(&mut self) {
-        // Not released: the comm's counters go with it.
-        HELD.staging_bytes
-            .fetch_sub(self.staging.len() as u64, Relaxed);
+        self.staging.release(stats);
     }
 }
 
@@ -353,6 +327,8 @@ struct TxTask {
     queue: Receiver<Task>,
     coders: Arc<Coders>,
     max_wire: usize,
+    /// The process's buffer budget in bytes ([`crate::budget`]).
+    buffer_cap: u64,
     lanes: usize,
     peer_timeout: std::time::Duration,
     hello: [u8; HELLO_SIZE],
@@ -567,8 +543,14 @@ impl TxTask {
                     unsafe { std::slice::from_raw_parts(src as *const u8, len) }
                 };
                 let host = &self.coders.host;
-                if t.compress || (len > 0 && host.wants(len, stats)) {
-                    st.grow(crate::codec::max_compressed_size(len), stats);
+                // No room in the process's buffer budget: this chunk goes raw.
+                if (t.compress || (len > 0 && host.wants(len, stats)))
+                    && st.staging.try_grow(
+                        crate::codec::max_compressed_size(len),
+                        stats,
+                        self.buffer_cap,
+                    )
+                {
                     match host.compress(payload, &mut st.staging, stats) {
                         Some(n) => (true, None, n),
                         None => (false, Some(src), len),
@@ -588,7 +570,7 @@ impl TxTask {
                 let (compressed, wire) =
                     dev_side.encode(b, &self.coders.dev, src as u64, len, stats)?;
                 let n = wire.len();
-                st.grow(n, stats);
+                st.staging.grow(n, stats);
                 st.staging[..n].copy_from_slice(&wire);
                 (compressed, None, n)
             }

@@ -1,16 +1,20 @@
-//! The process-wide budget for IB compression buffers (issue 20): the receivers'
-//! staging slots and the senders' registered frame buffers of every IB comm
-//! together stay under one cap, so that registered memory follows the machine,
-//! not the number of comms (before: 4 MiB of staging and 2 MiB of frame buffers
-//! per comm pair, registered at connect; 2,000 comms held 6 GB).
+//! The process-wide budget for compression buffers (issue 20): the IB
+//! receivers' staging slots and senders' registered frame buffers, and the TCP
+//! senders' staging, of every comm together stay under one cap, so that this
+//! memory follows the machine, not the number of comms (before: 4 MiB of IB
+//! staging and 2 MiB of frame buffers per comm pair, registered at connect;
+//! 2,000 comms held 6 GB).
 //!
-//! A comm reserves its buffers when it first needs them (a receive posted, a
-//! chunk worth compressing) and keeps them until it closes. A comm that finds
-//! the budget spent never waits: its receives grant no staging (the sender then
-//! writes every chunk raw, straight into NCCL's buffer) and its sends go raw; it
-//! tries again at its next receive or chunk. No comm ever waits on another.
+//! A comm reserves buffers when it needs them (IB: a receive posted, a chunk
+//! worth compressing, kept until the comm closes; TCP: a chunk to compress,
+//! given back when the comm goes idle). A comm that finds the budget spent never
+//! waits: IB receives grant no staging (the sender then writes every chunk raw,
+//! straight into NCCL's buffer), sends go raw, and it tries again at its next
+//! receive or chunk. No comm ever waits on another. (A TCP receiver still takes
+//! staging for a compressed chunk already on its way: one chunk per active
+//! stream.)
 //!
-//! The cap: `NCCL_ZIP_IB_BUFFER_MB`, or by default 1/32 of the machine's memory
+//! The cap: `NCCL_ZIP_BUFFER_MB`, or by default 1/32 of the machine's memory
 //! shared among the node's ranks, between 64 MiB and 4 GiB per process.
 
 use std::sync::atomic::{AtomicU64, Ordering::*};
@@ -21,8 +25,8 @@ pub struct Budget {
     used: AtomicU64,
 }
 
-/// The process's IB buffer budget.
-pub static IB_BUFFERS: Budget = Budget {
+/// The process's buffer budget.
+pub static BUFFERS: Budget = Budget {
     used: AtomicU64::new(0),
 };
 
@@ -62,6 +66,12 @@ impl Budget {
             }
         }
     }
+}
+
+/// The cap in bytes: `mb` MiB when the user set `NCCL_ZIP_BUFFER_MB`, else
+/// [`default_cap`].
+pub fn cap(mb: Option<u64>) -> u64 {
+    mb.map_or_else(default_cap, |m| m << 20)
 }
 
 /// The default cap: 1/32 of physical memory divided among the node's ranks,
