@@ -856,4 +856,78 @@ NZC_HD void decode_finish(X& x, Smem& s, const DecJob& job, const DecFrame& f, u
     x.publish((JobResult*)job.result, st == ST_OK ? f.n : 0, st);
 }
 
+// ---- launches ------------------------------------------------------------------
+// The body of one CTA of a launch: the device kernels (nzc_kernels.cu) and the
+// host harness's concurrent executor (kernels/host/harness.cpp) run this same
+// code. A CTA walks the jobs in order and claims blocks of each job from the
+// job's claim counter, so block b is always claimed after block b-1: the
+// encoder's look-back only waits on blocks already held by running CTAs.
+// Besides the primitives listed at the top, the executor provides
+//   x.claim(counter)  fetch-and-add on a job's claim counter, uniform result
+//   x.bcast(f)        f() on one thread, its u32 result in every thread
+//   X::ld32(p)        a load of a word other CTAs write (volatile on the device)
+//   X::xchg32(p, v), X::cas32(p, old, v)   atomics on such words
+template <class X>
+NZC_HD void encode_jobs(X& x, Smem& s, const EncJob* jobs, u32 njobs, u32 smem_log2) {
+    for (u32 j = 0; j < njobs; j++) {
+        const EncJob job = jobs[j];
+        JobState* st = (JobState*)job.ws;
+        const bool bad = job.block_log2 < MIN_BLOCK_LOG2 || job.block_log2 > MAX_BLOCK_LOG2 ||
+                         job.block_log2 > smem_log2 || job.dst_cap < job.n + HEADER_LEN ||
+                         job.nb != ((job.n + (1ull << (job.block_log2 & 31)) - 1) >> (job.block_log2 & 31));
+        const u32 items = bad ? 1 : (job.nb ? job.nb : 1);
+        bool planned = false;
+        FramePlan fp;
+        for (;;) {
+            const u32 item = x.claim(&st->claim);
+            if (item >= items) break;
+            if (bad) {
+                x.publish((JobResult*)job.result, 0, ST_BAD_ARGS);
+                break;
+            }
+            if (!planned) {
+                fp = frame_plan(x, s, (const u8*)job.src, job.n, job.hint, job.block_log2);
+                if (job.checksum) crc_init(x, s);
+                planned = true;
+            }
+            encode_item(x, s, job, fp, item);
+            if (x.finish(st, items)) encode_finish(x, s, job, fp);
+        }
+    }
+}
+
+template <class X>
+NZC_HD void decode_jobs(X& x, Smem& s, const DecJob* jobs, u32 njobs, u32 smem_log2) {
+    for (u32 j = 0; j < njobs; j++) {
+        const DecJob job = jobs[j];
+        JobState* st = (JobState*)job.ws;
+        // Skip jobs whose items are all claimed (pad0 = items + 1 once someone parsed it).
+        const bool skip = x.bcast([&]() -> u32 {
+            const u32 known = X::ld32(&st->pad0);
+            return known != 0 && X::ld32(&st->claim) >= known - 1;
+        }) != 0;
+        if (skip) continue;
+        DecFrame f = parse_frame(x, (const u8*)job.src, job.src_len, job.dst_cap);
+        if (f.status == ST_OK && f.nb > job.ws_blocks) f.status = ST_BAD_ARGS;
+        if (f.status == ST_OK && f.block_log2 > smem_log2) f.status = ST_BAD_ARGS;
+        const u32 items = f.status != ST_OK ? 1 : (f.nb ? (u32)f.nb : 1);
+        x.bcast([&]() -> u32 { return X::xchg32(&st->pad0, items + 1); });
+        bool crc_ready = false;
+        for (;;) {
+            const u32 item = x.claim(&st->claim);
+            if (item >= items) break;
+            if (!crc_ready && f.status == ST_OK && (f.flags & FLAG_CHECKSUM)) {
+                crc_init(x, s);
+                crc_ready = true;
+            }
+            const u32 r = decode_item(x, s, job, f, item);
+            if (r != ST_OK) x.bcast([&]() -> u32 { return X::cas32(&st->err, 0u, r); });
+            if (x.finish(st, items)) {
+                const u32 err = x.bcast([&]() -> u32 { return X::ld32(&st->err); });
+                decode_finish(x, s, job, f, err);
+            }
+        }
+    }
+}
+
 }  // namespace nzc

@@ -75,14 +75,22 @@ struct DevExec {
     __device__ static void add64(u64* p, u64 v) { atomicAdd((unsigned long long*)p, (unsigned long long)v); }
     __device__ static void or32(u32* p, u32 v) { atomicOr(p, v); }
 
-    // Claims the next work item of a job (uniform result).
-    __device__ u32 claim(u32* counter) {
-        if (threadIdx.x == 0) s->sc[SC_BCAST] = atomicAdd(counter, 1u);
+    // f() on thread 0; its result in every thread.
+    template <class F>
+    __device__ u32 bcast(F f) {
+        if (threadIdx.x == 0) s->sc[SC_BCAST] = f();
         __syncthreads();
         u32 v = s->sc[SC_BCAST];
         __syncthreads();
         return v;
     }
+    // Claims the next work item of a job (uniform result).
+    __device__ u32 claim(u32* counter) {
+        return bcast([&]() -> u32 { return atomicAdd(counter, 1u); });
+    }
+    __device__ static u32 ld32(const u32* p) { return *(const volatile u32*)p; }
+    __device__ static u32 xchg32(u32* p, u32 v) { return atomicExch(p, v); }
+    __device__ static u32 cas32(u32* p, u32 old, u32 v) { return atomicCAS(p, old, v); }
     // Decoupled look-back: publishes block b's size, returns the exclusive prefix.
     __device__ u64 lookback(u64* scan, u32 b, u64 size) {
         if (threadIdx.x == 0) {
@@ -147,31 +155,7 @@ extern "C" __global__ void __launch_bounds__(256) nzc_encode(const EncJob* jobs,
     Smem s;
     smem_carve(smem_raw, smem_log2, &s);
     DevExec x(&s);
-    for (u32 j = 0; j < njobs; j++) {
-        const EncJob job = jobs[j];
-        JobState* st = (JobState*)job.ws;
-        const bool bad = job.block_log2 < MIN_BLOCK_LOG2 || job.block_log2 > MAX_BLOCK_LOG2 ||
-                         job.block_log2 > smem_log2 || job.dst_cap < job.n + HEADER_LEN ||
-                         job.nb != ((job.n + (1ull << (job.block_log2 & 31)) - 1) >> (job.block_log2 & 31));
-        const u32 items = bad ? 1 : (job.nb ? job.nb : 1);
-        bool planned = false;
-        FramePlan fp;
-        for (;;) {
-            const u32 item = x.claim(&st->claim);
-            if (item >= items) break;
-            if (bad) {
-                x.publish((JobResult*)job.result, 0, ST_BAD_ARGS);
-                break;
-            }
-            if (!planned) {
-                fp = frame_plan(x, s, (const u8*)job.src, job.n, job.hint, job.block_log2);
-                if (job.checksum) crc_init(x, s);
-                planned = true;
-            }
-            encode_item(x, s, job, fp, item);
-            if (x.finish(st, items)) encode_finish(x, s, job, fp);
-        }
-    }
+    encode_jobs(x, s, jobs, njobs, smem_log2);
 }
 
 extern "C" __global__ void __launch_bounds__(256) nzc_decode(const DecJob* jobs, u32 njobs, u32 smem_log2) {
@@ -179,42 +163,7 @@ extern "C" __global__ void __launch_bounds__(256) nzc_decode(const DecJob* jobs,
     Smem s;
     smem_carve(smem_raw, smem_log2, &s);
     DevExec x(&s);
-    for (u32 j = 0; j < njobs; j++) {
-        const DecJob job = jobs[j];
-        JobState* st = (JobState*)job.ws;
-        // Skip jobs whose items are all claimed (pad0 = items + 1 once someone parsed it).
-        if (threadIdx.x == 0) {
-            u32 known = *(volatile u32*)&st->pad0;
-            s.sc[SC_BCAST] = known != 0 && *(volatile u32*)&st->claim >= known - 1;
-        }
-        __syncthreads();
-        const bool skip = s.sc[SC_BCAST] != 0;
-        __syncthreads();
-        if (skip) continue;
-        DecFrame f = parse_frame(x, (const u8*)job.src, job.src_len, job.dst_cap);
-        if (f.status == ST_OK && f.nb > job.ws_blocks) f.status = ST_BAD_ARGS;
-        if (f.status == ST_OK && f.block_log2 > smem_log2) f.status = ST_BAD_ARGS;
-        const u32 items = f.status != ST_OK ? 1 : (f.nb ? (u32)f.nb : 1);
-        if (threadIdx.x == 0) atomicExch(&st->pad0, items + 1);
-        bool crc_ready = false;
-        for (;;) {
-            const u32 item = x.claim(&st->claim);
-            if (item >= items) break;
-            if (!crc_ready && f.status == ST_OK && (f.flags & FLAG_CHECKSUM)) {
-                crc_init(x, s);
-                crc_ready = true;
-            }
-            const u32 r = decode_item(x, s, job, f, item);
-            if (threadIdx.x == 0 && r != ST_OK) atomicCAS(&st->err, 0u, r);
-            if (x.finish(st, items)) {
-                if (threadIdx.x == 0) s.sc[SC_BCAST] = *(volatile u32*)&st->err;
-                __syncthreads();
-                const u32 err = s.sc[SC_BCAST];
-                __syncthreads();
-                decode_finish(x, s, job, f, err);
-            }
-        }
-    }
+    decode_jobs(x, s, jobs, njobs, smem_log2);
 }
 
 // Shared-memory bytes a launch needs for blocks up to 2^block_log2 (host wrappers call

@@ -37,6 +37,10 @@ chmod +x "$BIN"
 [[ -f bench/data/weights.bf16 ]] || scripts/make_tensors.sh >"$WORK/tensors.log" 2>&1 \
   || { echo "bench_adapt: scripts/make_tensors.sh failed" >&2; exit 1; }
 export PIN_A=$CA PIN_B=$CB
+# off2: a second `off` run in each round, first: off2/off is the noise floor
+# of the cell (what two identical runs differ by on this machine). CONTROL=0 drops it.
+MODES="auto on off"
+[[ ${CONTROL:-1} == 0 ]] || MODES="off2 $MODES"
 
 wanted() { # dir rate data
   local c
@@ -64,11 +68,11 @@ for rate in 2gbit 10gbit none; do
       case $data in bf16) DATA=file:$ROOT/bench/data/weights.bf16 ;; *) DATA=random ;; esac
       for v in $BUILDS; do
         SO=${!v}
-        for m in auto on off; do
+        for m in $MODES; do
           if [[ $dir == both ]]; then
-            r=$(NCCL_ZIP_COMPRESS=$m run_bidir "$SIZE" "$BYTES") || continue
+            r=$(NCCL_ZIP_COMPRESS=${m%2} run_bidir "$SIZE" "$BYTES") || continue
           else
-            r=$(NCCL_ZIP_COMPRESS=$m run_pair netns zip "$SIZE" "$BYTES") || continue
+            r=$(NCCL_ZIP_COMPRESS=${m%2} run_pair netns zip "$SIZE" "$BYTES") || continue
           fi
           line="$v $dir $rate $data $i $m $(field GBps <<<"$r") $(field wire_per_payload <<<"$r")"
           echo "$line"
@@ -83,20 +87,22 @@ SUMMARY=$(awk 'function srt(a, n,  i, j, x) { for (i = 2; i <= n; i++) { x = a[i
   {k=$1" "$2" "$3" "$4; r=k" "$5; g[r" "$6]=$7; w[r" "$6]=$8; rounds[k]=rounds[k]" "$5; keys[k]=1}
   END {
     for (k in keys) {
-      n=split(rounds[k], rs, " "); m=0; split("", seen)
+      n=split(rounds[k], rs, " "); m=0; q=0; split("", seen)
       for (j=1; j<=n; j++) { r=k" "rs[j]; if (seen[r]++) continue
         a=g[r" auto"]; o=g[r" off"]; c=g[r" on"]; if (a=="" || o=="" || c=="") continue
-        m++; vo[m]=a/o; vb[m]=a/(c>o?c:o); vc[m]=c/o; ww[m]=w[r" auto"] }
+        m++; vo[m]=a/o; vb[m]=a/(c>o?c:o); vc[m]=c/o; ww[m]=w[r" auto"]
+        x=g[r" off2"]; if (x!="") { q++; vn[q]=x/o } }
       if (!m) continue
-      srt(vo, m); srt(vb, m); srt(vc, m); srt(ww, m)
+      srt(vo, m); srt(vb, m); srt(vc, m); srt(ww, m); srt(vn, q)
       kk=k; gsub(/ /, " | ", kk)
-      printf "| %s | %.3f | %.3f | %.3f | %.3f | %.3f | %.4f | %d |\n", kk, vo[int((m+1)/2)], vo[1], vb[int((m+1)/2)], vb[1], vc[int((m+1)/2)], ww[int((m+1)/2)], m
+      noise = q ? sprintf("%.3f (%.3f-%.3f)", vn[int((q+1)/2)], vn[1], vn[q]) : "-"
+      printf "| %s | %.3f | %.3f | %.3f | %.3f | %.3f | %.4f | %s | %d |\n", kk, vo[int((m+1)/2)], vo[1], vb[int((m+1)/2)], vb[1], vc[int((m+1)/2)], ww[int((m+1)/2)], noise, m
     }
   }' "$WORK/runs" | sort)
-HEAD="| build | direction | link | data | auto/off median | auto/off min | auto/best median | auto/best min | on/off median | auto wire/payload | rounds |"
+HEAD="| build | direction | link | data | auto/off median | auto/off min | auto/best median | auto/best min | on/off median | auto wire/payload | off2/off median (min-max) | rounds |"
 echo
 echo "$HEAD"
-echo "|---|---|---|---|---|---|---|---|---|---|---|"
+echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
 echo "$SUMMARY"
 OUT=$(results_path adapt-matrix)
 {
@@ -104,10 +110,10 @@ OUT=$(results_path adapt-matrix)
     "; ranks pinned to cores $CA and $CB (taskset), NCCL_ZIP_LINK_MBPS unset" "$CMD" \
     "N=$N BYTES=$BYTES SIZE=$SIZE CELLS='$CELLS'"
   for v in $BUILDS; do echo "- Build $v: ${!v}"; done
-  echo "- Per round (auto, on, off of one build back to back): auto/off and auto/max(on, off); median and minimum over the rounds. Both directions: the sum of both receivers' rates; wire: receiver-side veth bytes per payload byte (mean of both ranks)."
+  echo "- Per round (auto, on, off of one build back to back): auto/off and auto/max(on, off); median and minimum over the rounds. Both directions: the sum of both receivers' rates; wire: receiver-side veth bytes per payload byte (mean of both ranks). off2/off: a second \`off\` run of the same round against the first, the cell's noise floor."
   echo
   echo "$HEAD"
-  echo "|---|---|---|---|---|---|---|---|---|---|---|"
+  echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
   echo "$SUMMARY"
   echo
   echo "## Runs (build direction link data round mode GB/s wire/payload)"

@@ -14,6 +14,8 @@
 #   off        the plugin, NCCL_ZIP_COMPRESS=off
 #   threads    the plugin with NCCL_ZIP_INLINE_MAX=0: every message through the
 #              I/O threads (the path all messages took before the inline stream)
+# OLD=path/to/old/libnccl_net_zip.so adds "old" (that build, defaults) to every
+# round and an auto/old column: the no-regression check of a redesign.
 # Each cell: median (the lower middle for an even REPS) over REPS rounds of each round's p50 (and of its p99), in us.
 # Prints a markdown table and writes it to bench/results/latency-<date>.md (or $OUT).
 #
@@ -36,6 +38,7 @@ source "$ROOT/scripts/lib/pair.sh" # bytes_of, median
 source "$ROOT/scripts/lib/results.sh"
 
 VARIANTS=(tcp tcp1w auto off threads)
+[[ -z ${OLD:-} ]] || VARIANTS+=(old)
 run() { # VARIANT → LAT lines
   local args=(loop --latency --sizes "$SIZES" --count "$COUNT" --warmup 200 --timeout 300)
   case $1 in
@@ -44,6 +47,7 @@ run() { # VARIANT → LAT lines
     auto) env NCCL_SOCKET_IFNAME=lo "$BIN" "${args[@]}" ;;
     off) env NCCL_SOCKET_IFNAME=lo NCCL_ZIP_COMPRESS=off "$BIN" "${args[@]}" ;;
     threads) env NCCL_SOCKET_IFNAME=lo NCCL_ZIP_INLINE_MAX=0 "$BIN" "${args[@]}" ;;
+    old) env NCCL_SOCKET_IFNAME=lo "$BIN" "${args[@]}" --plugin "$OLD" ;;
   esac | grep '^LAT '
 }
 
@@ -70,8 +74,15 @@ OUTF=$(results_path latency)
   echo "  threads): the 4-byte size, then the payload, each its own socket operation. tcp1w: both in one write and one read."
   echo "  threads: NCCL_ZIP_INLINE_MAX=0, every message through the I/O threads."
   echo
-  echo "| size | tcp | tcp1w | auto | off | threads | auto/tcp | auto/tcp1w | threads/tcp |"
-  echo "|---|---|---|---|---|---|---|---|---|"
+  if [[ -n ${OLD:-} ]]; then
+    echo "- old: $OLD (defaults), in the same rounds; auto/old < 1 means the new build is faster."
+    echo
+    echo "| size | tcp | tcp1w | auto | off | threads | old | auto/tcp | auto/tcp1w | threads/tcp | auto/old |"
+    echo "|---|---|---|---|---|---|---|---|---|---|---|"
+  else
+    echo "| size | tcp | tcp1w | auto | off | threads | auto/tcp | auto/tcp1w | threads/tcp |"
+    echo "|---|---|---|---|---|---|---|---|---|"
+  fi
   for s in ${SIZES//,/ }; do
     b=$(bytes_of "$s")
     row="| $s"
@@ -80,6 +91,9 @@ OUTF=$(results_path latency)
     done
     t=$(cell tcp "$b" p50_us) t1=$(cell tcp1w "$b" p50_us) a=$(cell auto "$b" p50_us) th=$(cell threads "$b" p50_us)
     row+=$(awk -v t="$t" -v t1="$t1" -v a="$a" -v th="$th" 'BEGIN{printf " | %.2f | %.2f | %.2f |", a/t, a/t1, th/t}')
+    if [[ -n ${OLD:-} ]]; then
+      row+=$(awk -v a="$a" -v o="$(cell old "$b" p50_us)" 'BEGIN{printf " %.2f |", a/o}')
+    fi
     echo "$row"
   done
 } >"$OUTF"

@@ -13,6 +13,8 @@
 # baseline alternate). Prints a markdown table and writes it to
 # bench/results/tcp-<date>.md with the machine and the command. Needs root.
 #
+# OLD=path/to/old/libnccl_net_zip.so adds that build's runs (same rounds) and a
+# new/old column: the no-regression check of a redesign.
 # Env: REPS (3), BYTES_LO / BYTES_NS (bytes per size per run: 512 MiB / 256 MiB),
 #      NETNS_SOCKBUF (16384), SIZES (128K,512K,4M), DATA (random),
 #      plus any NCCL_ZIP_* variable for the plugin side.
@@ -42,11 +44,15 @@ ROWS=()
 measure() { # SETTING BYTES
   local setting=$1 total=$2
   for size in ${SIZES//,/ }; do
-    local zg=() tg=() zw=() tw=()
+    local zg=() tg=() zw=() tw=() og=()
     for ((i = 0; i < REPS; i++)); do
-      local z t
+      local z t o
       z=$(run_pair "$setting" zip "$size" "$total")
       t=$(run_pair "$setting" tcp "$size" "$total")
+      if [[ -n ${OLD:-} ]]; then
+        o=$(SO=$OLD run_pair "$setting" zip "$size" "$total")
+        og+=("$(field GBps <<<"$o")")
+      fi
       zg+=("$(field GBps <<<"$z")") tg+=("$(field GBps <<<"$t")")
       zw+=("$(field wire_per_payload <<<"$z")") tw+=("$(field wire_per_payload <<<"$t")")
     done
@@ -56,10 +62,16 @@ measure() { # SETTING BYTES
     zwm=$(printf '%s\n' "${zw[@]}" | median)
     twm=$(printf '%s\n' "${tw[@]}" | median)
     ratio=$(awk -v a="$zm" -v b="$tm" 'BEGIN{printf "%.2f", a/b}')
+    local old="" om
+    if [[ -n ${OLD:-} ]]; then
+      om=$(printf '%s\n' "${og[@]}" | median)
+      old=$(awk -v a="$zm" -v o="$om" -v r="${og[*]}" 'BEGIN{printf " %.3f | %.2f | %s |", o, a/o, r}')
+    fi
     local row
     row=$(awk -v s="$setting" -v z="$size" -v zm="$zm" -v tm="$tm" -v r="$ratio" \
       -v zr="${zg[*]}" -v tr="${tg[*]}" -v zw="$zwm" -v tw="$twm" \
       'BEGIN{printf "| %s | %s | %.3f (%.2f Gbit/s) | %.3f (%.2f Gbit/s) | %s | %s / %s | %s / %s |", s, z, zm, zm*8, tm, tm*8, r, zr, tr, zw, tw}')
+    row+=$old
     echo "$row" >&2
     ROWS+=("$row")
   done
@@ -81,9 +93,16 @@ OUTF=$(results_path tcp)
     "$CMD" "REPS=$REPS BYTES_LO=$BYTES_LO BYTES_NS=$BYTES_NS NETNS_SOCKBUF=$SOCKBUF DATA=$DATA"
   echo "- Throughput: receiver side, GB/s = 1e9 B/s, median of $REPS runs; 16 untimed warm-up messages per run."
   echo "- Wire/payload: bytes counted by the receiver's interface over the whole run (rx; on lo, both directions) per payload byte, warm-up included; Ethernet/IP/TCP headers included."
-  echo
-  echo "| setting | message | plugin GB/s | TCP baseline GB/s | plugin/baseline | runs plugin / baseline (GB/s) | wire/payload plugin / baseline |"
-  echo "|---|---|---|---|---|---|---|"
+  if [[ -n ${OLD:-} ]]; then
+    echo "- old: $OLD, run in the same rounds; new/old: plugin / old medians."
+    echo
+    echo "| setting | message | plugin GB/s | TCP baseline GB/s | plugin/baseline | runs plugin / baseline (GB/s) | wire/payload plugin / baseline | old GB/s | new/old | runs old |"
+    echo "|---|---|---|---|---|---|---|---|---|---|"
+  else
+    echo
+    echo "| setting | message | plugin GB/s | TCP baseline GB/s | plugin/baseline | runs plugin / baseline (GB/s) | wire/payload plugin / baseline |"
+    echo "|---|---|---|---|---|---|---|"
+  fi
   printf '%s\n' "${ROWS[@]}"
 } >"$OUTF"
 cat "$OUTF"

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Fuzzes the codec's decoder (1/2 of the time), the format-2 decoder on bit-flipped v2
-# frames (1/6) and the encode->decode round trip (1/3)
-# with cargo-fuzz (libFuzzer + AddressSanitizer) for SECONDS in total (default 60).
+# Fuzzes the codec's decoder (1/2 of the time), encode->decode round trip (1/6), the
+# format-2 decoder on bit-flipped v2 frames (decode_v2, 1/6) and the GPU kernels'
+# decoder built for the host against the CPU decoder (kernel_decode, differential, 1/6)
+# with cargo-fuzz (libFuzzer + AddressSanitizer for the Rust side) for SECONDS in total
+# (default 60).
 # Seeds: the committed frozen frames. Prints exec counts and crashes; exits 1 on a crash.
 # Only a stable toolchain exists here, so nightly-only flags are enabled with RUSTC_BOOTSTRAP=1.
 set -euo pipefail
@@ -11,10 +13,11 @@ export RUSTC_BOOTSTRAP=1
 command -v cargo-fuzz >/dev/null || cargo install --locked cargo-fuzz || cargo install cargo-fuzz
 unset CARGO_TARGET_DIR  # the fuzz crate is its own workspace: codec/fuzz/target (gitignored)
 
-mkdir -p corpus/decode corpus/decode_v2 corpus/roundtrip artifacts
+mkdir -p corpus/decode corpus/decode_v2 corpus/roundtrip corpus/kernel_decode artifacts
 for f in ../tests/vectors/*.nzf; do
     # 2 leading bytes choose the destination size (0xFFFF * 32 bytes: big enough)
     { printf '\xff\xff'; cat "$f"; } > "corpus/decode/seed-$(basename "$f")"
+    cp "corpus/decode/seed-$(basename "$f")" corpus/kernel_decode/
 done
 for f in ../tests/vectors/v2/*.nzf; do
     { printf '\xff\xff'; cat "$f"; } > "corpus/decode/seed-v2-$(basename "$f")"
@@ -30,6 +33,7 @@ done
 cargo fuzz build -O decode >/dev/null 2>&1 || cargo fuzz build -O decode
 cargo fuzz build -O roundtrip >/dev/null 2>&1 || cargo fuzz build -O roundtrip
 cargo fuzz build -O decode_v2 >/dev/null 2>&1 || cargo fuzz build -O decode_v2
+cargo fuzz build -O kernel_decode >/dev/null 2>&1 || cargo fuzz build -O kernel_decode
 
 status=0
 run() {
@@ -51,6 +55,7 @@ run() {
     rm -f "$log"
 }
 run decode $(( SECS / 2 ))
-run decode_v2 $(( SECS * 2 / 3 - SECS / 2 ))
-run roundtrip $(( SECS - SECS * 2 / 3 ))
+run roundtrip $(( SECS / 6 ))
+run decode_v2 $(( SECS / 6 ))
+run kernel_decode $(( SECS - SECS / 2 - 2 * (SECS / 6) ))
 exit $status

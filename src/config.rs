@@ -42,6 +42,9 @@ pub struct Config {
     pub ib_stage_slots: usize,
     /// Bytes per IB staging slot (`NCCL_ZIP_IB_STAGE_BYTES`).
     pub ib_stage_bytes: usize,
+    /// Cap in MiB on all comms' compression buffers together
+    /// (`NCCL_ZIP_BUFFER_MB`; None: see `crate::budget`).
+    pub buffer_mb: Option<u64>,
     /// `NCCL_IB_HCA` (NCCL's syntax).
     pub ib_hca: Option<String>,
     /// `NCCL_IB_GID_INDEX`.
@@ -121,6 +124,7 @@ impl Default for Config {
             ib_qps: 2,
             ib_stage_slots: 8,
             ib_stage_bytes: 512 << 10,
+            buffer_mb: None,
             ib_hca: None,
             ib_gid_index: None,
             compress: CompressMode::Auto,
@@ -273,6 +277,9 @@ impl Config {
         if let Some(n) = size("NCCL_ZIP_IB_STAGE_BYTES", 64 << 10, 64 << 20)? {
             c.ib_stage_bytes = n;
         }
+        if let Some(n) = int("NCCL_ZIP_BUFFER_MB", 0, 1 << 20, "MiB")? {
+            c.buffer_mb = Some(n);
+        }
         c.ib_hca = get("NCCL_IB_HCA");
         if let Some(v) = get("NCCL_IB_GID_INDEX") {
             // NCCL's own default is -1: "choose" (as unset).
@@ -379,6 +386,7 @@ impl Config {
         field!("NCCL_ZIP_IB_QPS", ib_qps);
         field!("NCCL_ZIP_IB_STAGE_SLOTS", ib_stage_slots);
         field!("NCCL_ZIP_IB_STAGE_BYTES", ib_stage_bytes);
+        field!("NCCL_ZIP_BUFFER_MB", buffer_mb);
         field!("NCCL_IB_HCA", ib_hca);
         field!("NCCL_IB_GID_INDEX", ib_gid_index);
         field!("NCCL_ZIP_COMPRESS", compress);

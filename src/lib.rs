@@ -14,6 +14,7 @@ pub mod ffi;
 
 pub use nccl_zip_codec as codec;
 pub mod adapt;
+pub mod budget;
 pub mod codec_glue;
 pub mod config;
 pub mod devpath;

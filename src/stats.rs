@@ -19,12 +19,17 @@ pub struct Stats {
     pub chunks_inline: AtomicU64,
     /// Chunks staged through a device lane (CUDA buffers).
     pub chunks_device: AtomicU64,
+    /// Times an IB comm found the process's buffer budget spent and went raw
+    /// (`transport::ib::budget`).
+    pub budget_refusals: AtomicU64,
     /// Time spent in the codec, nanoseconds.
     pub codec_ns: AtomicU64,
     /// CPU time the host codec took on the threads that ran it, nanoseconds.
     pub codec_cpu_ns: AtomicU64,
     /// Bytes of staging memory this comm's threads hold now.
     pub staging_bytes: AtomicU64,
+    /// TCP data streams up now (opened on demand, besides the inline stream).
+    pub streams: AtomicU64,
 }
 
 impl Stats {
@@ -41,7 +46,7 @@ impl Stats {
             1.0
         };
         format!(
-            "messages {} raw {} B wire {} B ratio {:.3} chunks compressed {} raw {} (bypass {}, inline {}, device {}) codec {:.1} ms (CPU {:.1} ms) staging {} KiB",
+            "messages {} raw {} B wire {} B ratio {:.3} chunks compressed {} raw {} (bypass {}, inline {}, device {}) codec {:.1} ms (CPU {:.1} ms) staging {} KiB streams {} budget refusals {}",
             self.messages.load(Relaxed),
             raw,
             wire,
@@ -53,7 +58,9 @@ impl Stats {
             self.chunks_device.load(Relaxed),
             self.codec_ns.load(Relaxed) as f64 / 1e6,
             self.codec_cpu_ns.load(Relaxed) as f64 / 1e6,
-            self.staging_bytes.load(Relaxed) >> 10
+            self.staging_bytes.load(Relaxed) >> 10,
+            self.streams.load(Relaxed),
+            self.budget_refusals.load(Relaxed)
         )
     }
 }
@@ -65,7 +72,11 @@ pub struct Held {
     pub io_threads: AtomicU64,
     /// The process-wide I/O workers that drive every comm's data streams.
     pub io_workers: AtomicU64,
+    /// TCP data streams (sockets besides each comm's inline stream) open now.
+    pub data_streams: AtomicU64,
     pub staging_bytes: AtomicU64,
+    /// Free TCP staging buffers kept for reuse (`transport::tcp::pool`).
+    pub pooled_bytes: AtomicU64,
     /// GPU lanes (pinned staging + CUDA stream) in the shared pools.
     pub gpu_lanes: AtomicU64,
     /// Decode tables the receivers keep across chunks (`codec_glue::ChunkDecoder`).
@@ -78,7 +89,9 @@ pub static HELD: Held = Held {
     comms: AtomicU64::new(0),
     io_threads: AtomicU64::new(0),
     io_workers: AtomicU64::new(0),
+    data_streams: AtomicU64::new(0),
     staging_bytes: AtomicU64::new(0),
+    pooled_bytes: AtomicU64::new(0),
     gpu_lanes: AtomicU64::new(0),
     decode_tables: AtomicU64::new(0),
     codec_cpu_ns: AtomicU64::new(0),
@@ -88,16 +101,20 @@ impl Held {
     /// Bytes of memory the plugin's pools and comms hold for data: staging and
     /// decode tables (GPU lanes are counted apart, as lanes).
     pub fn pool_bytes(&self) -> u64 {
-        self.staging_bytes.load(Relaxed) + self.decode_tables.load(Relaxed)
+        self.staging_bytes.load(Relaxed)
+            + self.pooled_bytes.load(Relaxed)
+            + self.decode_tables.load(Relaxed)
     }
 
     pub fn summary(&self) -> String {
         format!(
-            "plugin holds {} comms, {} I/O threads (+ {} shared workers), {} KiB staging, {} KiB decode tables, {} GPU lanes; codec CPU {:.3} s; process {} threads, {} fds",
+            "plugin holds {} comms ({} TCP data streams), {} I/O threads (+ {} shared workers), {} KiB staging (+ {} KiB free for reuse), {} KiB decode tables, {} GPU lanes; codec CPU {:.3} s; process {} threads, {} fds",
             self.comms.load(Relaxed),
+            self.data_streams.load(Relaxed),
             self.io_threads.load(Relaxed),
             self.io_workers.load(Relaxed),
             self.staging_bytes.load(Relaxed) >> 10,
+            self.pooled_bytes.load(Relaxed) >> 10,
             self.decode_tables.load(Relaxed) >> 10,
             self.gpu_lanes.load(Relaxed),
             self.codec_cpu_ns.load(Relaxed) as f64 / 1e9,

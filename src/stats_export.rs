@@ -44,6 +44,11 @@ pub struct Totals {
     pub chunks_raw: u64,
     pub chunks_bypassed: u64,
     pub codec_cpu_s: f64,
+    /// TCP data streams of these comms (opened on demand; a closed comm counts
+    /// those it had at close).
+    pub data_streams: u64,
+    /// Times these comms found the process's buffer budget spent and went raw.
+    pub budget_refusals: u64,
 }
 
 impl Totals {
@@ -56,6 +61,8 @@ impl Totals {
         self.chunks_raw += s.chunks_raw.load(Relaxed);
         self.chunks_bypassed += s.bypassed.load(Relaxed);
         self.codec_cpu_s += s.codec_cpu_ns.load(Relaxed) as f64 / 1e9;
+        self.data_streams += s.streams.load(Relaxed);
+        self.budget_refusals += s.budget_refusals.load(Relaxed);
     }
     fn merge(&mut self, o: &Totals) {
         self.comms += o.comms;
@@ -66,6 +73,8 @@ impl Totals {
         self.chunks_raw += o.chunks_raw;
         self.chunks_bypassed += o.chunks_bypassed;
         self.codec_cpu_s += o.codec_cpu_s;
+        self.data_streams += o.data_streams;
+        self.budget_refusals += o.budget_refusals;
     }
     fn finish(mut self) -> Self {
         self.ratio = if self.wire_bytes > 0 {
@@ -126,7 +135,11 @@ struct ProcessLine {
     comms_open: u64,
     io_threads: u64,
     io_workers: u64,
+    /// TCP data streams open now (sockets besides each comm's inline stream).
+    tcp_data_streams: u64,
     staging_bytes: u64,
+    /// Compression buffers reserved against the process's budget (`crate::budget`).
+    budget_bytes: u64,
     decode_table_bytes: u64,
     gpu_lanes: u64,
     codec_cpu_s: f64,
@@ -198,7 +211,9 @@ pub fn record(last: bool, per_comm: bool) -> String {
         comms_open: HELD.comms.load(Relaxed),
         io_threads: HELD.io_threads.load(Relaxed),
         io_workers: HELD.io_workers.load(Relaxed),
+        tcp_data_streams: HELD.data_streams.load(Relaxed),
         staging_bytes: HELD.staging_bytes.load(Relaxed),
+        budget_bytes: crate::budget::BUFFERS.used(),
         decode_table_bytes: HELD.decode_tables.load(Relaxed),
         gpu_lanes: HELD.gpu_lanes.load(Relaxed),
         codec_cpu_s: HELD.codec_cpu_ns.load(Relaxed) as f64 / 1e9,

@@ -1,5 +1,5 @@
 //! The IB comms end to end over the in-memory RC fabric: TCP bootstrap on
-//! loopback, a progress thread per comm, NCCL-style request slots. Many messages
+//! loopback, progress on the shared workers, NCCL-style request slots. Many messages
 //! of 0 B..4 MiB (odd sizes too), 8 in flight, test() in posting order, checked
 //! bit for bit, compressed (bf16) and raw; peer loss and oversize receives;
 //! device buffers (GPUDirect RDMA) on the emulated GPU backend, and iflush.
@@ -33,6 +33,7 @@ fn cfg(mode: CompressMode, nqps: usize) -> Arc<IbConfig> {
         checksum: false,
         link_mbps: Some(100_000),
         handshake_timeout: Duration::from_secs(20),
+        io_threads: None,
     })
 }
 
@@ -531,4 +532,88 @@ fn iflush_flushes_device_receives_only() {
     r.flush(None, 300_000).unwrap();
     r.flush(Some(&dev), 0).unwrap();
     assert_eq!(fc.flushes.load(Relaxed), 1);
+}
+
+/// Issue 20: IB comms share a few progress workers. 100 pairs (200 comms), one
+/// 64 KiB message each, add at most the workers' threads (before: a thread per
+/// comm, 200 here); all still deliver, and closing them all returns.
+#[test]
+fn many_ib_comms_share_a_few_progress_threads() {
+    use nccl_net_zip::stats::process_threads;
+    use nccl_net_zip::transport::ib::progress;
+    let cfg = cfg(CompressMode::On, 1);
+    // One pair first: the workers start with the first comm.
+    let first = pair(cfg.clone());
+    let before = process_threads().unwrap();
+    let pairs: Vec<(IbSendComm, IbRecvComm)> = (0..100).map(|_| pair(cfg.clone())).collect();
+    let during = process_threads().unwrap();
+    let workers = progress::running();
+    eprintln!(
+        "IB: 100 more comm pairs: threads {before} -> {during}; {workers} shared progress workers"
+    );
+    // Other tests of this binary may start threads meanwhile (the harness runs
+    // them in parallel): allow a few, far below one per comm.
+    assert!((1..=8).contains(&workers), "{workers} workers");
+    assert!(
+        during <= before + 8,
+        "threads grew from {before} to {during} for 200 comms"
+    );
+    for (i, (s, r)) in pairs.iter().chain(std::iter::once(&first)).enumerate() {
+        transfer(s, r, &[bf16(i as u64, 64 << 10)], 64 << 10);
+    }
+    let t0 = Instant::now();
+    drop(pairs);
+    drop(first);
+    eprintln!("closed 202 IB comms in {:?}", t0.elapsed());
+}
+
+/// Issue 20: the IB comms' staging and frame buffers come from one bounded
+/// budget. Here a budget of its own, sized for one pair: the first pair gets it
+/// and compresses; a second pair opened meanwhile finds it spent and sends raw
+/// (bit-exact, never waiting); once the first closes, a third pair compresses.
+/// Nothing is reserved before a comm carries data.
+#[test]
+fn ib_buffers_come_from_a_bounded_budget() {
+    use nccl_net_zip::budget::Budget;
+    let budget: &'static Budget = Box::leak(Box::default());
+    let mut c = (*cfg(CompressMode::On, 2)).clone();
+    c.params.budget = budget;
+    let p = &c.params;
+    let one_pair = (p.stage_slots * p.stage_bytes
+        + p.send_bufs * nccl_net_zip::codec_glue::max_wire(p.max_chunk)) as u64;
+    c.params.buffer_cap = one_pair;
+    let c = Arc::new(c);
+    let msgs: Vec<Vec<u8>> = [1 << 20, 300_000, 64 << 10, 4097]
+        .iter()
+        .map(|&n| bf16(n as u64, n))
+        .collect();
+    let compressed = |s: &IbSendComm| s.stats().chunks_compressed.load(Relaxed);
+    let refused = |s: &IbSendComm, r: &IbRecvComm| {
+        s.stats().budget_refusals.load(Relaxed) + r.stats().budget_refusals.load(Relaxed)
+    };
+
+    let (s1, r1) = pair(c.clone());
+    assert_eq!(budget.used(), 0, "nothing reserved before data");
+    transfer(&s1, &r1, &msgs, 1 << 20);
+    eventually("first pair compressed", || compressed(&s1) > 0);
+    assert_eq!(budget.used(), one_pair);
+
+    let (s2, r2) = pair(c.clone());
+    transfer(&s2, &r2, &msgs, 1 << 20);
+    eventually("second pair saw the budget spent", || refused(&s2, &r2) > 0);
+    assert_eq!(compressed(&s2), 0, "no budget, no compression");
+    assert_eq!(budget.used(), one_pair, "the second pair holds nothing");
+
+    drop((s1, r1));
+    assert_eq!(budget.used(), 0, "closing gives the budget back");
+    let (s3, r3) = pair(c);
+    transfer(&s3, &r3, &msgs, 1 << 20);
+    eventually("third pair compressed", || compressed(&s3) > 0);
+    eprintln!(
+        "IB budget {} KiB: pair 1 compressed, pair 2 raw ({} refusals), pair 3 compressed after pair 1 closed",
+        one_pair >> 10,
+        refused(&s2, &r2)
+    );
+    drop((s2, r2, s3, r3));
+    assert_eq!(budget.used(), 0);
 }

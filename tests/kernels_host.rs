@@ -7,6 +7,15 @@
 //! * decodes exactly the frames the CPU decoder accepts, to the same bytes, on
 //!   corrupted frames (and never touches memory out of bounds: ASan aborts otherwise),
 //! * and that its code table and shared-memory carve equal the Rust ones.
+//!
+//! A second executor runs whole launches concurrently (issue 19, item 7): the
+//! kernels' own launch bodies (`encode_jobs` / `decode_jobs`), one OS thread per
+//! CTA, real atomics for the claim counters, the look-back and the finisher,
+//! and every parallel loop in a seeded random order. Frozen vectors, a sweep and
+//! the corrupted frames go through it under ThreadSanitizer (and the sweep under
+//! AddressSanitizer); a planted race proves TSan reports. Replacing the
+//! finisher's acquire-release counter by a relaxed one makes TSan report the
+//! finisher's reads of other CTAs' block sizes (checked by hand, 2026-11-25).
 
 mod frozen;
 
@@ -40,56 +49,99 @@ fn source_tree() -> PathBuf {
     d
 }
 
-/// Builds the harness once (g++ or c++, sanitizers when they link).
-fn harness() -> &'static Path {
-    static H: OnceLock<PathBuf> = OnceLock::new();
-    H.get_or_init(|| {
-        let out = frozen::scratch_dir("kernels_host").join("nzc_host");
-        let src = source_tree().join("kernels/host/harness.cpp");
-        let cxx = std::env::var("CXX").unwrap_or_else(|_| "g++".into());
-        let base = ["-std=c++17", "-O1", "-g", "-Wall", "-Wextra", "-Werror"];
-        let san = [
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum San {
+    /// AddressSanitizer + UBSan (plain build where they do not link).
+    Address,
+    /// ThreadSanitizer: required (the concurrent executor's whole point).
+    Thread,
+}
+
+fn build_harness(san: San) -> PathBuf {
+    let name = match san {
+        San::Address => "nzc_host",
+        San::Thread => "nzc_host_tsan",
+    };
+    let out = frozen::scratch_dir("kernels_host").join(name);
+    let src = source_tree().join("kernels/host/harness.cpp");
+    let cxx = std::env::var("CXX").unwrap_or_else(|_| "g++".into());
+    let base = [
+        "-std=c++17",
+        "-O1",
+        "-g",
+        "-Wall",
+        "-Wextra",
+        "-Werror",
+        "-pthread",
+    ];
+    let flags: &[&str] = match san {
+        San::Address => &[
             "-fsanitize=address,undefined",
             "-fno-sanitize-recover=all",
             "-fno-omit-frame-pointer",
-        ];
-        let t0 = std::time::Instant::now();
-        let try_build = |extra: &[&str]| {
-            Command::new(&cxx)
-                .args(base)
-                .args(extra)
-                .arg(&src)
-                .arg("-o")
-                .arg(&out)
-                .status()
-                .map(|s| s.success())
-                .unwrap_or(false)
-        };
-        if try_build(&san) {
-            eprintln!(
-                "kernels_host: harness built with ASan+UBSan in {:?}",
-                t0.elapsed()
-            );
-        } else if try_build(&[]) {
-            eprintln!("kernels_host: WARNING: sanitizers unavailable, harness built without them");
-        } else {
-            panic!(
-                "cannot build kernels/host/harness.cpp with {cxx} (a C++17 compiler is required)"
-            );
-        }
-        out
-    })
+        ],
+        San::Thread => &["-fsanitize=thread", "-fno-omit-frame-pointer"],
+    };
+    let t0 = std::time::Instant::now();
+    let try_build = |extra: &[&str]| {
+        Command::new(&cxx)
+            .args(base)
+            .args(extra)
+            .arg(&src)
+            .arg("-o")
+            .arg(&out)
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false)
+    };
+    if try_build(flags) {
+        eprintln!(
+            "kernels_host: harness built with {san:?} sanitizer in {:?}",
+            t0.elapsed()
+        );
+    } else if san == San::Thread {
+        panic!("cannot build kernels/host/harness.cpp with {cxx} -fsanitize=thread (libtsan is part of the g++ packages)");
+    } else if try_build(&[]) {
+        eprintln!("kernels_host: WARNING: sanitizers unavailable, harness built without them");
+    } else {
+        panic!("cannot build kernels/host/harness.cpp with {cxx} (a C++17 compiler is required)");
+    }
+    out
+}
+
+/// The harness binary for `san`, built once per test process.
+fn harness_for(san: San) -> &'static Path {
+    static A: OnceLock<PathBuf> = OnceLock::new();
+    static T: OnceLock<PathBuf> = OnceLock::new();
+    match san {
+        San::Address => A.get_or_init(|| build_harness(san)),
+        San::Thread => T.get_or_init(|| build_harness(san)),
+    }
+}
+
+fn harness() -> &'static Path {
+    harness_for(San::Address)
 }
 
 /// Runs a harness script; one result line per command.
 fn run_script(dir: &Path, lines: &[String]) -> Vec<String> {
+    run_script_on(harness(), dir, lines)
+}
+
+fn harness_output(bin: &Path, dir: &Path, lines: &[String]) -> std::process::Output {
     let script = dir.join("script.txt");
     std::fs::write(&script, lines.join("\n") + "\n").unwrap();
-    let o = Command::new(harness())
+    Command::new(bin)
         .arg(&script)
         .env("ASAN_OPTIONS", "detect_leaks=0:abort_on_error=0")
+        // Any report fails the run (exit code 66).
+        .env("TSAN_OPTIONS", "halt_on_error=1:exitcode=66")
         .output()
-        .expect("run harness");
+        .expect("run harness")
+}
+
+fn run_script_on(bin: &Path, dir: &Path, lines: &[String]) -> Vec<String> {
+    let o = harness_output(bin, dir, lines);
     let stdout = String::from_utf8_lossy(&o.stdout).to_string();
     assert!(
         o.status.success(),
@@ -117,23 +169,59 @@ struct EncCase {
     opts: EncodeOptions,
 }
 
+/// How the harness runs a job: work item after work item (`Seq`, shared memory
+/// poisoned before each), or as a concurrent launch (`Conc`: the kernels' launch
+/// bodies, CTAs as threads, seeded random loop orders; CTAs and job copies vary
+/// per case).
+#[derive(Clone, Copy, Debug)]
+enum Launch {
+    Seq,
+    Conc { san: San, seed: u64 },
+}
+
+impl Launch {
+    fn bin(self) -> &'static Path {
+        match self {
+            Launch::Seq => harness(),
+            Launch::Conc { san, .. } => harness_for(san),
+        }
+    }
+
+    /// The command for case `i`: `op` (enc/dec) and its arguments.
+    fn cmd(self, op: &str, i: usize, args: String) -> String {
+        match self {
+            Launch::Seq => format!("{op} {args}"),
+            Launch::Conc { seed, .. } => {
+                let ctas = [1, 2, 3, 5, 8][(seed as usize + i) % 5];
+                let jobs = 1 + i % 3;
+                format!("p{op} {args} {ctas} {jobs} {}", seed + i as u64)
+            }
+        }
+    }
+}
+
 /// Encodes every case with the harness; returns the frames.
 fn harness_encode(cases: &[EncCase]) -> Vec<Vec<u8>> {
+    harness_encode_with(cases, Launch::Seq)
+}
+
+fn harness_encode_with(cases: &[EncCase], launch: Launch) -> Vec<Vec<u8>> {
     let dir = work_dir();
     let mut lines = Vec::new();
     for (i, c) in cases.iter().enumerate() {
         let inp = dir.join(format!("e{i}.in"));
         std::fs::write(&inp, &c.input).unwrap();
-        lines.push(format!(
-            "enc {} {} {} {} {}",
+        let args = format!(
+            "{} {} {} {} {}",
             inp.display(),
             dir.join(format!("e{i}.nzf")).display(),
             hint_code(c.opts.dtype),
             c.opts.checksum as u32,
             c.opts.block_log2
-        ));
+        );
+        lines.push(launch.cmd("enc", i, args));
     }
-    let res = run_script(&dir, &lines);
+    let res = run_script_on(launch.bin(), &dir, &lines);
     let out = res
         .iter()
         .enumerate()
@@ -148,19 +236,27 @@ fn harness_encode(cases: &[EncCase]) -> Vec<Vec<u8>> {
 
 /// Decodes every (frame, cap) with the harness: Ok(bytes) or Err(status line).
 fn harness_decode(frames: &[(Vec<u8>, usize)]) -> Vec<Result<Vec<u8>, String>> {
+    harness_decode_with(frames, Launch::Seq)
+}
+
+fn harness_decode_with(
+    frames: &[(Vec<u8>, usize)],
+    launch: Launch,
+) -> Vec<Result<Vec<u8>, String>> {
     let dir = work_dir();
     let mut lines = Vec::new();
     for (i, (f, cap)) in frames.iter().enumerate() {
         let inp = dir.join(format!("d{i}.nzf"));
         std::fs::write(&inp, f).unwrap();
-        lines.push(format!(
-            "dec {} {} {}",
+        let args = format!(
+            "{} {} {}",
             inp.display(),
             dir.join(format!("d{i}.out")).display(),
             cap
-        ));
+        );
+        lines.push(launch.cmd("dec", i, args));
     }
-    let out = run_script(&dir, &lines)
+    let out = run_script_on(launch.bin(), &dir, &lines)
         .iter()
         .enumerate()
         .map(|(i, r)| {
@@ -425,8 +521,31 @@ fn random_sweep_matches_cpu_encoder() {
     );
 }
 
-#[test]
-fn corrupt_frames_rejected_like_cpu_without_oob() {
+/// Two decoders' answers on the same frames: both accept with the same bytes,
+/// or both reject. Returns how many both rejected.
+fn same_decisions<E1: std::fmt::Debug, E2: std::fmt::Debug>(
+    pairs: impl Iterator<Item = (Result<Vec<u8>, E1>, Result<Vec<u8>, E2>)>,
+    a: &str,
+    b: &str,
+) -> usize {
+    let mut rejected = 0;
+    for (i, (x, y)) in pairs.enumerate() {
+        match (&x, &y) {
+            (Ok(p), Ok(q)) => assert_eq!(p, q, "frame {i}: both accept but outputs differ"),
+            (Err(_), Err(_)) => rejected += 1,
+            _ => panic!(
+                "frame {i}: {a} {:?} vs {b} {:?}",
+                x.as_ref().map(|v| v.len()),
+                y.as_ref().map(|v| v.len())
+            ),
+        }
+    }
+    rejected
+}
+
+/// Frames of six kinds, each corrupted 40 ways (bit flips, truncation, padding,
+/// garbage runs; some with a receive smaller than the message), and intact.
+fn corrupt_frames() -> Vec<(Vec<u8>, usize)> {
     let mut rng = rand::rngs::StdRng::seed_from_u64(0xBAD_F00D);
     let mut bases = Vec::new();
     for (kind, n, dt, ck, bl) in [
@@ -477,25 +596,145 @@ fn corrupt_frames_rejected_like_cpu_without_oob() {
         }
         frames.push((frame.clone(), input.len()));
     }
+    frames
+}
+
+#[test]
+fn corrupt_frames_rejected_like_cpu_without_oob() {
+    let frames = corrupt_frames();
     let res = harness_decode(&frames);
-    let mut rejected = 0;
-    for (i, ((f, cap), r)) in frames.iter().zip(res).enumerate() {
+    let cpu = frames.iter().map(|(f, cap)| {
         let mut out = vec![0u8; *cap];
-        let cpu = decompress(f, &mut out).map(|n| out[..n].to_vec());
-        match (&cpu, &r) {
-            (Ok(a), Ok(b)) => assert_eq!(a, b, "frame {i}: both accept but outputs differ"),
-            (Err(_), Err(_)) => rejected += 1,
-            _ => panic!(
-                "frame {i}: CPU {:?} vs harness {:?}",
-                cpu.as_ref().map(|v| v.len()),
-                r.as_ref().map(|v| v.len())
-            ),
-        }
-    }
+        decompress(f, &mut out).map(|n| out[..n].to_vec())
+    });
+    let rejected = same_decisions(cpu.zip(res), "CPU", "harness");
     assert!(
         rejected > frames.len() / 2,
         "only {rejected} of {} corrupted frames rejected",
         frames.len()
     );
     eprintln!("kernels_host: {} corrupted frames, {rejected} rejected, decisions identical to the CPU decoder", frames.len());
+}
+
+// ---- the concurrent executor (issue 19, item 7) ---------------------------------
+
+/// ThreadSanitizer is really watching: a planted race in the harness fails it.
+#[test]
+fn tsan_reports_a_planted_race() {
+    let dir = work_dir();
+    let o = harness_output(harness_for(San::Thread), &dir, &["race".to_string()]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && err.contains("ThreadSanitizer: data race"),
+        "no race reported: {}\n{err}",
+        o.status
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Every frozen vector, encoded and decoded by concurrent launches (1-8 CTAs,
+/// 1-3 copies of the job in one launch) under ThreadSanitizer: the same bytes.
+#[test]
+fn concurrent_launches_reproduce_frozen_vectors_under_tsan() {
+    let man = frozen::manifest();
+    let cases: Vec<EncCase> = man
+        .iter()
+        .map(|(v, opts)| EncCase {
+            input: v.input.to_vec(),
+            opts: *opts,
+        })
+        .collect();
+    for seed in [1u64, 1000] {
+        let launch = Launch::Conc {
+            san: San::Thread,
+            seed,
+        };
+        let frames = harness_encode_with(&cases, launch);
+        for ((v, _), f) in man.iter().zip(&frames) {
+            assert!(
+                f[..] == *v.frame,
+                "vector {} (seed {seed}): concurrent frame differs",
+                v.name
+            );
+        }
+        let dec: Vec<(Vec<u8>, usize)> = man
+            .iter()
+            .map(|(v, _)| (v.frame.to_vec(), v.input.len()))
+            .collect();
+        for ((v, _), r) in man.iter().zip(harness_decode_with(&dec, launch)) {
+            assert_eq!(
+                r.as_deref().ok(),
+                Some(v.input),
+                "vector {} (seed {seed}): concurrent decode",
+                v.name
+            );
+        }
+    }
+    eprintln!(
+        "kernels_host: {} frozen vectors through concurrent launches under TSan, twice",
+        man.len()
+    );
+}
+
+/// A seeded sweep through concurrent launches, under ThreadSanitizer and under
+/// AddressSanitizer: frames identical to the CPU encoder, CPU frames decoded.
+#[test]
+fn concurrent_sweep_matches_cpu_under_tsan_and_asan() {
+    let cases = sweep_cases(0xC0C0_A5A5, 36);
+    let want: Vec<Vec<u8>> = cases.iter().map(|c| cpu_frame(&c.input, &c.opts)).collect();
+    for san in [San::Thread, San::Address] {
+        let launch = Launch::Conc { san, seed: 77 };
+        let frames = harness_encode_with(&cases, launch);
+        for (i, (c, (f, w))) in cases.iter().zip(frames.iter().zip(&want)).enumerate() {
+            assert!(
+                f == w,
+                "{san:?} case {i}: n={} opts={:?}: concurrent frame {} bytes, CPU {} bytes",
+                c.input.len(),
+                c.opts,
+                f.len(),
+                w.len()
+            );
+        }
+        let dec: Vec<(Vec<u8>, usize)> = want
+            .iter()
+            .zip(&cases)
+            .map(|(f, c)| (f.clone(), c.input.len()))
+            .collect();
+        for (i, (r, c)) in harness_decode_with(&dec, launch)
+            .into_iter()
+            .zip(&cases)
+            .enumerate()
+        {
+            assert!(
+                r.as_deref().ok() == Some(&c.input[..]),
+                "{san:?} case {i}: concurrent decode of the CPU frame: {:?}",
+                r.err()
+            );
+        }
+    }
+    eprintln!(
+        "kernels_host: {} sweep cases through concurrent launches under TSan and ASan",
+        cases.len()
+    );
+}
+
+/// Corrupted frames through concurrent decode launches under ThreadSanitizer:
+/// the same decision and bytes as the sequential harness (whose decisions
+/// `corrupt_frames_rejected_like_cpu_without_oob` ties to the CPU decoder).
+#[test]
+fn concurrent_decode_of_corrupt_frames_matches_sequential_under_tsan() {
+    let frames = corrupt_frames();
+    let seq = harness_decode(&frames);
+    let conc = harness_decode_with(
+        &frames,
+        Launch::Conc {
+            san: San::Thread,
+            seed: 5,
+        },
+    );
+    let rejected = same_decisions(seq.into_iter().zip(conc), "sequential", "concurrent");
+    eprintln!(
+        "kernels_host: {} corrupted frames through concurrent launches under TSan, {rejected} rejected by both",
+        frames.len()
+    );
 }

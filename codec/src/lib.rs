@@ -24,7 +24,10 @@
 //!   `max_compressed_size(src.len())` bytes, allocation-free.
 //! * [`decompress`] decodes into a caller buffer (NCCL's receive buffer): an error,
 //!   never a panic, when the frame is corrupt or larger than `dst`; output is written
-//!   in ascending address order (safe for NCCL LL/LL128 flag polling).
+//!   in ascending address order, each byte once with its final value: on x86-64
+//!   a reader polling NCCL LL/LL128 flags never sees a flag before its data
+//!   (`tests/write_order.rs`); on aarch64 that needs a store barrier per line,
+//!   which this crate does not have (the plugin is built for x86-64 only).
 //! * [`Decoder`] decodes frame after frame like [`decompress`], keeping the decode
 //!   tables of its most recent code choices (at most 144 KiB): for receivers.
 //! * [`frame_info`] reads the header and block table only.

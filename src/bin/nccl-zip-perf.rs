@@ -105,7 +105,26 @@ fn census() -> (usize, usize) {
         .min(anon("anon_inode:[eventpoll]"))
         .min(anon("anon_inode:[eventfd]"))
         * 2;
-    (threads, fds.len() - worker_fds)
+    // The plugin's listeners (one per device address, shared by every comm) also
+    // live as long as the process: listening sockets are not counted.
+    let listening: std::collections::HashSet<String> = ["/proc/net/tcp", "/proc/net/tcp6"]
+        .iter()
+        .filter_map(|f| std::fs::read_to_string(f).ok())
+        .flat_map(|t| {
+            t.lines()
+                .skip(1)
+                .filter_map(|l| {
+                    let c: Vec<&str> = l.split_whitespace().collect();
+                    (c.get(3) == Some(&"0A")).then(|| c.get(9).map(|i| format!("socket:[{i}]")))?
+                })
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    let listeners = fds
+        .iter()
+        .filter(|f| std::fs::read_link(f).is_ok_and(|l| listening.contains(&*l.to_string_lossy())))
+        .count();
+    (threads, fds.len() - worker_fds - listeners)
 }
 
 fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {

@@ -266,8 +266,10 @@ fn edge(key: u64, x: usize) -> u64 {
 /// posted yet.
 const ACTIVE: u64 = u64::MAX;
 const ENDED: u64 = u64::MAX - 1;
+/// Not there yet, may come (see [`Ring::producer_absent`]).
+const ABSENT: u64 = u64::MAX - 2;
 // No chunk header carries these (`ChunkHeader::decode` refuses them).
-const _: () = assert!(ENDED > crate::proto::wire::MAX_SEQ);
+const _: () = assert!(ABSENT > crate::proto::wire::MAX_SEQ);
 
 /// How [`Ring::wait_posted`] ended.
 pub enum Wait<'a> {
@@ -351,7 +353,7 @@ impl Ring {
         let next = self.next_seq.load(Relaxed);
         let stuck = self.producers.iter().all(|p| match p.load(Acquire) {
             ENDED => true,
-            ACTIVE => false,
+            ACTIVE | ABSENT => false,
             // Waiting for a receive that is still not posted.
             seq => seq >= next,
         });
@@ -372,6 +374,36 @@ impl Ring {
         self.producers[who].store(ENDED, Release);
         let all = self.producers.iter().all(|p| p.load(Acquire) == ENDED);
         (all, self.stalled())
+    }
+
+    /// Producer `who` is not there yet (a TCP data stream the sender opens on
+    /// demand): it may still come, so no stall is judged without it, until
+    /// [`Ring::producer_attach`] or [`Ring::absent_end`].
+    pub fn producer_absent(&self, who: usize) {
+        let _g = self.posted.lock();
+        self.producers[who].store(ABSENT, Release);
+    }
+
+    /// Absent producer `who` has come. False if it may no longer (see
+    /// [`Ring::absent_end`]) or is already there.
+    pub fn producer_attach(&self, who: usize) -> bool {
+        let _g = self.posted.lock();
+        let p = &self.producers[who];
+        if p.load(Acquire) != ABSENT {
+            return false;
+        }
+        p.store(ACTIVE, Release);
+        true
+    }
+
+    /// No absent producer can come any more (the peer closed): they count as ended.
+    pub fn absent_end(&self) {
+        let _g = self.posted.lock();
+        for p in self.producers.iter() {
+            if p.load(Acquire) == ABSENT {
+                p.store(ENDED, Release);
+            }
+        }
     }
 
     /// Producer `who` ended cleanly (a load, no lock).
@@ -722,6 +754,30 @@ mod tests {
         assert_eq!(r.producer_waits(2, None), None);
         assert_eq!(r.producer_waits(2, Some(3)), Some(1));
         assert_eq!(r.producer_ended(2), (true, Some(1)));
+    }
+
+    /// A data stream the sender has not opened yet may still bring any message:
+    /// no stall is judged without it, until the sender closes (`absent_end`).
+    #[test]
+    fn an_absent_stream_may_still_come_until_the_peer_closes() {
+        let r = Ring::with_producers(3);
+        r.producer_absent(0);
+        r.producer_absent(1);
+        r.post(None, 0, Some((1, 64))).unwrap();
+        // The inline stream (2) holds message 1, not posted: 0 or 1 may come.
+        assert_eq!(r.producer_waits(2, Some(1)), None);
+        assert!(r.producer_attach(0));
+        assert!(!r.producer_attach(0), "attached once");
+        assert_eq!(
+            r.producer_ended(0),
+            (false, None),
+            "stream 1 may still come"
+        );
+        // The peer closes: stream 1 can no longer come, and message 0 stalls.
+        r.absent_end();
+        assert!(!r.producer_attach(1), "too late");
+        assert!(r.producer_has_ended(1));
+        assert_eq!(r.producer_ended(2), (true, Some(0)));
     }
 
     #[test]

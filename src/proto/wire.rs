@@ -112,8 +112,12 @@ pub fn stage_set(b: &mut [u8; HANDLE_SIZE], ptr: Option<usize>) {
 
 /// v2: a TCP connection has one more stream than its data streams, the last one:
 /// the inline stream (`transport::tcp::inline`). v3: the hello states its own
-/// length and carries the plugin version and the codec format version.
-pub const PROTOCOL_VERSION: u16 = 3;
+/// length and carries the plugin version and the codec format version. v4: only
+/// the inline stream is opened by `connect`; the sender opens data streams on
+/// demand, to one listener per address shared by every comm of the process, and
+/// writes on one only after the receiver's one-byte acknowledgement (same hello
+/// layout as v3).
+pub const PROTOCOL_VERSION: u16 = 4;
 
 /// First bytes on every stream of a connection: proves the connector read our
 /// handle (secret) and says which connection and stream this socket belongs to.
@@ -465,7 +469,7 @@ mod tests {
         let e = Hello::decode(&v2, 42).unwrap_err();
         assert!(matches!(e, Error::InvalidUsage(_)), "{e}");
         assert!(
-            e.to_string().contains("v2") && e.to_string().contains("v3"),
+            e.to_string().contains("v2") && e.to_string().contains("v4"),
             "{e}"
         );
         // A stranger with the wrong secret stays a stranger.

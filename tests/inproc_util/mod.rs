@@ -67,12 +67,28 @@ pub fn raw_peer() -> (
         })
         .collect();
     let t0 = std::time::Instant::now();
-    loop {
+    let r = loop {
         if let Some(r) = plugin::accept(&mut l).unwrap() {
-            return (r, socks);
+            break r;
         }
         assert!(t0.elapsed().as_secs() < 10, "accept did not finish");
+    };
+    // As a real sender does: write on a data stream only once the receiver has
+    // attached it (its one-byte acknowledgement).
+    for s in &socks[..n as usize - 1] {
+        wait_stream_ack(s);
     }
+    (r, socks)
+}
+
+/// Reads the receiver's acknowledgement of a data stream (protocol v4).
+pub fn wait_stream_ack(mut s: &std::net::TcpStream) {
+    use std::io::Read;
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut b = [0u8; 1];
+    s.read_exact(&mut b).expect("data stream acknowledged");
+    assert_eq!(b[0], nccl_net_zip::transport::tcp::STREAM_ACK);
+    s.set_read_timeout(None).unwrap();
 }
 
 pub fn pattern(seed: u64, n: usize) -> Vec<u8> {

@@ -8,10 +8,12 @@
 //!   its own record (QPs, info table). Both sides then move their QPs to RTS.
 //!   Every step is non-blocking; `connect` keeps its state behind the handle's
 //!   stage area (bytes 64..80), as the TCP transport does.
-//! - **One progress thread per comm** owns the fabric and the Sender/Receiver,
-//!   takes the requests isend/irecv queue (they only post a [`Slot`] and a
-//!   command, so NCCL's progress thread never waits), polls completions, and
-//!   completes the slots, so `test()` is the TCP transport's.
+//! - **Progress on shared workers** ([`progress`], issue 20): each comm's
+//!   driver owns the fabric and the Sender/Receiver, takes the requests
+//!   isend/irecv queue (they only post a [`Slot`] and a command, and wake the
+//!   comm's worker, so NCCL's progress thread never waits), polls completions,
+//!   and completes the slots, so `test()` is the TCP transport's. A few
+//!   process-wide workers step every comm's driver (before: a thread per comm).
 //! - **The bootstrap socket stays open** as the control channel: a side that
 //!   fails sends its error there (so a receive whose sender saw the size
 //!   mismatch fails too, with ncclInvalidUsage), and EOF means the peer closed.
@@ -24,15 +26,15 @@ use std::io::{self, Read};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering::*};
 use std::sync::{Arc, Weak};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver as ChanRx, RecvTimeoutError, Sender as ChanTx, TryRecvError};
+use crossbeam_channel::{Receiver as ChanRx, Sender as ChanTx, TryRecvError};
 use parking_lot::Mutex;
 use socket2::Socket;
 use tracing::{info, warn};
 
 use super::fabric::{Fabric, Link, Mr, Opener, QpInfo, Registrar, Registration};
+use super::progress;
 use super::proto::{Coders, Endpoint, Event, Params, Receiver, Sender, MAX_MESSAGE};
 use crate::adapt::Policy;
 use crate::codec::EncodeOptions;
@@ -60,6 +62,8 @@ pub struct IbConfig {
     /// [`crate::adapt`]).
     pub link_mbps: Option<u64>,
     pub handshake_timeout: Duration,
+    /// Caps the shared progress workers (`NCCL_ZIP_IO_THREADS`).
+    pub io_threads: Option<usize>,
 }
 
 impl IbConfig {
@@ -73,6 +77,7 @@ impl IbConfig {
                 stage_slots: c.ib_stage_slots,
                 stage_bytes: c.ib_stage_bytes,
                 gpu_lanes: c.gpu_lanes,
+                buffer_cap: crate::budget::cap(c.buffer_mb),
                 ..Params::default()
             },
             compress: c.compress,
@@ -80,6 +85,7 @@ impl IbConfig {
             checksum: c.checksum,
             link_mbps: c.link_mbps,
             handshake_timeout: c.handshake_timeout,
+            io_threads: c.io_threads,
         }
     }
 
@@ -403,7 +409,8 @@ impl<O: Opener> IbListenComm<O> {
                     let p = self.pending.swap_remove(i);
                     let (fab, recv, _) = p.ready.expect("finished");
                     info!("IB recv comm from {}: {} QPs", p.peer, fab.nqps());
-                    return IbRecvComm::start(p.sock, p.peer, fab, recv).map(Some);
+                    return IbRecvComm::start(p.sock, p.peer, fab, recv, self.cfg.io_threads)
+                        .map(Some);
                 }
                 Err(e) => {
                     let p = self.pending.swap_remove(i);
@@ -464,6 +471,7 @@ pub struct IbConnect<L: Link> {
     secret: u64,
     fab: L,
     sender: Sender,
+    io_threads: Option<usize>,
 }
 
 impl<L: Link> IbConnect<L> {
@@ -481,6 +489,7 @@ impl<L: Link> IbConnect<L> {
             secret: h.secret,
             fab,
             sender,
+            io_threads: cfg.io_threads,
         })
     }
 
@@ -538,7 +547,7 @@ impl<L: Link> IbConnect<L> {
     /// Turns a finished connect into a send comm.
     pub fn finish(self) -> Result<IbSendComm> {
         info!("IB send comm to {}: {} QPs", self.peer, self.fab.nqps());
-        IbSendComm::start(self.sock, self.peer, self.fab, self.sender)
+        IbSendComm::start(self.sock, self.peer, self.fab, self.sender, self.io_threads)
     }
 }
 
@@ -795,14 +804,14 @@ fn sync_stats(src: &Stats, dst: &Stats) {
         (&src.bypassed, &dst.bypassed),
         (&src.chunks_device, &dst.chunks_device),
         (&src.codec_ns, &dst.codec_ns),
+        (&src.budget_refusals, &dst.budget_refusals),
     ] {
         d.store(s.load(Relaxed), Relaxed);
     }
 }
 
-/// How long an idle progress thread sleeps between looks at the control socket.
-const IDLE_WAIT: Duration = Duration::from_millis(5);
-/// How often a busy progress thread looks at the control socket.
+/// How often busy progress looks at the control socket (idle progress looks
+/// each time its worker wakes, at least every [`progress::IDLE_WAIT`]).
 const CONTROL_EVERY: Duration = Duration::from_millis(1);
 
 /// Error kinds on the control channel.
@@ -890,72 +899,107 @@ fn complete(sh: &Shared, ev: &[Event]) -> Result<()> {
     Ok(())
 }
 
-/// The progress thread: commands in, protocol progress, completions out.
-fn run<E: Engine>(mut eng: E, sh: &Shared, rx: ChanRx<Cmd>, sock: Socket) {
-    let mut ctl = Control {
-        sock,
-        inbox: Vec::new(),
-        eof: false,
-    };
-    let mut ev = Vec::new();
-    let mut last_ctl = Instant::now();
-    let fail = |ctl: &Control, e: Error| {
+/// A comm's progress, driven by a shared worker ([`progress`]): commands in,
+/// protocol progress, completions out.
+struct Driver<E: Engine> {
+    /// Until the comm closes (`finish` consumes it).
+    eng: Option<E>,
+    sh: Arc<Shared>,
+    rx: ChanRx<Cmd>,
+    ctl: Control,
+    ev: Vec<Event>,
+    last_ctl: Instant,
+}
+
+fn eng_of<E>(e: &mut Option<E>) -> &mut E {
+    e.as_mut().expect("the engine lives until the comm closes")
+}
+
+impl<E: Engine> Driver<E> {
+    fn fail(&self, e: Error) {
         let copy = e.duplicate();
-        if sh.fail(e) {
-            ctl.send_error(&copy);
+        if self.sh.fail(e) {
+            self.ctl.send_error(&copy);
         }
-    };
-    let take = |eng: &mut E, ctl: &Control, c: Cmd| match sh.check() {
-        Err(e) => {
-            sh.ring.slot(c.seq).fail(&e);
-        }
-        Ok(()) => {
-            if let Err(e) = eng.post(c) {
-                fail(ctl, e);
+    }
+
+    fn take(&mut self, c: Cmd) {
+        match self.sh.check() {
+            Err(e) => {
+                self.sh.ring.slot(c.seq).fail(&e);
+            }
+            Ok(()) => {
+                if let Err(e) = self.eng.as_mut().expect("engine").post(c) {
+                    self.fail(e);
+                }
             }
         }
-    };
-    'outer: loop {
+    }
+
+    /// The comm closed: final figures, and the engine releases its resources.
+    fn finish(&mut self) {
+        if let Some(eng) = self.eng.take() {
+            sync_stats(eng.stats(), &self.sh.stats);
+            if let Err(e) = eng.close() {
+                warn!("closing IB comm ({} {}): {e}", self.sh.what, self.sh.peer);
+            }
+        }
+    }
+}
+
+impl<E: Engine + Send> progress::Progress for Driver<E> {
+    fn step(&mut self) -> progress::Step {
+        if self.eng.is_none() {
+            return progress::Step::Done;
+        }
+        let sh = self.sh.clone();
         let mut got = false;
         loop {
-            match rx.try_recv() {
+            match self.rx.try_recv() {
                 Ok(c) => {
                     got = true;
-                    take(&mut eng, &ctl, c);
+                    self.take(c);
                 }
                 Err(TryRecvError::Empty) => break,
-                Err(TryRecvError::Disconnected) => break 'outer,
+                Err(TryRecvError::Disconnected) => {
+                    self.finish();
+                    return progress::Step::Done;
+                }
             }
         }
-        ev.clear();
+        self.ev.clear();
         if !sh.broken.load(Acquire) {
-            let r = eng.progress(&mut ev).and_then(|()| complete(sh, &ev));
-            if !ev.is_empty() {
-                sync_stats(eng.stats(), &sh.stats);
+            let r = eng_of(&mut self.eng)
+                .progress(&mut self.ev)
+                .and_then(|()| complete(&sh, &self.ev));
+            if !self.ev.is_empty() {
+                sync_stats(eng_of(&mut self.eng).stats(), &sh.stats);
             }
             if let Err(e) = r {
-                fail(&ctl, e);
+                self.fail(e);
             }
         }
-        let busy = eng.pending() > 0 && !sh.broken.load(Acquire);
-        if !busy || last_ctl.elapsed() >= CONTROL_EVERY {
-            last_ctl = Instant::now();
-            match ctl.poll() {
+        let busy = eng_of(&mut self.eng).pending() > 0 && !sh.broken.load(Acquire);
+        if !busy || self.last_ctl.elapsed() >= CONTROL_EVERY {
+            self.last_ctl = Instant::now();
+            match self.ctl.poll() {
                 None => {}
                 Some(PeerNews::Failed(e)) => {
                     sh.fail(e);
                 }
                 Some(PeerNews::Closed) => {
                     // What landed before the peer closed is in our CQ: take it.
-                    ev.clear();
+                    self.ev.clear();
                     if !sh.broken.load(Acquire) {
-                        let r = eng.progress(&mut ev).and_then(|()| complete(sh, &ev));
-                        sync_stats(eng.stats(), &sh.stats);
+                        let r = eng_of(&mut self.eng)
+                            .progress(&mut self.ev)
+                            .and_then(|()| complete(&sh, &self.ev));
+                        sync_stats(eng_of(&mut self.eng).stats(), &sh.stats);
                         if let Err(e) = r {
                             sh.fail(e);
                         }
                     }
-                    let n = eng.pending();
+                    let n = eng_of(&mut self.eng).pending();
                     sh.fail(Error::Remote(if n > 0 {
                         format!(
                             "{} closed the connection with {n} requests in flight",
@@ -967,21 +1011,17 @@ fn run<E: Engine>(mut eng: E, sh: &Shared, rx: ChanRx<Cmd>, sock: Socket) {
                 }
             }
         }
-        if busy {
-            if ev.is_empty() && !got {
-                std::thread::yield_now();
-            }
+        if got || !self.ev.is_empty() {
+            progress::Step::Moved
+        } else if busy {
+            progress::Step::Waiting
         } else {
-            match rx.recv_timeout(IDLE_WAIT) {
-                Ok(c) => take(&mut eng, &ctl, c),
-                Err(RecvTimeoutError::Timeout) => {}
-                Err(RecvTimeoutError::Disconnected) => break,
-            }
+            progress::Step::Idle
         }
     }
-    sync_stats(eng.stats(), &sh.stats);
-    if let Err(e) = eng.close() {
-        warn!("closing IB comm ({} {}): {e}", sh.what, sh.peer);
+
+    fn panicked(&mut self, what: String) {
+        self.sh.fail(Error::Internal(what));
     }
 }
 
@@ -990,7 +1030,7 @@ struct Comm {
     sh: Arc<Shared>,
     /// The lock keeps slot order and command order the same.
     tx: Mutex<Option<ChanTx<Cmd>>>,
-    thread: Option<JoinHandle<()>>,
+    member: progress::Membership,
     mrs: MrCache,
 }
 
@@ -1001,6 +1041,7 @@ impl Comm {
         what: &'static str,
         eng: E,
         registrar: Arc<dyn Registrar>,
+        io_threads: Option<usize>,
     ) -> Result<Comm> {
         let sh = Arc::new(Shared {
             ring: Ring::default(),
@@ -1022,29 +1063,23 @@ impl Comm {
         let weak = Arc::downgrade(&sh);
         crate::stats_export::register(weak);
         let (tx, rx) = crossbeam_channel::unbounded();
-        let sh2 = sh.clone();
-        let thread = std::thread::Builder::new()
-            .name(format!("zip-ib-{}", &what[..4]))
-            .spawn(move || {
-                let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    run(eng, &sh2, rx, sock)
-                }));
-                if let Err(p) = r {
-                    let what = p
-                        .downcast_ref::<&str>()
-                        .map(|s| s.to_string())
-                        .or_else(|| p.downcast_ref::<String>().cloned())
-                        .unwrap_or_default();
-                    sh2.fail(Error::Internal(format!(
-                        "IB progress thread panicked: {what}"
-                    )));
-                }
-            })
-            .map_err(|e| Error::io("spawn IB progress thread", e))?;
+        let driver = Driver {
+            eng: Some(eng),
+            sh: sh.clone(),
+            rx,
+            ctl: Control {
+                sock,
+                inbox: Vec::new(),
+                eof: false,
+            },
+            ev: Vec::new(),
+            last_ctl: Instant::now(),
+        };
+        let member = progress::adopt(Box::new(driver), io_threads)?;
         Ok(Comm {
             sh,
             tx: Mutex::new(Some(tx)),
-            thread: Some(thread),
+            member,
             mrs: MrCache::new(registrar),
         })
     }
@@ -1073,7 +1108,8 @@ impl Comm {
             key,
             dev,
         })
-        .map_err(|_| Error::Internal("IB progress thread is gone".into()))?;
+        .map_err(|_| Error::Internal("IB progress is gone".into()))?;
+        self.member.kick();
         Ok(Some(slot))
     }
 }
@@ -1081,11 +1117,10 @@ impl Comm {
 impl Drop for Comm {
     fn drop(&mut self) {
         // Requests still in flight at close are abandoned (NCCL closes idle
-        // comms); the thread deregisters our memory and drops the fabric.
+        // comms); the worker deregisters our memory and drops the fabric
+        // before this returns.
         self.tx.lock().take();
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
+        self.member.wait_finished();
         info!(
             "closed IB comm ({} {}): {}",
             self.sh.what,
@@ -1101,10 +1136,23 @@ pub struct IbSendComm {
 }
 
 impl IbSendComm {
-    fn start<L: Link>(sock: Socket, peer: SocketAddr, fab: L, s: Sender) -> Result<Self> {
+    fn start<L: Link>(
+        sock: Socket,
+        peer: SocketAddr,
+        fab: L,
+        s: Sender,
+        io_threads: Option<usize>,
+    ) -> Result<Self> {
         let reg = fab.registrar();
         Ok(IbSendComm {
-            c: Comm::start(sock, peer, "send to", SendEngine { fab, s }, reg)?,
+            c: Comm::start(
+                sock,
+                peer,
+                "send to",
+                SendEngine { fab, s },
+                reg,
+                io_threads,
+            )?,
         })
     }
 
@@ -1147,10 +1195,23 @@ pub struct IbRecvComm {
 }
 
 impl IbRecvComm {
-    fn start<L: Link>(sock: Socket, peer: SocketAddr, fab: L, r: Receiver) -> Result<Self> {
+    fn start<L: Link>(
+        sock: Socket,
+        peer: SocketAddr,
+        fab: L,
+        r: Receiver,
+        io_threads: Option<usize>,
+    ) -> Result<Self> {
         let reg = fab.registrar();
         Ok(IbRecvComm {
-            c: Comm::start(sock, peer, "recv from", RecvEngine { fab, r }, reg)?,
+            c: Comm::start(
+                sock,
+                peer,
+                "recv from",
+                RecvEngine { fab, r },
+                reg,
+                io_threads,
+            )?,
         })
     }
 

@@ -5,8 +5,9 @@
 //! - [`mem_fabric`]: an in-memory RC model the protocol is tested against.
 //! - [`verbs`]: libibverbs loaded at run time (no link-time dependency).
 //! - [`device`]: HCA enumeration and `NCCL_IB_HCA` parsing.
-//! - [`comm`]: the listen/send/recv comms NCCL holds: TCP bootstrap, one
-//!   progress thread per comm, memory registration cache.
+//! - [`comm`]: the listen/send/recv comms NCCL holds: TCP bootstrap, progress
+//!   driven by [`progress`]'s shared workers, memory registration cache.
+//! - [`progress`]: the process-wide IB progress workers.
 //! - [`dmabuf`]: whether NCCL will register GPU buffers through `regMrDmaBuf`.
 
 pub mod comm;
@@ -15,6 +16,7 @@ pub mod dmabuf;
 pub mod fabric;
 pub mod gdr;
 pub mod mem_fabric;
+pub mod progress;
 pub mod proto;
 pub mod region;
 pub mod verbs;

@@ -41,6 +41,7 @@ use crate::stats::{OwnedCharge, Stats};
 use super::fabric::{Completion, Fabric, Local, Mr, Remote, WcOp, WcStatus};
 use super::gdr::DevLane;
 use super::region::Region;
+use crate::budget::{Budget, Reservation, BUFFERS};
 
 /// CTS FIFO entries: one per request slot, indexed by `seq % FIFO_DEPTH`.
 pub const FIFO_DEPTH: usize = NSLOTS;
@@ -80,6 +81,11 @@ pub struct Params {
     /// GPU lanes per device and direction for compressed chunks of device
     /// buffers (`NCCL_ZIP_GPU_LANES`; the pools are shared by all comms).
     pub gpu_lanes: usize,
+    /// Cap on the process's staging and frame buffers, all IB comms together
+    /// ([`crate::budget`]; `NCCL_ZIP_BUFFER_MB`).
+    pub buffer_cap: u64,
+    /// The budget they count against ([`BUFFERS`]; tests give their own).
+    pub budget: &'static Budget,
 }
 
 impl Default for Params {
@@ -92,6 +98,8 @@ impl Default for Params {
             send_bufs: 8,
             sq_depth: 128,
             gpu_lanes: 16,
+            buffer_cap: u64::MAX,
+            budget: &BUFFERS,
         }
     }
 }
@@ -337,10 +345,13 @@ pub struct Sender {
     fifo_mr: Mr,
     info_src: Region,
     info_mr: Mr,
-    /// Registered compression outputs; `None` while a write reads one.
+    /// Registered compression outputs, made when the first chunk is worth
+    /// compressing and the budget allows ([`Sender::ensure_bufs`]).
     bufs: Vec<Vec<u8>>,
     buf_mrs: Vec<Mr>,
     free_bufs: Vec<usize>,
+    /// The budget `bufs` hold, and their charge in the stats.
+    bufs_held: Option<(Reservation<'static>, OwnedCharge)>,
     peer_info: Option<Endpoint>,
     queue: VecDeque<OutMsg>,
     next_seq: u64,
@@ -349,7 +360,7 @@ pub struct Sender {
     /// GPU lane for compressed chunks of device buffers (made on first use).
     lane: DevLane,
     pub stats: Stats,
-    /// The regions and `bufs`, counted in the stats and `HELD`.
+    /// The FIFO and info regions, counted in the stats and `HELD`.
     _held: OwnedCharge,
     failed: Failure,
     wc: Vec<Completion>,
@@ -365,28 +376,18 @@ impl Sender {
         // in `close` before dropping them (or the fabric's own teardown does).
         let fifo_mr = unsafe { fab.reg_mr(fifo.as_mut_ptr(), fifo.len())? };
         let info_mr = unsafe { fab.reg_mr(info_src.as_mut_ptr(), info_src.len())? };
-        let blen = max_wire(p.max_chunk);
-        let mut bufs = Vec::new();
-        let mut buf_mrs = Vec::new();
-        for _ in 0..p.send_bufs {
-            let mut b = vec![0u8; blen];
-            // SAFETY: the Vec's heap block never moves (it is never resized) and
-            // lives in the Sender like the regions above.
-            buf_mrs.push(unsafe { fab.reg_mr(b.as_mut_ptr(), b.len())? });
-            bufs.push(b);
-        }
         let stats = Stats::default();
-        let held = fifo.len() + info_src.len() + bufs.iter().map(Vec::len).sum::<usize>();
-        let held = OwnedCharge::new(&stats, held as u64);
+        let held = OwnedCharge::new(&stats, (fifo.len() + info_src.len()) as u64);
         Ok(Sender {
-            free_bufs: (0..bufs.len()).rev().collect(),
+            free_bufs: Vec::new(),
             nqps,
             fifo,
             fifo_mr,
             info_src,
             info_mr,
-            bufs,
-            buf_mrs,
+            bufs: Vec::new(),
+            buf_mrs: Vec::new(),
+            bufs_held: None,
             peer_info: None,
             queue: VecDeque::new(),
             next_seq: 0,
@@ -399,6 +400,40 @@ impl Sender {
             wc: Vec::new(),
             p,
         })
+    }
+
+    /// Makes and registers the frame buffers if the budget allows; `false`
+    /// (send raw) when it does not. Tried again at the next chunk worth
+    /// compressing; never waits.
+    fn ensure_bufs<F: Fabric>(&mut self, fab: &mut F) -> Result<bool> {
+        if self.bufs_held.is_some() {
+            return Ok(true);
+        }
+        let blen = max_wire(self.p.max_chunk);
+        let total = (blen * self.p.send_bufs) as u64;
+        let Some(res) = self.p.budget.reserve(total, self.p.buffer_cap) else {
+            self.stats.add(&self.stats.budget_refusals, 1);
+            return Ok(false);
+        };
+        for _ in 0..self.p.send_bufs {
+            let mut b = vec![0u8; blen];
+            // SAFETY: the Vec's heap block never moves (it is never resized) and
+            // lives in the Sender like the regions (deregistered in `close`).
+            match unsafe { fab.reg_mr(b.as_mut_ptr(), b.len()) } {
+                Ok(mr) => self.buf_mrs.push(mr),
+                Err(e) => {
+                    for m in self.buf_mrs.drain(..) {
+                        let _ = fab.dereg_mr(&m);
+                    }
+                    self.bufs.clear();
+                    return Err(e);
+                }
+            }
+            self.bufs.push(b);
+        }
+        self.free_bufs = (0..self.bufs.len()).rev().collect();
+        self.bufs_held = Some((res, OwnedCharge::new(&self.stats, total)));
+        Ok(true)
     }
 
     /// Whether a device chunk has needed a GPU lane (tests).
@@ -563,7 +598,12 @@ impl Sender {
         let mut wire: Option<(usize, usize)> = None; // (buf, wire len)
         let room = (cts.stage_len as usize).saturating_sub(m.stage_cursor);
         let on_dev = m.dev.is_some();
-        if len > 0 && len <= self.p.max_chunk && room >= crate::adapt::MIN_COMPRESS_BYTES.min(len) {
+        if len > 0
+            && len <= self.p.max_chunk
+            && room >= crate::adapt::MIN_COMPRESS_BYTES.min(len)
+            && self.ensure_bufs(fab)?
+        {
+            let m = &self.queue[i];
             if let Some(b) = self.free_bufs.pop() {
                 let r = match &m.dev {
                     None => {
@@ -764,8 +804,10 @@ pub struct Receiver {
     nqps: usize,
     info: Region,
     info_mr: Mr,
-    stage: Region,
-    stage_mr: Mr,
+    /// The staging slots' memory, made at the first receive the budget allows
+    /// ([`Receiver::ensure_stage`]); without it receives grant no staging.
+    stage: Option<Stage>,
+    /// Staging slots = credits, whether or not they have memory.
     free_stage: Vec<usize>,
     cts_src: Region,
     cts_mr: Mr,
@@ -780,10 +822,18 @@ pub struct Receiver {
     /// Host chunks' decoder (keeps decode tables across chunks).
     decoder: ChunkDecoder,
     pub stats: Stats,
-    /// The regions, counted in the stats and `HELD`.
+    /// The info and CTS regions, counted in the stats and `HELD`.
     _held: OwnedCharge,
     failed: Failure,
     wc: Vec<Completion>,
+}
+
+/// A receiver's registered staging memory and the budget it holds.
+struct Stage {
+    region: Region,
+    mr: Mr,
+    _res: Reservation<'static>,
+    _charge: OwnedCharge,
 }
 
 impl Receiver {
@@ -791,11 +841,9 @@ impl Receiver {
         p.validate()?;
         let nqps = fab.nqps();
         let info = Region::new(FIFO_DEPTH * INFO_SIZE)?;
-        let stage = Region::new(p.stage_slots * p.stage_bytes)?;
         let cts_src = Region::new(FIFO_DEPTH * CTS_SIZE)?;
         // SAFETY: as in Sender::new: the regions live in the Receiver.
         let info_mr = unsafe { fab.reg_mr(info.as_mut_ptr(), info.len())? };
-        let stage_mr = unsafe { fab.reg_mr(stage.as_mut_ptr(), stage.len())? };
         let cts_mr = unsafe { fab.reg_mr(cts_src.as_mut_ptr(), cts_src.len())? };
         for qp in 0..nqps {
             for _ in 0..p.rq_depth() {
@@ -803,14 +851,13 @@ impl Receiver {
             }
         }
         let stats = Stats::default();
-        let held = OwnedCharge::new(&stats, (info.len() + stage.len() + cts_src.len()) as u64);
+        let held = OwnedCharge::new(&stats, (info.len() + cts_src.len()) as u64);
         Ok(Receiver {
             free_stage: (0..p.stage_slots).rev().collect(),
             nqps,
             info,
             info_mr,
-            stage,
-            stage_mr,
+            stage: None,
             cts_src,
             cts_mr,
             peer_fifo: None,
@@ -828,9 +875,37 @@ impl Receiver {
         })
     }
 
+    /// Makes and registers the staging memory if the budget allows; `false`
+    /// when it does not (the receive grants no staging: its chunks come raw).
+    fn ensure_stage<F: Fabric>(&mut self, fab: &mut F) -> Result<bool> {
+        if self.stage.is_some() {
+            return Ok(true);
+        }
+        let len = self.p.stage_slots * self.p.stage_bytes;
+        let Some(res) = self.p.budget.reserve(len as u64, self.p.buffer_cap) else {
+            self.stats.add(&self.stats.budget_refusals, 1);
+            return Ok(false);
+        };
+        let region = Region::new(len)?;
+        // SAFETY: the region lives in the Receiver (deregistered in `close`).
+        let mr = unsafe { fab.reg_mr(region.as_mut_ptr(), region.len())? };
+        self.stage = Some(Stage {
+            region,
+            mr,
+            _res: res,
+            _charge: OwnedCharge::new(&self.stats, len as u64),
+        });
+        Ok(true)
+    }
+
     /// Whether a device chunk has needed a GPU lane (tests).
     pub fn has_lane(&self) -> bool {
         self.lane.has_lane()
+    }
+
+    /// Whether this receiver holds staging memory (tests).
+    pub fn has_stage(&self) -> bool {
+        self.stage.is_some()
     }
 
     /// The info table the sender writes records into.
@@ -913,17 +988,28 @@ impl Receiver {
             if self.free_stage.is_empty() || self.sq_used >= self.p.sq_depth {
                 return Ok(());
             }
+            let staged = self.ensure_stage(fab)?;
             let slot = self.free_stage.pop().expect("checked");
             let k = seq as usize % FIFO_DEPTH;
             let m = self.msgs[k].as_mut().expect("waiting receives are posted");
             m.stage = Some(slot);
+            // Without staging memory the credit grants none: the sender writes
+            // every chunk raw into NCCL's buffer.
+            let (stage, stage_rkey, stage_len) = match (&self.stage, staged) {
+                (Some(st), true) => (
+                    st.mr.addr + (slot * self.p.stage_bytes) as u64,
+                    st.mr.rkey,
+                    self.p.stage_bytes as u32,
+                ),
+                _ => (0, 0, 0),
+            };
             let cts = Cts {
                 buf: m.buf,
-                stage: self.stage_mr.addr + (slot * self.p.stage_bytes) as u64,
+                stage,
                 buf_rkey: m.rkey,
-                stage_rkey: self.stage_mr.rkey,
+                stage_rkey,
                 cap: m.cap as u32,
-                stage_len: self.p.stage_bytes as u32,
+                stage_len,
                 stamp: seq + 1,
             };
             self.cts_src.write(k * CTS_SIZE, &cts.encode());
@@ -1083,6 +1169,12 @@ impl Receiver {
         let raw_len = chunk.min(total - off);
         if e.compressed {
             let slot = m.stage.expect("a CTS'd receive holds a slot");
+            let Some(st) = &self.stage else {
+                return Err(corrupt(format!(
+                    "compressed chunk {} of message {} with no staging granted",
+                    e.chunk, m.seq
+                )));
+            };
             if e.stage_off + e.byte_len > self.p.stage_bytes || raw_len == 0 {
                 return Err(corrupt(format!(
                     "frame {}+{} beyond the staging slot",
@@ -1092,7 +1184,7 @@ impl Receiver {
             // SAFETY: the frame's write completed (we hold its completion), and no
             // other write targets this part of the slot until the message is done.
             let frame = unsafe {
-                self.stage
+                st.region
                     .settled(slot * self.p.stage_bytes + e.stage_off, e.byte_len)
             };
             let dst = m.buf + off as u64;
@@ -1130,9 +1222,11 @@ impl Receiver {
     }
 
     pub fn close<F: Fabric>(self, fab: &mut F) -> Result<()> {
-        fab.dereg_mr(&self.info_mr)
-            .and(fab.dereg_mr(&self.stage_mr))
-            .and(fab.dereg_mr(&self.cts_mr))
+        let mut r = fab.dereg_mr(&self.info_mr).and(fab.dereg_mr(&self.cts_mr));
+        if let Some(st) = &self.stage {
+            r = r.and(fab.dereg_mr(&st.mr));
+        }
+        r
     }
 
     /// QPs this side drives.

@@ -22,83 +22,96 @@ enum Stage {
 }
 
 pub struct ConnectState {
-    socks: Vec<(Socket, Stage)>,
-    hello: Vec<[u8; HELLO_SIZE]>,
-    peer: SocketAddr,
+    sock: Socket,
+    stage: Stage,
+    hello: [u8; HELLO_SIZE],
+    target: Target,
     link_mbps: u64,
     cfg: Arc<Config>,
 }
 
-impl ConnectState {
-    /// Starts `cfg.nstreams` + 1 non-blocking connects to the listener in `handle`:
-    /// the data streams, then the inline stream.
-    pub fn start(handle: &Handle, link_mbps: u64, cfg: Arc<Config>) -> Result<ConnectState> {
-        let conn_id: u64 = rand::random();
-        let n = cfg.nstreams + 1;
-        let mut socks = Vec::with_capacity(n);
-        let mut hello = Vec::with_capacity(n);
-        for i in 0..n {
-            let s = start_connect(handle.addr)?;
-            socks.push((s, Stage::Connecting));
-            hello.push(
-                Hello {
-                    secret: handle.secret,
-                    conn_id,
-                    stream: i as u16,
-                    nstreams: n as u16,
-                    max_chunk: cfg.max_chunk as u32,
-                }
-                .encode(),
-            );
+/// Where a send comm opens its data streams later, and what they present.
+#[derive(Clone, Copy, Debug)]
+pub struct Target {
+    pub peer: SocketAddr,
+    pub secret: u64,
+    pub conn_id: u64,
+    /// Streams of the connection, the inline stream included (the hello's count).
+    pub nstreams: u16,
+    pub max_chunk: u32,
+}
+
+impl Target {
+    /// The hello of stream `stream` (the last index is the inline stream).
+    pub fn hello(&self, stream: usize) -> [u8; HELLO_SIZE] {
+        Hello {
+            secret: self.secret,
+            conn_id: self.conn_id,
+            stream: stream as u16,
+            nstreams: self.nstreams,
+            max_chunk: self.max_chunk,
         }
-        Ok(ConnectState {
-            socks,
-            hello,
+        .encode()
+    }
+}
+
+impl ConnectState {
+    /// Starts a non-blocking connect of the inline stream to the listener in
+    /// `handle`. The data streams (`cfg.nstreams`) are opened later, on demand, by
+    /// the send comm.
+    pub fn start(handle: &Handle, link_mbps: u64, cfg: Arc<Config>) -> Result<ConnectState> {
+        let target = Target {
             peer: handle.addr,
+            secret: handle.secret,
+            conn_id: rand::random(),
+            nstreams: (cfg.nstreams + 1) as u16,
+            max_chunk: cfg.max_chunk as u32,
+        };
+        Ok(ConnectState {
+            sock: start_connect(handle.addr)?,
+            stage: Stage::Connecting,
+            hello: target.hello(cfg.nstreams),
+            target,
             link_mbps,
             cfg,
         })
     }
 
-    /// Advances every stream as far as it goes without blocking. `Ok(true)` when all
-    /// streams have sent their hello.
+    /// Advances the connect as far as it goes without blocking. `Ok(true)` once
+    /// the inline stream has sent its hello.
     pub fn progress(&mut self) -> Result<bool> {
-        let peer = self.peer;
-        for (i, (s, stage)) in self.socks.iter_mut().enumerate() {
-            if let Stage::Connecting = stage {
-                if !writable(s).map_err(|e| Error::io("poll", e))? {
-                    continue;
-                }
-                if let Some(e) = s.take_error().map_err(|e| Error::io("getsockopt", e))? {
-                    return Err(Error::io(format!("connect to {peer}"), e));
-                }
-                *stage = Stage::Hello(0);
+        let peer = self.target.peer;
+        let s = &self.sock;
+        if let Stage::Connecting = self.stage {
+            if !writable(s).map_err(|e| Error::io("poll", e))? {
+                // No deadline of our own: NCCL calls connect again until the peer
+                // accepts or the job aborts (runtime connect, 2.22+, may start
+                // long before the peer accepts). Timeouts apply on the listen
+                // side only.
+                return Ok(false);
             }
-            if let Stage::Hello(done) = stage {
-                match s.send_with_flags(&self.hello[i][*done..], libc::MSG_NOSIGNAL) {
-                    Ok(k) => *done += k,
-                    Err(e)
-                        if e.kind() == io::ErrorKind::WouldBlock
-                            || e.kind() == io::ErrorKind::Interrupted => {}
-                    Err(e) => return Err(Error::io(format!("handshake with {peer}"), e)),
-                }
-                if *done == HELLO_SIZE {
-                    *stage = Stage::Ready;
-                }
+            if let Some(e) = s.take_error().map_err(|e| Error::io("getsockopt", e))? {
+                return Err(Error::io(format!("connect to {peer}"), e));
+            }
+            self.stage = Stage::Hello(0);
+        }
+        if let Stage::Hello(done) = &mut self.stage {
+            match s.send_with_flags(&self.hello[*done..], libc::MSG_NOSIGNAL) {
+                Ok(k) => *done += k,
+                Err(e)
+                    if e.kind() == io::ErrorKind::WouldBlock
+                        || e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(Error::io(format!("handshake with {peer}"), e)),
+            }
+            if *done == HELLO_SIZE {
+                self.stage = Stage::Ready;
             }
         }
-        if self.socks.iter().all(|(_, st)| matches!(st, Stage::Ready)) {
-            return Ok(true);
-        }
-        // No deadline of our own: NCCL calls connect again until the peer
-        // accepts or the job aborts (runtime connect, 2.22+, may start long
-        // before the peer accepts). Timeouts apply on the listen side only.
-        Ok(false)
+        Ok(matches!(self.stage, Stage::Ready))
     }
 
     /// Turns a finished connect into a send comm.
     pub fn finish(self) -> Result<SendComm> {
-        let socks = self.socks.into_iter().map(|(s, _)| s).collect();
-        SendComm::new(socks, self.peer, self.link_mbps, self.cfg)
+        SendComm::new(self.sock, self.target, self.link_mbps, self.cfg)
     }
 }

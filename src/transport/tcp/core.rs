@@ -3,7 +3,7 @@
 
 use std::net::{Shutdown, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
@@ -33,8 +33,9 @@ pub struct RxLimits {
 
 pub struct Core {
     pub ring: Ring,
-    /// The data streams (shared with whoever drives them).
-    pub socks: Vec<Arc<Socket>>,
+    /// The data streams, each set once it is up (the sender opens them on
+    /// demand, see `send.rs`); shared with whoever drives them.
+    pub socks: Box<[OnceLock<Arc<Socket>>]>,
     /// The inline stream, driven by NCCL's thread.
     pub inline: Inline,
     /// Receivers: the limits of inline messages (None: this is a sender).
@@ -56,37 +57,37 @@ pub struct Core {
 }
 
 impl Core {
-    /// `socks`: the data streams, then the inline stream (at least two in all).
-    /// `rx`: receivers only. The core is returned in an `Arc` with the ring's
-    /// progress hook pointing at it.
+    /// `nstreams` data streams at most (none up yet: see [`Core::attach`]), and
+    /// the inline stream `inline`. `rx`: receivers only. The core is returned in
+    /// an `Arc` with the ring's progress hook pointing at it.
     pub fn new(
-        mut socks: Vec<Socket>,
+        nstreams: usize,
+        inline: Socket,
         peer: SocketAddr,
         direction: &'static str,
         report_every: Option<Duration>,
         rx: Option<RxLimits>,
     ) -> Result<std::sync::Arc<Core>> {
-        let inline = match socks.len() {
-            0 | 1 => {
-                return Err(Error::Internal(format!(
-                    "a comm needs at least one data stream and the inline stream, got {} sockets",
-                    socks.len()
-                )))
-            }
-            _ => Inline::new(
-                socks.pop().expect("two or more"),
-                rx.map(|lim| (peer, lim.max_chunk)),
-            )?,
-        };
+        if nstreams == 0 {
+            return Err(Error::Internal(
+                "a comm needs at least one data stream".into(),
+            ));
+        }
+        let inline = Inline::new(inline, rx.map(|lim| (peer, lim.max_chunk)))?;
         HELD.comms.fetch_add(1, Relaxed);
-        // A receiver's ring is fed by the data streams and the inline stream.
+        // A receiver's ring is fed by the data streams and the inline stream;
+        // the data streams are absent until the sender opens them.
         let ring = match rx {
-            Some(_) => Ring::with_producers(socks.len() + 1),
+            Some(_) => {
+                let r = Ring::with_producers(nstreams + 1);
+                (0..nstreams).for_each(|k| r.producer_absent(k));
+                r
+            }
             None => Ring::default(),
         };
         let core = std::sync::Arc::new(Core {
             ring,
-            socks: socks.into_iter().map(Arc::new).collect(),
+            socks: (0..nstreams).map(|_| OnceLock::new()).collect(),
             inline,
             rx,
             devs: std::array::from_fn(|_| Mutex::new(None)),
@@ -146,6 +147,11 @@ impl Core {
     /// the comm fails with a remote error (quietly if nothing is pending). It fails
     /// earlier if a pending receive can no longer complete: see [`Core::stalled`].
     pub fn stream_ended(&self, who: usize) {
+        if who == self.inline_producer() {
+            // The sender closed: a data stream not attached by now never carried
+            // a byte (the sender writes only once we have attached it).
+            self.ring.absent_end();
+        }
         let verdict = stream::stream_ended(&self.ring, who, self.peer);
         if self.closing() {
             return;
@@ -241,11 +247,37 @@ impl Core {
         for s in self
             .socks
             .iter()
-            .map(|s| &**s)
+            .filter_map(|s| s.get().map(|s| &**s))
             .chain([self.inline.socket()])
         {
             let _ = s.shutdown(Shutdown::Both);
         }
+    }
+
+    /// Data stream `who` is up with `sock`. False if it already was, or (receivers)
+    /// if it can no longer come because the sender closed.
+    pub fn attach(&self, who: usize, sock: Arc<Socket>) -> bool {
+        let Some(slot) = self.socks.get(who) else {
+            return false;
+        };
+        if self.rx.is_some() && !self.ring.producer_attach(who) {
+            return false;
+        }
+        if slot.set(sock).is_err() {
+            return false;
+        }
+        self.stats.add(&self.stats.streams, 1);
+        HELD.data_streams.fetch_add(1, Relaxed);
+        if self.stopped() {
+            // Raced with a failure or a close: cut it like the others.
+            self.shutdown();
+        }
+        true
+    }
+
+    /// Data streams up now.
+    pub fn streams_up(&self) -> usize {
+        self.socks.iter().filter(|s| s.get().is_some()).count()
     }
 
     /// Close: with `abort`, in-flight I/O is cut off; otherwise queued data drains.
@@ -288,6 +320,8 @@ impl Drop for Core {
     fn drop(&mut self) {
         crate::stats_export::retire(self);
         HELD.comms.fetch_sub(1, Relaxed);
+        HELD.data_streams
+            .fetch_sub(self.streams_up() as u64, Relaxed);
         info!("{}", HELD.summary());
     }
 }

@@ -1,27 +1,51 @@
-//! The listening side: a non-blocking listener that sorts incoming sockets into
-//! comms by their hello, and drops anything that does not present our secret.
+//! The listening side: one non-blocking listener per device address for the
+//! whole process, shared by every listen comm and every live receive comm on
+//! that address. It sorts incoming sockets by their hello, and drops anything
+//! that does not present a secret we know.
+//!
+//! Why shared: a connection's data streams are opened by the sender on demand,
+//! possibly long after `accept` returned, and NCCL calls `closeListen` right after
+//! `accept` completes; so a late stream cannot rely on the listen comm's socket.
+//! One listener per address costs 1 fd per device per process instead of one per
+//! listen comm. It lives as long as the process (like the I/O workers), driven
+//! by one of the shared I/O workers and polled by `accept` too.
+//!
+//! Sorting: the hello's secret (random per listen comm, also in the handle)
+//! names the listen comm; its connection id names the connection. A connection's
+//! inline stream (the last index) is the first to come: it makes a new connection,
+//! handed out by that listen comm's `accept`. A data stream joins its live receive
+//! comm, found by secret and connection id (after `closeListen` too), or waits
+//! with its connection for `accept` if it came first.
 //!
 //! On a shared node anyone can connect to our port. A stranger's connection is
-//! closed (with a WARN) without disturbing the listener or the real peer; a silent
-//! one is dropped after `NCCL_ZIP_HANDSHAKE_TIMEOUT_MS`.
+//! closed (with a WARN) without disturbing the listener or any real peer; a silent
+//! one is dropped after `NCCL_ZIP_HANDSHAKE_TIMEOUT_MS`; at most [`MAX_PENDING`]
+//! half-open connections are kept at once.
 
 use std::collections::HashMap;
 use std::io::{self, Read};
 use std::net::SocketAddr;
-use std::sync::Arc;
-use std::time::Instant;
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
 
+use parking_lot::Mutex;
 use socket2::Socket;
 use tracing::{info, warn};
 
 use super::recv::RecvComm;
 use super::sock::{bind_listener, random_secret};
+use super::workers::{workers, Driven, Next, Registration};
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::proto::wire::{Handle, Hello, PeerInfo, HELLO_MAX, HELLO_PREFIX};
 
 /// Most half-open connections we keep at once; beyond that the oldest is dropped.
 const MAX_PENDING: usize = 256;
+
+/// The byte a receiver writes on a data stream once it has attached it to its
+/// comm: the sender writes no chunk on a data stream before it reads this.
+pub const STREAM_ACK: u8 = 0xA5;
 
 struct Pending {
     sock: Socket,
@@ -33,56 +57,116 @@ struct Pending {
     since: Instant,
 }
 
+/// A connection that `accept` has not handed out yet.
 struct Group {
-    streams: Vec<Option<Socket>>,
+    /// Set once the inline stream has come: the connection is then ready.
+    inline: Option<Socket>,
+    /// Data streams that came before `accept` took the connection.
+    early: Vec<(usize, Socket)>,
+    nstreams: u16,
     max_chunk: u32,
     peer: SocketAddr,
     since: Instant,
 }
 
-pub struct ListenComm {
-    listener: Socket,
-    handle: Handle,
-    pending: Vec<Pending>,
+/// What a listen comm's `accept` picks up.
+#[derive(Default)]
+struct Inbox {
     groups: HashMap<u64, Group>,
-    cfg: Arc<Config>,
+    /// A peer that knows the secret but speaks another protocol version.
+    errors: Vec<Error>,
 }
 
-impl ListenComm {
-    /// Binds an ephemeral port on `addr` (the device's address).
-    pub fn bind(addr: SocketAddr, cfg: Arc<Config>) -> Result<ListenComm> {
-        let (s, local) = bind_listener(addr)?;
-        let secret = random_secret();
-        Ok(ListenComm {
-            listener: s,
-            handle: Handle {
-                addr: local,
-                secret,
-            },
-            pending: Vec::new(),
-            groups: HashMap::new(),
-            cfg,
-        })
+/// A live receive comm, as the listener sees it: where its late data streams go.
+pub(super) trait Attach: Send + Sync {
+    /// Takes data stream `who`; false if the comm can no longer take it (the
+    /// socket is then dropped).
+    fn attach(&self, who: usize, sock: Socket) -> bool;
+}
+
+struct Live {
+    nstreams: u16,
+    max_chunk: u32,
+    comm: Weak<dyn Attach>,
+}
+
+#[derive(Default)]
+struct State {
+    pending: Vec<Pending>,
+    /// By secret.
+    listens: HashMap<u64, Inbox>,
+    /// By (secret, connection id).
+    conns: HashMap<(u64, u64), Live>,
+}
+
+/// The process's listener on one address.
+pub struct Shared {
+    sock: Socket,
+    addr: SocketAddr,
+    timeout: Duration,
+    state: Mutex<State>,
+}
+
+static LISTENERS: Mutex<Vec<(SocketAddr, Arc<Shared>, Registration)>> =
+    parking_lot::const_mutex(Vec::new());
+
+/// The process's listener on `bind` (an address with port 0), made on first use.
+fn shared(bind: SocketAddr, cfg: &Config) -> Result<Arc<Shared>> {
+    let mut all = LISTENERS.lock();
+    if let Some((_, s, _)) = all.iter().find(|(a, _, _)| *a == bind) {
+        return Ok(s.clone());
+    }
+    let (sock, addr) = bind_listener(bind)?;
+    let s = Arc::new(Shared {
+        sock,
+        addr,
+        timeout: cfg.handshake_timeout,
+        state: Mutex::new(State::default()),
+    });
+    let reg = workers(cfg.io_threads)?.register(s.clone())?;
+    info!(
+        "listening on {addr} for every TCP comm of this process on {}",
+        bind.ip()
+    );
+    all.push((bind, s.clone(), reg));
+    Ok(s)
+}
+
+impl Driven for Shared {
+    fn fd(&self) -> RawFd {
+        self.sock.as_raw_fd()
     }
 
-    pub fn handle(&self) -> &Handle {
-        &self.handle
+    fn run(&self) -> Next {
+        let half_open = self.poll();
+        if half_open {
+            // Hellos still coming, or silent strangers to time out.
+            Next::Retry
+        } else {
+            Next::Readable
+        }
     }
+}
 
-    /// One non-blocking step: takes new connections, reads hellos, and returns a comm
-    /// once every stream of one connector has arrived.
-    pub fn accept(&mut self) -> Result<Option<RecvComm>> {
+impl Shared {
+    /// One non-blocking step: takes new connections, reads hellos, sorts
+    /// complete ones, and drops what timed out. True while connections are
+    /// half-open.
+    fn poll(&self) -> bool {
+        let mut st = self.state.lock();
         loop {
-            match self.listener.accept() {
+            match self.sock.accept() {
                 Ok((sock, addr)) => {
                     let peer = addr.as_socket().unwrap_or_else(|| ([0, 0, 0, 0], 0).into());
-                    sock.set_nonblocking(true)
-                        .map_err(|e| Error::io("set_nonblocking", e))?;
-                    if self.pending.len() >= MAX_PENDING {
-                        let old = self.pending.remove(0);
+                    if let Err(e) = sock.set_nonblocking(true) {
+                        warn!("dropping connection from {peer}: set_nonblocking: {e}");
+                        continue;
+                    }
+                    if st.pending.len() >= MAX_PENDING {
+                        let old = st.pending.remove(0);
                         warn!("dropping half-open connection from {} (more than {MAX_PENDING} pending)", old.peer);
                     }
-                    self.pending.push(Pending {
+                    st.pending.push(Pending {
                         sock,
                         peer,
                         buf: [0; HELLO_MAX],
@@ -95,115 +179,295 @@ impl ListenComm {
                 Err(e)
                     if e.kind() == io::ErrorKind::Interrupted
                         || e.kind() == io::ErrorKind::ConnectionAborted => {}
-                Err(e) => return Err(Error::io("accept", e)),
+                Err(e) => {
+                    // EMFILE and the like: try again later, the others go on.
+                    warn!("accept on {}: {e}", self.addr);
+                    break;
+                }
             }
         }
-        let timeout = self.cfg.handshake_timeout;
-        let secret = self.handle.secret;
+        let timeout = self.timeout;
         let mut i = 0;
-        while i < self.pending.len() {
-            let p = &mut self.pending[i];
-            let outcome: Option<Result<(Hello, PeerInfo)>> =
-                match (&p.sock).read(&mut p.buf[p.got..p.want]) {
-                    Ok(0) => Some(Err(Error::Remote(
-                        "closed before completing the handshake".into(),
-                    ))),
-                    Ok(n) => {
-                        p.got += n;
-                        if p.got < p.want {
-                            None
-                        } else if p.want == HELLO_PREFIX {
-                            // The prefix says how long the whole hello is.
-                            match Hello::length(p.buf[..HELLO_PREFIX].try_into().unwrap()) {
-                                Ok(len) => {
-                                    p.want = len;
-                                    None
-                                }
-                                Err(e) => Some(Err(e)),
+        while i < st.pending.len() {
+            let p = &mut st.pending[i];
+            let outcome: Option<Result<()>> = match (&p.sock).read(&mut p.buf[p.got..p.want]) {
+                Ok(0) => Some(Err(Error::Remote(
+                    "closed before completing the handshake".into(),
+                ))),
+                Ok(n) => {
+                    p.got += n;
+                    if p.got < p.want {
+                        None
+                    } else if p.want == HELLO_PREFIX {
+                        // The prefix says how long the whole hello is.
+                        match Hello::length(p.buf[..HELLO_PREFIX].try_into().unwrap()) {
+                            Ok(len) => {
+                                p.want = len;
+                                continue; // read the rest now if it is there
                             }
-                        } else {
-                            Some(Hello::decode_info(&p.buf[..p.want], secret))
+                            Err(e) => Some(Err(e)),
                         }
+                    } else {
+                        Some(Ok(()))
                     }
-                    Err(e)
-                        if e.kind() == io::ErrorKind::WouldBlock
-                            || e.kind() == io::ErrorKind::Interrupted =>
-                    {
-                        (p.since.elapsed() > timeout)
-                            .then(|| Err(Error::Remote(format!("no handshake within {timeout:?}"))))
-                    }
-                    Err(e) => Some(Err(Error::io("reading a hello", e))),
-                };
+                }
+                Err(e)
+                    if e.kind() == io::ErrorKind::WouldBlock
+                        || e.kind() == io::ErrorKind::Interrupted =>
+                {
+                    (p.since.elapsed() > timeout)
+                        .then(|| Err(Error::Remote(format!("no handshake within {timeout:?}"))))
+                }
+                Err(e) => Some(Err(Error::io("reading a hello", e))),
+            };
             match outcome {
                 None => i += 1,
-                // Our peer (it knows the secret) speaking another protocol
-                // version: the accept fails, naming both versions.
-                Some(Err(e @ Error::InvalidUsage(_))) => {
-                    let p = self.pending.swap_remove(i);
-                    return Err(Error::InvalidUsage(format!(
-                        "connection from {}: {e}",
-                        p.peer
-                    )));
-                }
                 Some(Err(why)) => {
-                    let p = self.pending.swap_remove(i);
+                    let p = st.pending.swap_remove(i);
                     warn!("rejected connection from {}: {why}", p.peer);
                 }
-                Some(Ok((h, info))) => {
-                    let p = self.pending.swap_remove(i);
-                    if h.stream == 0 && info != PeerInfo::ours() {
-                        info!(
-                            "connection from {} runs {info}, we run {}",
-                            p.peer,
-                            PeerInfo::ours()
-                        );
-                    }
-                    self.add_stream(h, p.sock, p.peer);
+                Some(Ok(())) => {
+                    let p = st.pending.swap_remove(i);
+                    sort(&mut st, p);
                 }
             }
         }
-        self.groups.retain(|_, g| {
-            let keep = g.since.elapsed() <= timeout;
-            if !keep {
-                warn!("dropping incomplete connection from {}: not all streams arrived within {timeout:?}", g.peer);
-            }
-            keep
-        });
-        let done = self
-            .groups
-            .iter()
-            .find(|(_, g)| g.streams.iter().all(Option::is_some))
-            .map(|(k, _)| *k);
-        match done {
-            None => Ok(None),
-            Some(id) => {
-                let g = self.groups.remove(&id).expect("group present");
-                let socks: Vec<Socket> = g
-                    .streams
-                    .into_iter()
-                    .map(|s| s.expect("complete"))
-                    .collect();
-                info!("accepted {} streams from {}", socks.len(), g.peer);
-                RecvComm::new(socks, g.peer, g.max_chunk as usize, self.cfg.clone()).map(Some)
+        if st.listens.is_empty() && st.conns.is_empty() && !st.pending.is_empty() {
+            // No listen comm and no receive comm left on this address: nothing
+            // we wait for can come any more (as when a listen comm of its own was
+            // closed, before the listener was shared).
+            for p in st.pending.drain(..) {
+                warn!(
+                    "dropping half-open connection from {}: no comm left to connect to",
+                    p.peer
+                );
             }
         }
+        for inbox in st.listens.values_mut() {
+            inbox.groups.retain(|_, g| {
+                let keep = g.inline.is_some() || g.since.elapsed() <= timeout;
+                if !keep {
+                    warn!("dropping incomplete connection from {}: its inline stream did not arrive within {timeout:?}", g.peer);
+                }
+                keep
+            });
+        }
+        !st.pending.is_empty()
+            || st
+                .listens
+                .values()
+                .any(|i| i.groups.values().any(|g| g.inline.is_none()))
     }
+}
 
-    fn add_stream(&mut self, h: Hello, sock: Socket, peer: SocketAddr) {
-        let g = self.groups.entry(h.conn_id).or_insert_with(|| Group {
-            streams: (0..h.nstreams).map(|_| None).collect(),
-            max_chunk: h.max_chunk,
-            peer,
-            since: Instant::now(),
-        });
-        let idx = h.stream as usize;
-        if g.streams.len() != h.nstreams as usize
-            || g.max_chunk != h.max_chunk
-            || g.streams[idx].is_some()
-        {
-            warn!("rejected connection from {peer}: hello disagrees with its connection's other streams");
+/// Puts a socket whose whole hello has arrived where it belongs, or drops it.
+fn sort(st: &mut State, p: Pending) {
+    let b = &p.buf[..p.want];
+    // Bytes 16..32 are the secret and the connection id in every version.
+    let claimed = u64::from_le_bytes(b[16..24].try_into().unwrap());
+    let conn_id = u64::from_le_bytes(b[24..32].try_into().unwrap());
+    let known = st.listens.contains_key(&claimed) || st.conns.contains_key(&(claimed, conn_id));
+    if !known {
+        warn!(
+            "rejected connection from {}: hello with the wrong secret (or for a comm that is gone)",
+            p.peer
+        );
+        return;
+    }
+    let (h, info) = match Hello::decode_info(b, claimed) {
+        Ok(x) => x,
+        // Our peer (it knows the secret) speaking another protocol version: the
+        // listen comm's accept fails, naming both versions.
+        Err(e @ Error::InvalidUsage(_)) => {
+            let e = Error::InvalidUsage(format!("connection from {}: {e}", p.peer));
+            match st.listens.get_mut(&claimed) {
+                Some(inbox) => inbox.errors.push(e),
+                None => warn!("{e}"),
+            }
             return;
         }
-        g.streams[idx] = Some(sock);
+        Err(why) => {
+            warn!("rejected connection from {}: {why}", p.peer);
+            return;
+        }
+    };
+    let inline = h.stream + 1 == h.nstreams;
+    if inline && info != PeerInfo::ours() {
+        info!(
+            "connection from {} runs {info}, we run {}",
+            p.peer,
+            PeerInfo::ours()
+        );
+    }
+    let disagrees = || {
+        warn!(
+            "rejected connection from {}: hello disagrees with its connection's other streams",
+            p.peer
+        )
+    };
+    if let Some(live) = st.conns.get(&(claimed, h.conn_id)) {
+        if inline || live.nstreams != h.nstreams || live.max_chunk != h.max_chunk {
+            return disagrees();
+        }
+        match live.comm.upgrade() {
+            Some(c) => {
+                if !c.attach(h.stream as usize, p.sock) {
+                    info!(
+                        "dropped data stream {} from {}: its comm no longer takes it",
+                        h.stream, p.peer
+                    );
+                }
+            }
+            None => info!("dropped data stream from {}: its comm is closed", p.peer),
+        }
+        return;
+    }
+    let Some(inbox) = st.listens.get_mut(&claimed) else {
+        warn!(
+            "rejected connection from {}: its listen comm is closed",
+            p.peer
+        );
+        return;
+    };
+    let g = inbox.groups.entry(h.conn_id).or_insert_with(|| Group {
+        inline: None,
+        early: Vec::new(),
+        nstreams: h.nstreams,
+        max_chunk: h.max_chunk,
+        peer: p.peer,
+        since: Instant::now(),
+    });
+    let idx = h.stream as usize;
+    let dup = if inline {
+        g.inline.is_some()
+    } else {
+        g.early.iter().any(|(k, _)| *k == idx)
+    };
+    if g.nstreams != h.nstreams || g.max_chunk != h.max_chunk || dup {
+        return disagrees();
+    }
+    if inline {
+        g.inline = Some(p.sock);
+    } else {
+        g.early.push((idx, p.sock));
+    }
+}
+
+pub struct ListenComm {
+    shared: Arc<Shared>,
+    handle: Handle,
+    cfg: Arc<Config>,
+}
+
+impl ListenComm {
+    /// A listen comm on `addr` (the device's address, port 0): the process's
+    /// listener there, and a fresh secret.
+    pub fn bind(addr: SocketAddr, cfg: Arc<Config>) -> Result<ListenComm> {
+        let shared = shared(addr, &cfg)?;
+        let secret = {
+            let mut st = shared.state.lock();
+            let secret = loop {
+                let s = random_secret();
+                if !st.listens.contains_key(&s) && !st.conns.keys().any(|(k, _)| *k == s) {
+                    break s;
+                }
+            };
+            st.listens.insert(secret, Inbox::default());
+            secret
+        };
+        Ok(ListenComm {
+            handle: Handle {
+                addr: shared.addr,
+                secret,
+            },
+            shared,
+            cfg,
+        })
+    }
+
+    pub fn handle(&self) -> &Handle {
+        &self.handle
+    }
+
+    /// One non-blocking step: returns a comm once a connection's inline stream
+    /// has arrived.
+    pub fn accept(&mut self) -> Result<Option<RecvComm>> {
+        self.shared.poll();
+        let secret = self.handle.secret;
+        let mut st = self.shared.state.lock();
+        let inbox = st
+            .listens
+            .get_mut(&secret)
+            .ok_or_else(|| Error::Internal("listen comm not registered".into()))?;
+        if let Some(e) = inbox.errors.pop() {
+            return Err(e);
+        }
+        let Some(id) = inbox
+            .groups
+            .iter()
+            .find(|(_, g)| g.inline.is_some())
+            .map(|(k, _)| *k)
+        else {
+            return Ok(None);
+        };
+        let g = inbox.groups.remove(&id).expect("group present");
+        let inline = g.inline.expect("complete");
+        info!(
+            "accepted a connection from {} (up to {} data streams, {} here)",
+            g.peer,
+            g.nstreams - 1,
+            g.early.len()
+        );
+        let (mut comm, attach) = RecvComm::new(
+            inline,
+            g.nstreams as usize - 1,
+            g.peer,
+            g.max_chunk as usize,
+            self.cfg.clone(),
+        )?;
+        comm.remove = Some(Remove {
+            shared: Arc::downgrade(&self.shared),
+            key: (secret, id),
+        });
+        // Registered under the same lock that sorts streams: a data stream that
+        // comes from now on finds the comm.
+        st.conns.insert(
+            (secret, id),
+            Live {
+                nstreams: g.nstreams,
+                max_chunk: g.max_chunk,
+                comm: attach.clone(),
+            },
+        );
+        if let Some(c) = attach.upgrade() {
+            for (k, s) in g.early {
+                c.attach(k, s);
+            }
+        }
+        Ok(Some(comm))
+    }
+}
+
+impl Drop for ListenComm {
+    fn drop(&mut self) {
+        // Connections not accepted are closed; live comms keep their entries.
+        let inbox = self.shared.state.lock().listens.remove(&self.handle.secret);
+        drop(inbox);
+        self.shared.poll();
+    }
+}
+
+/// Takes a receive comm's entry out of its listener when the comm closes.
+pub(super) struct Remove {
+    shared: Weak<Shared>,
+    key: (u64, u64),
+}
+
+impl Drop for Remove {
+    fn drop(&mut self) {
+        if let Some(s) = self.shared.upgrade() {
+            s.state.lock().conns.remove(&self.key);
+            s.poll();
+        }
     }
 }

@@ -25,6 +25,7 @@ use socket2::Socket;
 use tracing::info;
 
 use super::core::{Core, RxLimits};
+use super::listen::{Attach, STREAM_ACK};
 use super::sock::configure_data_socket;
 use super::stream::{DeviceChunk, Role, StreamRx, Want};
 use super::workers::{workers, Driven, Next, Registration};
@@ -41,25 +42,93 @@ pub struct RecvComm {
     /// Largest compressed chunk of the peer (lane staging size) and lane pool size.
     max_wire: usize,
     lanes: usize,
-    /// The data streams, each registered with a worker.
-    tasks: Vec<(Arc<RxTask>, Registration)>,
+    /// The data streams that are up, each registered with a worker.
+    streams: Arc<RxStreams>,
+    /// Takes this comm out of the listener's table when it closes.
+    pub(super) remove: Option<super::listen::Remove>,
+}
+
+/// A data stream and its place in a worker.
+type Stream = (Arc<RxTask>, Registration);
+
+/// A receive comm's data streams: they come when the sender opens them, sorted
+/// to this comm by the listener ([`Attach`]).
+struct RxStreams {
+    core: Weak<Core>,
+    lim: RxLimits,
+    max_chunk: usize,
+    peer_timeout: std::time::Duration,
+    io_threads: Option<usize>,
+    /// `None` once the comm closed.
+    tasks: Mutex<Option<Vec<Stream>>>,
+}
+
+impl Attach for RxStreams {
+    fn attach(&self, who: usize, sock: Socket) -> bool {
+        let mut g = self.tasks.lock();
+        let (Some(tasks), Some(core)) = (g.as_mut(), self.core.upgrade()) else {
+            return false;
+        };
+        if core.stopped() {
+            return false;
+        }
+        let setup = configure_data_socket(&sock, self.peer_timeout)
+            .and_then(|()| sock.set_nonblocking(true));
+        if let Err(e) = setup {
+            tracing::warn!("data stream {who} from {}: {e}", core.peer);
+            return false;
+        }
+        let sock = Arc::new(sock);
+        if !core.attach(who, sock.clone()) {
+            return false;
+        }
+        let task = Arc::new(RxTask {
+            core: self.core.clone(),
+            sock: sock.clone(),
+            who,
+            lim: self.lim,
+            parked: AtomicBool::new(false),
+            state: Mutex::new(Some(RxState {
+                rx: StreamRx::new(Role::Data, core.peer, self.max_chunk),
+                lanes: None,
+            })),
+        });
+        let reg = match workers(self.io_threads).and_then(|w| w.register(task.clone())) {
+            Ok(r) => r,
+            Err(e) => {
+                core.fail(e);
+                return false;
+            }
+        };
+        tasks.push((task, reg));
+        // The sender writes on this stream only once it reads this byte; a fresh
+        // socket's buffer always takes it.
+        if let Err(e) = sock.send_with_flags(&[STREAM_ACK], libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT)
+        {
+            core.fail(Error::io(
+                format!("data stream {who} from {}", core.peer),
+                e,
+            ));
+            return false;
+        }
+        true
+    }
 }
 
 impl RecvComm {
-    /// `socks`: the data streams, then the inline stream. `max_chunk` is the
+    /// A comm on `inline` (the inline stream, which carries the connection's
+    /// first messages), whose sender may open up to `nstreams` data streams later
+    /// (the listener gives them to the returned [`Attach`]). `max_chunk` is the
     /// sender's (from its hello); it bounds a chunk and an inline message.
-    pub fn new(
-        socks: Vec<Socket>,
+    pub(super) fn new(
+        inline: Socket,
+        nstreams: usize,
         peer: SocketAddr,
         max_chunk: usize,
         cfg: Arc<Config>,
-    ) -> Result<RecvComm> {
-        for s in &socks {
-            configure_data_socket(s, cfg.peer_timeout)
-                .map_err(|e| Error::io("configure socket", e))?;
-            s.set_nonblocking(true)
-                .map_err(|e| Error::io("set_nonblocking", e))?;
-        }
+    ) -> Result<(RecvComm, Weak<dyn Attach>)> {
+        configure_data_socket(&inline, cfg.peer_timeout)
+            .map_err(|e| Error::io("configure socket", e))?;
         let max_wire = crate::codec_glue::max_wire(max_chunk);
         let lanes = cfg.gpu_lanes;
         let lim = RxLimits {
@@ -68,38 +137,34 @@ impl RecvComm {
             lanes,
         };
         let core = Core::new(
-            socks,
+            nstreams,
+            inline,
             peer,
             "recv from",
             cfg.stats.then_some(super::send::STATS_EVERY),
             Some(lim),
         )?;
-        let pool = workers(cfg.io_threads)?;
-        let n = core.socks.len();
-        let mut comm = RecvComm {
-            core: core.clone(),
-            max_wire,
-            lanes,
-            tasks: Vec::with_capacity(n),
-        };
-        for who in 0..n {
-            let task = Arc::new(RxTask {
-                core: Arc::downgrade(&core),
-                sock: core.socks[who].clone(),
-                who,
-                lim,
-                parked: AtomicBool::new(false),
-                state: Mutex::new(Some(RxState {
-                    rx: StreamRx::new(Role::Data, peer, max_chunk),
-                    lanes: None,
-                })),
-            });
-            // On error, `comm`'s drop closes what was registered so far.
-            let reg = pool.register(task.clone())?;
-            comm.tasks.push((task, reg));
-        }
-        info!("recv comm from {peer}: {n} streams and the inline stream");
-        Ok(comm)
+        workers(cfg.io_threads)?;
+        let streams = Arc::new(RxStreams {
+            core: Arc::downgrade(&core),
+            lim,
+            max_chunk,
+            peer_timeout: cfg.peer_timeout,
+            io_threads: cfg.io_threads,
+            tasks: Mutex::new(Some(Vec::new())),
+        });
+        let weak: Weak<dyn Attach> = Arc::downgrade(&streams) as Weak<dyn Attach>;
+        info!("recv comm from {peer}: the inline stream, up to {nstreams} data streams on demand");
+        Ok((
+            RecvComm {
+                core,
+                max_wire,
+                lanes,
+                streams,
+                remove: None,
+            },
+            weak,
+        ))
     }
 
     /// Posts `cap` bytes at `buf` (device memory of `dev` when given) for the next
@@ -128,9 +193,11 @@ impl RecvComm {
         // with the fence in `RxTask::run`: either it sees this post, or we see
         // that it parked.)
         fence(SeqCst);
-        for (t, reg) in &self.tasks {
-            if t.parked.swap(false, SeqCst) {
-                reg.kick();
+        if let Some(tasks) = self.streams.tasks.lock().as_ref() {
+            for (t, reg) in tasks {
+                if t.parked.swap(false, SeqCst) {
+                    reg.kick();
+                }
             }
         }
         // A small message may already wait on the inline stream.
@@ -143,6 +210,7 @@ impl RecvComm {
     pub fn prewarm_device(&self, b: &Arc<dyn Backend>) -> Result<()> {
         crate::gpu::pool::pool(b, Dir::Recv, self.max_wire, self.lanes)
             .prewarm(self.core.socks.len() + 1) // + 1: the inline stream's reader
+                                                // (every data stream counted, up or not)
     }
 
     /// This comm's failure report (one WARN per comm).
@@ -158,10 +226,14 @@ impl RecvComm {
 
 impl Drop for RecvComm {
     fn drop(&mut self) {
+        // Out of the listener's table first (its lock is taken before ours when
+        // it attaches a stream): no stream attaches from now on.
+        self.remove.take();
         self.core.begin_close(true);
         // Once a stream's state is gone no worker touches NCCL's buffers for it:
         // taking it waits for a run in progress.
-        for (t, reg) in self.tasks.drain(..) {
+        let tasks = self.streams.tasks.lock().take().unwrap_or_default();
+        for (t, reg) in tasks {
             if let Some(mut st) = t.state.lock().take() {
                 st.rx.release(&self.core.stats);
             }
@@ -214,7 +286,12 @@ impl Driven for RxTask {
         loop {
             let r = pump_rx(&self.sock, &core, self.who, st, self.lim, RUN_BUDGET);
             return match r {
-                Ok(Stop::Drained) => Next::Readable,
+                Ok(Stop::Drained) => {
+                    if core.ring.idle() {
+                        st.rx.release_idle(&core.stats);
+                    }
+                    Next::Readable
+                }
                 Ok(Stop::LaneBusy) => Next::Retry,
                 Ok(Stop::Ended) => Next::Done,
                 Ok(Stop::Posted(seq)) => {

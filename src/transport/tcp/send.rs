@@ -8,9 +8,8 @@
 //! `isend` kicks it.
 
 use std::io::IoSlice;
-use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, RawFd};
-use std::sync::atomic::{fence, AtomicBool, Ordering::Relaxed, Ordering::SeqCst};
+use std::sync::atomic::{fence, AtomicBool, Ordering::SeqCst};
 use std::sync::{Arc, Weak};
 
 use crossbeam_channel::{Receiver, Sender};
@@ -18,9 +17,11 @@ use parking_lot::Mutex;
 use socket2::Socket;
 use tracing::info;
 
+use super::connect::Target;
 use super::core::Core;
-use super::recv::would_block;
-use super::sock::configure_data_socket;
+use super::listen::STREAM_ACK;
+use super::recv::{read_some, would_block};
+use super::sock::{configure_data_socket, start_connect, writable};
 use super::workers::{workers, Driven, Next, Registration};
 use crate::adapt::Policy;
 use crate::codec::EncodeOptions;
@@ -32,8 +33,10 @@ use crate::gpu::pool::Dir;
 use crate::gpu::Backend;
 use crate::proto::plan;
 use crate::proto::slots::Slot;
-use crate::proto::wire::{ChunkHeader, CHUNK_HEADER_SIZE, FLAG_COMPRESSED, MAX_MESSAGE};
-use crate::stats::{Stats, HELD};
+use crate::proto::wire::{
+    ChunkHeader, CHUNK_HEADER_SIZE, FLAG_COMPRESSED, HELLO_SIZE, MAX_MESSAGE,
+};
+use crate::stats::Stats;
 
 /// One chunk to write. `data` is NCCL's buffer, valid until `test` reports done;
 /// with `dev`, it is device memory staged through that device.
@@ -51,35 +54,40 @@ struct Task {
 pub struct SendComm {
     core: Arc<Core>,
     tx: Option<Sender<Task>>,
-    /// The data streams, each registered with a worker.
-    tasks: Vec<(Arc<TxTask>, Registration)>,
+    /// The other end of `tx`, for data streams opened later.
+    queue: Receiver<Task>,
+    /// The data streams opened so far (up, or still connecting), each registered
+    /// with a worker.
+    tasks: Mutex<Vec<(Arc<TxTask>, Registration)>>,
     coders: Arc<Coders>,
+    /// Where data streams connect, and their hellos.
+    target: Target,
     cfg: Arc<Config>,
 }
 
 impl SendComm {
-    /// `link_mbps`: the device's nominal speed (logged; the adaptive policy takes
-    /// only a speed the user gave, `NCCL_ZIP_LINK_MBPS`).
+    /// A comm on `inline`, the connected inline stream (its hello written); data
+    /// streams are opened on demand to `target`. `link_mbps`: the device's nominal
+    /// speed (logged; the adaptive policy takes only a speed the user gave,
+    /// `NCCL_ZIP_LINK_MBPS`).
     pub fn new(
-        socks: Vec<Socket>,
-        peer: SocketAddr,
+        inline: Socket,
+        target: Target,
         link_mbps: u64,
         cfg: Arc<Config>,
     ) -> Result<SendComm> {
-        for s in &socks {
-            configure_data_socket(s, cfg.peer_timeout)
-                .map_err(|e| Error::io("configure socket", e))?;
-            s.set_nonblocking(true)
-                .map_err(|e| Error::io("set_nonblocking", e))?;
-        }
+        configure_data_socket(&inline, cfg.peer_timeout)
+            .map_err(|e| Error::io("configure socket", e))?;
+        let peer = target.peer;
+        let n = cfg.nstreams;
         let core = Core::new(
-            socks,
+            n,
+            inline,
             peer,
             "send to",
             cfg.stats.then_some(STATS_EVERY),
             None,
         )?;
-        let n = core.socks.len();
         let (tx, rx) = crossbeam_channel::unbounded::<Task>();
         let opts = EncodeOptions {
             dtype: cfg.dtype,
@@ -97,36 +105,57 @@ impl SendComm {
                 opts,
             },
         });
+        workers(cfg.io_threads)?;
         info!(
-            "send comm to {peer}: {n} streams and the inline stream (messages up to {} B), compress={:?}, link {link_mbps} Mbps",
+            "send comm to {peer}: the inline stream (messages up to {} B), up to {n} data streams on demand, compress={:?}, link {link_mbps} Mbps",
             cfg.inline_max, cfg.compress
         );
-        let mut comm = SendComm {
-            core: core.clone(),
+        Ok(SendComm {
+            core,
             tx: Some(tx),
-            tasks: Vec::with_capacity(n),
-            coders: coders.clone(),
-            cfg: cfg.clone(),
-        };
-        let pool = workers(cfg.io_threads)?;
-        let max_wire = crate::codec_glue::max_wire(cfg.max_chunk);
-        for who in 0..n {
+            queue: rx,
+            tasks: Mutex::new(Vec::with_capacity(n)),
+            coders,
+            target,
+            cfg,
+        })
+    }
+
+    /// Opens data streams until `want` (at most the configured count) are open
+    /// or connecting. Never blocks: the connects are progressed by the workers.
+    fn grow(&self, tasks: &mut Vec<(Arc<TxTask>, Registration)>, want: usize) -> Result<()> {
+        let want = want.min(self.cfg.nstreams);
+        while tasks.len() < want {
+            let who = tasks.len();
+            let sock = start_connect(self.target.peer)?;
             let task = Arc::new(TxTask {
-                core: Arc::downgrade(&core),
-                sock: core.socks[who].clone(),
+                core: Arc::downgrade(&self.core),
+                sock: Arc::new(sock),
                 who,
-                queue: rx.clone(),
-                coders: coders.clone(),
-                max_wire,
-                lanes: cfg.gpu_lanes,
+                queue: self.queue.clone(),
+                coders: self.coders.clone(),
+                max_wire: crate::codec_glue::max_wire(self.cfg.max_chunk),
+                buffer_cap: crate::budget::cap(self.cfg.buffer_mb),
+                lanes: self.cfg.gpu_lanes,
+                peer_timeout: self.cfg.peer_timeout,
+                hello: self.target.hello(who),
                 parked: AtomicBool::new(false),
                 state: Mutex::new(Some(TxState::default())),
             });
-            // On error, `comm`'s drop closes what was registered so far.
-            let reg = pool.register(task.clone())?;
-            comm.tasks.push((task, reg));
+            let reg = workers(self.cfg.io_threads)?.register(task.clone())?;
+            tasks.push((task, reg));
         }
-        Ok(comm)
+        Ok(())
+    }
+
+    /// Data streams opened so far (up or connecting).
+    pub fn streams_opened(&self) -> usize {
+        self.tasks.lock().len()
+    }
+
+    /// Data streams up (connected and attached by the receiver).
+    pub fn streams_up(&self) -> usize {
+        self.core.streams_up()
     }
 
     /// Queues `size` bytes at `data` (device memory of `dev` when given).
@@ -166,7 +195,7 @@ impl SendComm {
         let inline = small && !compress;
         let chunk = plan::chunk_size(
             size,
-            self.core.socks.len(),
+            self.cfg.nstreams,
             self.cfg.min_chunk,
             self.cfg.max_chunk,
         );
@@ -184,6 +213,17 @@ impl SendComm {
         if inline {
             self.core.inline.send(&self.core, seq, data, size);
             return Ok(Some(slot));
+        }
+        let mut tasks = self.tasks.lock();
+        // As many data streams as this message has chunks (up to the configured
+        // count; a small compressed message: one, so a lightly used comm stays
+        // within 2 sockets). Until they are up its chunks wait in the queue.
+        if let Err(e) = self.grow(&mut tasks, if small { 1 } else { nchunks }) {
+            if tasks.is_empty() {
+                self.core.fail(e.duplicate());
+                return Err(e);
+            }
+            tracing::warn!("send to {}: opening a data stream: {e}", self.core.peer);
         }
         let tx = self
             .tx
@@ -207,7 +247,7 @@ impl SendComm {
         // parked.)
         fence(SeqCst);
         let mut want = nchunks;
-        for (t, reg) in &self.tasks {
+        for (t, reg) in tasks.iter() {
             if want == 0 {
                 break;
             }
@@ -246,38 +286,34 @@ struct Out {
     done: usize,
 }
 
+/// How far a data stream has come.
+#[derive(Default)]
+enum Setup {
+    /// The non-blocking connect is in progress.
+    #[default]
+    Connecting,
+    /// Connected; this many hello bytes written.
+    Hello(usize),
+    /// Waits for the receiver's [`STREAM_ACK`].
+    Ack,
+    /// Attached at both ends: carries chunks.
+    Up,
+}
+
 /// What a data stream holds between runs.
 #[derive(Default)]
 struct TxState {
+    setup: Setup,
     cur: Option<Out>,
     /// Compressed frames (and device chunks' wire bytes). Grows to the largest
     /// (bounded by the codec's worst case for one chunk); counted in the comm's
-    /// stats and [`HELD`].
-    staging: Vec<u8>,
+    /// stats and [`HELD`]; host frames within the process's buffer budget.
+    staging: super::pool::Staging,
 }
 
 impl TxState {
-    fn grow(&mut self, n: usize, stats: &Stats) {
-        if self.staging.len() < n {
-            let grow = (n - self.staging.len()) as u64;
-            self.staging.resize(n, 0);
-            stats.add(&stats.staging_bytes, grow);
-            HELD.staging_bytes.fetch_add(grow, Relaxed);
-        }
-    }
-
     fn release(&mut self, stats: &Stats) {
-        let n = std::mem::take(&mut self.staging).len() as u64;
-        stats.staging_bytes.fetch_sub(n, Relaxed);
-        HELD.staging_bytes.fetch_sub(n, Relaxed);
-    }
-}
-
-impl Drop for TxState {
-    fn drop(&mut self) {
-        // Not released: the comm's counters go with it.
-        HELD.staging_bytes
-            .fetch_sub(self.staging.len() as u64, Relaxed);
+        self.staging.release(stats);
     }
 }
 
@@ -291,7 +327,11 @@ struct TxTask {
     queue: Receiver<Task>,
     coders: Arc<Coders>,
     max_wire: usize,
+    /// The process's buffer budget in bytes ([`crate::budget`]).
+    buffer_cap: u64,
     lanes: usize,
+    peer_timeout: std::time::Duration,
+    hello: [u8; HELLO_SIZE],
     /// Found the queue empty: `isend` kicks it.
     parked: AtomicBool,
     /// `None` once the comm closed.
@@ -311,6 +351,19 @@ impl Driven for TxTask {
         let Some(core) = self.core.upgrade() else {
             return Next::Done;
         };
+        if !matches!(st.setup, Setup::Up) {
+            if core.stopped() {
+                return Next::Done;
+            }
+            match self.setup(&core, &mut st.setup) {
+                Ok(Some(next)) => return next,
+                Ok(None) => {}
+                Err(e) => {
+                    core.fail(e);
+                    return Next::Done;
+                }
+            }
+        }
         let mut budget = RUN_BUDGET;
         loop {
             if st.cur.is_none() {
@@ -322,6 +375,11 @@ impl Driven for TxTask {
                         fence(SeqCst);
                         // Queued meanwhile (its `isend` may have missed `parked`).
                         if self.queue.is_empty() {
+                            // Nothing in flight: a lightly used comm holds no
+                            // staging between messages.
+                            if core.ring.idle() {
+                                st.release(&core.stats);
+                            }
                             return Next::Park;
                         }
                         self.parked.store(false, SeqCst);
@@ -406,6 +464,68 @@ impl Driven for TxTask {
 }
 
 impl TxTask {
+    /// Moves the stream's connect along; `Ok(None)` once it is up (attached at
+    /// both ends), else what to wait for.
+    fn setup(&self, core: &Arc<Core>, setup: &mut Setup) -> Result<Option<Next>> {
+        let peer = core.peer;
+        let s = &*self.sock;
+        let io_err =
+            |what: &str, e| Error::io(format!("{what} (data stream {} to {peer})", self.who), e);
+        if let Setup::Connecting = setup {
+            if !writable(s).map_err(|e| io_err("poll", e))? {
+                return Ok(Some(Next::Writable));
+            }
+            if let Some(e) = s.take_error().map_err(|e| io_err("getsockopt", e))? {
+                return Err(io_err("connect", e));
+            }
+            *setup = Setup::Hello(0);
+        }
+        if let Setup::Hello(done) = setup {
+            while *done < HELLO_SIZE {
+                match s.send_with_flags(
+                    &self.hello[*done..],
+                    libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT,
+                ) {
+                    Ok(k) => *done += k,
+                    Err(e) if would_block(&e) => return Ok(Some(Next::Writable)),
+                    Err(e) => return Err(io_err("handshake", e)),
+                }
+            }
+            *setup = Setup::Ack;
+        }
+        if let Setup::Ack = setup {
+            let mut b = [0u8; 1];
+            match read_some(s, &mut b) {
+                Ok(1) if b[0] == STREAM_ACK => {}
+                Ok(1) => {
+                    return Err(Error::Remote(format!(
+                        "{peer} answered data stream {} with {:#x}",
+                        self.who, b[0]
+                    )))
+                }
+                Ok(_) => {
+                    return Err(Error::Remote(format!(
+                        "{peer} refused data stream {} (its comm is gone?)",
+                        self.who
+                    )))
+                }
+                Err(e) if would_block(&e) => return Ok(Some(Next::Readable)),
+                Err(e) => return Err(io_err("handshake", e)),
+            }
+            configure_data_socket(s, self.peer_timeout)
+                .and_then(|()| s.set_nonblocking(true))
+                .map_err(|e| io_err("configure socket", e))?;
+            if !core.attach(self.who, self.sock.clone()) {
+                return Err(Error::Internal(format!(
+                    "data stream {} attached twice",
+                    self.who
+                )));
+            }
+            *setup = Setup::Up;
+        }
+        Ok(None)
+    }
+
     /// The wire form of chunk `t`: compressed into the stream's staging when the
     /// policy says so and it shrinks, else NCCL's bytes as they are (device
     /// chunks: staged through a lane, whose bytes are copied to the staging so
@@ -423,8 +543,14 @@ impl TxTask {
                     unsafe { std::slice::from_raw_parts(src as *const u8, len) }
                 };
                 let host = &self.coders.host;
-                if t.compress || (len > 0 && host.wants(len, stats)) {
-                    st.grow(crate::codec::max_compressed_size(len), stats);
+                // No room in the process's buffer budget: this chunk goes raw.
+                if (t.compress || (len > 0 && host.wants(len, stats)))
+                    && st.staging.try_grow(
+                        crate::codec::max_compressed_size(len),
+                        stats,
+                        self.buffer_cap,
+                    )
+                {
                     match host.compress(payload, &mut st.staging, stats) {
                         Some(n) => (true, None, n),
                         None => (false, Some(src), len),
@@ -444,7 +570,7 @@ impl TxTask {
                 let (compressed, wire) =
                     dev_side.encode(b, &self.coders.dev, src as u64, len, stats)?;
                 let n = wire.len();
-                st.grow(n, stats);
+                st.staging.grow(n, stats);
                 st.staging[..n].copy_from_slice(&wire);
                 (compressed, None, n)
             }
@@ -475,7 +601,7 @@ impl SendComm {
     pub fn prewarm_device(&self, b: &Arc<dyn Backend>) -> Result<()> {
         let max_wire = crate::codec_glue::max_wire(self.cfg.max_chunk);
         crate::gpu::pool::pool(b, Dir::Send, max_wire, self.cfg.gpu_lanes)
-            .prewarm(self.core.socks.len())
+            .prewarm(self.cfg.nstreams)
     }
 
     /// This comm's counters.
@@ -498,7 +624,8 @@ impl Drop for SendComm {
         self.tx.take();
         // Once a stream's state is gone no worker reads NCCL's buffers for it:
         // taking it waits for a run in progress.
-        for (t, reg) in self.tasks.drain(..) {
+        let tasks = std::mem::take(&mut *self.tasks.lock());
+        for (t, reg) in tasks {
             if let Some(mut st) = t.state.lock().take() {
                 st.release(&self.core.stats);
             }

@@ -21,13 +21,12 @@
 //! [`StreamRx::eof`], which tells a clean end (between chunks) from a cut.
 
 use std::net::SocketAddr;
-use std::sync::atomic::Ordering::Relaxed;
 
 use crate::codec_glue::ChunkDecoder;
 use crate::error::{Error, Result};
 use crate::proto::slots::{Lookup, Ring, Slot};
 use crate::proto::wire::{ChunkHeader, CHUNK_HEADER_SIZE};
-use crate::stats::{Stats, HELD};
+use crate::stats::Stats;
 
 /// What a stream may carry.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -123,7 +122,7 @@ pub struct StreamRx {
     cur: Option<Cur>,
     /// Compressed frames, and chunks bound for device memory. Grows to the largest
     /// such chunk (bounded by `max_wire`); counted in [`HELD`] and the comm's stats.
-    staging: Vec<u8>,
+    staging: super::pool::Staging,
     decoder: ChunkDecoder,
 }
 
@@ -140,7 +139,7 @@ impl StreamRx {
             hdr_got: 0,
             waiting: None,
             cur: None,
-            staging: Vec::new(),
+            staging: Default::default(),
             decoder: ChunkDecoder::default(),
         }
     }
@@ -206,7 +205,7 @@ impl StreamRx {
                 Dest::Host(at)
             };
             if !matches!(dest, Dest::Host(_)) {
-                self.grow_staging(h.wire_len as usize, stats);
+                self.staging.grow(h.wire_len as usize, stats);
             }
             self.cur = Some(Cur { h, dest, got: 0 });
         }
@@ -399,29 +398,20 @@ impl StreamRx {
         Ok(())
     }
 
-    fn grow_staging(&mut self, n: usize, stats: &Stats) {
-        if self.staging.len() < n {
-            let grow = (n - self.staging.len()) as u64;
-            self.staging.resize(n, 0);
-            stats.add(&stats.staging_bytes, grow);
-            HELD.staging_bytes.fetch_add(grow, Relaxed);
+    /// Between chunks, while its comm is idle: gives the staging buffer to the
+    /// process's free list and drops the decode tables, so that a lightly used
+    /// comm holds neither between messages. No-op inside a chunk.
+    pub fn release_idle(&mut self, stats: &Stats) {
+        if !self.at_boundary() {
+            return;
         }
+        self.staging.release(stats);
+        self.decoder = ChunkDecoder::default();
     }
 
     /// Gives the staging buffer back (uncounted from `stats` and [`HELD`]).
     pub fn release(&mut self, stats: &Stats) {
-        let n = std::mem::take(&mut self.staging).len() as u64;
-        stats.staging_bytes.fetch_sub(n, Relaxed);
-        HELD.staging_bytes.fetch_sub(n, Relaxed);
-    }
-}
-
-impl Drop for StreamRx {
-    fn drop(&mut self) {
-        // Not released: the comm's counters go with the comm; the plugin-wide one
-        // must not keep the buffer.
-        HELD.staging_bytes
-            .fetch_sub(self.staging.len() as u64, Relaxed);
+        self.staging.release(stats);
     }
 }
 

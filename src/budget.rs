@@ -1,0 +1,112 @@
+//! The process-wide budget for compression buffers (issue 20): the IB
+//! receivers' staging slots and senders' registered frame buffers, and the TCP
+//! senders' staging, of every comm together stay under one cap, so that this
+//! memory follows the machine, not the number of comms (before: 4 MiB of IB
+//! staging and 2 MiB of frame buffers per comm pair, registered at connect;
+//! 2,000 comms held 6 GB).
+//!
+//! A comm reserves buffers when it needs them (IB: a receive posted, a chunk
+//! worth compressing, kept until the comm closes; TCP: a chunk to compress,
+//! given back when the comm goes idle). A comm that finds the budget spent never
+//! waits: IB receives grant no staging (the sender then writes every chunk raw,
+//! straight into NCCL's buffer), sends go raw, and it tries again at its next
+//! receive or chunk. No comm ever waits on another. (A TCP receiver still takes
+//! staging for a compressed chunk already on its way: one chunk per active
+//! stream.)
+//!
+//! The cap: `NCCL_ZIP_BUFFER_MB`, or by default 1/32 of the machine's memory
+//! shared among the node's ranks, between 64 MiB and 4 GiB per process.
+
+use std::sync::atomic::{AtomicU64, Ordering::*};
+
+/// A count of reserved bytes under a cap.
+#[derive(Debug, Default)]
+pub struct Budget {
+    used: AtomicU64,
+}
+
+/// The process's buffer budget.
+pub static BUFFERS: Budget = Budget {
+    used: AtomicU64::new(0),
+};
+
+/// Bytes of a budget held by one comm; given back when dropped.
+#[derive(Debug)]
+pub struct Reservation<'a> {
+    n: u64,
+    b: &'a Budget,
+}
+
+impl Reservation<'_> {
+    pub fn bytes(&self) -> u64 {
+        self.n
+    }
+}
+
+impl Drop for Reservation<'_> {
+    fn drop(&mut self) {
+        self.b.used.fetch_sub(self.n, Relaxed);
+    }
+}
+
+impl Budget {
+    /// Bytes reserved now.
+    pub fn used(&self) -> u64 {
+        self.used.load(Relaxed)
+    }
+
+    /// Reserves `n` bytes if that keeps the total within `cap`.
+    pub fn reserve(&self, n: u64, cap: u64) -> Option<Reservation<'_>> {
+        let mut cur = self.used.load(Relaxed);
+        loop {
+            let next = cur.checked_add(n).filter(|&t| t <= cap)?;
+            match self.used.compare_exchange_weak(cur, next, Relaxed, Relaxed) {
+                Ok(_) => return Some(Reservation { n, b: self }),
+                Err(now) => cur = now,
+            }
+        }
+    }
+}
+
+/// The cap in bytes: `mb` MiB when the user set `NCCL_ZIP_BUFFER_MB`, else
+/// [`default_cap`].
+pub fn cap(mb: Option<u64>) -> u64 {
+    mb.map_or_else(default_cap, |m| m << 20)
+}
+
+/// The default cap: 1/32 of physical memory divided among the node's ranks,
+/// clamped to 64 MiB ..= 4 GiB.
+pub fn default_cap() -> u64 {
+    // SAFETY: sysconf has no preconditions.
+    let (pages, page) = unsafe {
+        (
+            libc::sysconf(libc::_SC_PHYS_PAGES),
+            libc::sysconf(libc::_SC_PAGESIZE),
+        )
+    };
+    let ram = if pages > 0 && page > 0 {
+        pages as u64 * page as u64
+    } else {
+        16 << 30
+    };
+    let ranks = crate::transport::tcp::workers::local_ranks().max(1) as u64;
+    (ram / 32 / ranks).clamp(64 << 20, 4 << 30)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reservations_stay_under_the_cap_and_come_back() {
+        let b = Budget::default();
+        let a = b.reserve(600, 1000).expect("fits");
+        assert!(b.reserve(600, 1000).is_none(), "over the cap");
+        let c = b.reserve(400, 1000).expect("fits exactly");
+        drop(a);
+        let d = b.reserve(600, 1000).expect("freed");
+        drop((c, d));
+        assert_eq!(b.used(), 0);
+        assert!(default_cap() >= 64 << 20 && default_cap() <= 4 << 30);
+    }
+}
