@@ -3,7 +3,8 @@
 # {2gbit, 10gbit, none} x {real bf16 weights, random bytes}, two ranks in two
 # network namespaces (scripts/netns.sh), each pinned to its own core with taskset
 # (one "node" each), NCCL_ZIP_LINK_MBPS unset (as users run it). auto, on and off
-# run interleaved, N rounds; per cell it prints the median and minimum of
+# (and off2, a second off run: the noise floor) run interleaved, N rounds, the
+# order rotating from round to round; per cell it prints the median and minimum of
 # auto/off and auto/max(on, off) (per round), and writes bench/results/.
 #   N=5 BYTES=$((1<<30)) CELLS='both:2gbit:bf16 one:none:*' SIZE=1M scripts/bench_adapt.sh
 #   A=old.so B=new.so scripts/bench_adapt.sh     compares two builds (same rounds)
@@ -68,7 +69,12 @@ for rate in 2gbit 10gbit none; do
       case $data in bf16) DATA=file:$ROOT/bench/data/weights.bf16 ;; *) DATA=random ;; esac
       for v in $BUILDS; do
         SO=${!v}
-        for m in $MODES; do
+        # The modes' order rotates from round to round: a run's position in
+        # the round (the machine's state after the runs before it) must not
+        # favour one mode (a fixed order showed off2/off up to 1.2 unshaped).
+        read -ra ms <<<"$MODES"
+        for ((j = 0; j < ${#ms[@]}; j++)); do
+          m=${ms[(i + j) % ${#ms[@]}]}
           if [[ $dir == both ]]; then
             r=$(NCCL_ZIP_COMPRESS=${m%2} run_bidir "$SIZE" "$BYTES") || continue
           else
@@ -110,7 +116,7 @@ OUT=$(results_path adapt-matrix)
     "; ranks pinned to cores $CA and $CB (taskset), NCCL_ZIP_LINK_MBPS unset" "$CMD" \
     "N=$N BYTES=$BYTES SIZE=$SIZE CELLS='$CELLS'"
   for v in $BUILDS; do echo "- Build $v: ${!v}"; done
-  echo "- Per round (auto, on, off of one build back to back): auto/off and auto/max(on, off); median and minimum over the rounds. Both directions: the sum of both receivers' rates; wire: receiver-side veth bytes per payload byte (mean of both ranks). off2/off: a second \`off\` run of the same round against the first, the cell's noise floor."
+  echo "- Per round (off2, auto, on, off of one build back to back, the order rotating from round to round): auto/off and auto/max(on, off); median and minimum over the rounds. Both directions: the sum of both receivers' rates; wire: receiver-side veth bytes per payload byte (mean of both ranks). off2/off: a second \`off\` run of the same round against the first, the cell's noise floor."
   echo
   echo "$HEAD"
   echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
