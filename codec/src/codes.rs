@@ -164,6 +164,35 @@ const fn reverse(v: u16, len: u8) -> u16 {
     r
 }
 
+/// Canonical code words, bit-reversed for LSB-first writing, from code lengths
+/// (FORMAT.md §5: by (length, symbol), DEFLATE's rule; length 0 = unused
+/// symbol). The caller has checked that the lengths form a complete code.
+pub(crate) const fn canonical_words(lens: &[u8; NSYM]) -> [u16; NSYM] {
+    let mut out = [0u16; NSYM];
+    let mut code: u32 = 0;
+    let mut prev_len: u32 = 0;
+    let mut first = true;
+    let mut len = 1u32;
+    while len <= MAXLEN {
+        let mut s = 0;
+        while s < NSYM {
+            if lens[s] as u32 == len {
+                if first {
+                    code = 0;
+                    first = false;
+                } else {
+                    code = (code + 1) << (len - prev_len);
+                }
+                prev_len = len;
+                out[s] = reverse(code as u16, len as u8);
+            }
+            s += 1;
+        }
+        len += 1;
+    }
+    out
+}
+
 const fn build_words() -> [[u16; NSYM]; NCODES] {
     let mut out = [[0u16; NSYM]; NCODES];
     let mut k = 0;
@@ -178,28 +207,7 @@ const fn build_words() -> [[u16; NSYM]; NCODES] {
             s += 1;
         }
         assert!(kraft == 1 << MAXLEN);
-        // Canonical assignment: by (length, symbol).
-        let mut code: u32 = 0;
-        let mut prev_len: u32 = 0;
-        let mut first = true;
-        let mut len = 1u32;
-        while len <= MAXLEN {
-            let mut s = 0;
-            while s < NSYM {
-                if lens[s] as u32 == len {
-                    if first {
-                        code = 0;
-                        first = false;
-                    } else {
-                        code = (code + 1) << (len - prev_len);
-                    }
-                    prev_len = len;
-                    out[k][s] = reverse(code as u16, len as u8);
-                }
-                s += 1;
-            }
-            len += 1;
-        }
+        out[k] = canonical_words(lens);
         k += 1;
     }
     out

@@ -333,6 +333,22 @@ fn encode_block_with(
     out: &mut [u8],
     simd: bool,
 ) -> Option<(usize, BlockKind)> {
+    encode_block_by(blk, out, |o| match dtype {
+        Dtype::Bf16 => encode_coded::<Bf16>(blk, o, simd),
+        Dtype::Fp16 => encode_coded::<Fp16>(blk, o, simd),
+        Dtype::Fp32 => encode_coded::<Fp32>(blk, o, simd),
+        Dtype::Raw => None,
+    })
+}
+
+/// One block, in either format: FILL when it is one repeated byte, else what
+/// `code` writes into at most `L` bytes of `out` (a coded block strictly shorter
+/// than RAW, or `None`), else RAW. `None` when `out` has no room for the choice.
+pub(crate) fn encode_block_by(
+    blk: &[u8],
+    out: &mut [u8],
+    code: impl FnOnce(&mut [u8]) -> Option<usize>,
+) -> Option<(usize, BlockKind)> {
     let l = blk.len();
     if all_equal(blk) {
         if out.len() < 2 {
@@ -343,13 +359,7 @@ fn encode_block_with(
         return Some((2, BlockKind::Fill));
     }
     let cap = l.min(out.len());
-    let coded = match dtype {
-        Dtype::Bf16 => encode_coded::<Bf16>(blk, &mut out[..cap], simd),
-        Dtype::Fp16 => encode_coded::<Fp16>(blk, &mut out[..cap], simd),
-        Dtype::Fp32 => encode_coded::<Fp32>(blk, &mut out[..cap], simd),
-        Dtype::Raw => None,
-    };
-    if let Some(size) = coded {
+    if let Some(size) = code(&mut out[..cap]) {
         return Some((size, BlockKind::Coded));
     }
     if out.len() < 1 + l {

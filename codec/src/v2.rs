@@ -160,34 +160,6 @@ fn bits_for(v: u32) -> u32 {
 // ---------------------------------------------------------------------------------
 // Codes
 
-/// Canonical code words (bit-reversed for LSB-first writing) from code lengths
-/// (0 = unused symbol). The caller has checked the lengths form a complete code.
-fn canonical_words(lens: &[u8; NSYM]) -> [u16; NSYM] {
-    let mut out = [0u16; NSYM];
-    let mut code: u32 = 0;
-    let mut prev_len: u32 = 0;
-    let mut first = true;
-    for len in 1..=MAXLEN {
-        for s in 0..NSYM {
-            if lens[s] as u32 == len {
-                if first {
-                    code = 0;
-                    first = false;
-                } else {
-                    code = (code + 1) << (len - prev_len);
-                }
-                prev_len = len;
-                let mut r = 0u16;
-                for i in 0..len {
-                    r = (r << 1) | ((code >> i) & 1) as u16;
-                }
-                out[s] = r;
-            }
-        }
-    }
-    out
-}
-
 /// Kraft sum in units of 2^-12; lengths 0 are unused symbols.
 fn kraft(lens: &[u8; NSYM]) -> u32 {
     lens.iter()
@@ -306,31 +278,12 @@ pub(crate) fn encode_block_v2(
     blk: &[u8],
     out: &mut [u8],
 ) -> Option<(usize, BlockKind)> {
-    let l = blk.len();
-    if all_equal(blk) {
-        if out.len() < 2 {
-            return None;
-        }
-        out[0] = MODE_FILL;
-        out[1] = blk[0];
-        return Some((2, BlockKind::Fill));
-    }
-    let cap = l.min(out.len());
-    let coded = match dtype {
-        Dtype::Bf16 => encode_coded::<Bf16>(blk, &mut out[..cap]),
-        Dtype::Fp16 => encode_coded::<Fp16>(blk, &mut out[..cap]),
-        Dtype::Fp32 => encode_coded::<Fp32>(blk, &mut out[..cap]),
+    crate::encode::encode_block_by(blk, out, |o| match dtype {
+        Dtype::Bf16 => encode_coded::<Bf16>(blk, o),
+        Dtype::Fp16 => encode_coded::<Fp16>(blk, o),
+        Dtype::Fp32 => encode_coded::<Fp32>(blk, o),
         Dtype::Raw => None,
-    };
-    if let Some(size) = coded {
-        return Some((size, BlockKind::Coded));
-    }
-    if out.len() < 1 + l {
-        return None;
-    }
-    out[0] = MODE_RAW;
-    out[1..1 + l].copy_from_slice(blk);
-    Some((1 + l, BlockKind::Raw))
+    })
 }
 
 /// The block's phase: the `φ < W` whose 1/13 sample has the smallest estimated
@@ -608,7 +561,7 @@ fn encode_coded<T: V2>(blk: &[u8], out: &mut [u8]) -> Option<usize> {
         st.add::<T>(kept, k_elems, SAMPLE_STRIDE);
         let ch = choose::<T>(&st, true);
         // encode tables: per exponent (code word + escape payload) and the ZERO word
-        let words = canonical_words(&ch.lens);
+        let words = crate::codes::canonical_words(&ch.lens);
         // per exponent field: (code word + escape payload, its length, extra raw bits);
         // entry 256 is ZERO under Z (an index, not a branch: zeros are scattered)
         let mut enc = [(0u64, 0u32, 0u32); 257];
@@ -1240,7 +1193,7 @@ fn decode_coded<T: V2>(b: &[u8], out: &mut [u8]) -> Result<(), CodecError> {
         return Err(corrupt("nonzero stream padding"));
     }
     // decode table
-    let words = canonical_words(&lens);
+    let words = crate::codes::canonical_words(&lens);
     let mut lut = [E_INVALID; TABLE];
     for s in 0..NSYM {
         let len = lens[s] as u32;
