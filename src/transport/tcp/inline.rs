@@ -17,7 +17,6 @@
 //! receiver matches them to posted receives by sequence number as usual.
 
 use std::collections::VecDeque;
-use std::io::{self, IoSlice};
 use std::net::SocketAddr;
 
 use parking_lot::Mutex;
@@ -25,6 +24,7 @@ use socket2::Socket;
 
 use super::core::{Core, RxLimits};
 use super::recv::{pump_rx, would_block, RxState};
+use super::sock::send_chunk_part;
 use crate::error::{Error, Result};
 use crate::proto::slots::NSLOTS;
 use crate::proto::wire::{ChunkHeader, CHUNK_HEADER_SIZE};
@@ -105,20 +105,7 @@ impl Inline {
             } else {
                 unsafe { std::slice::from_raw_parts(o.data as *const u8, o.len) }
             };
-            let (h, p) = if o.done < CHUNK_HEADER_SIZE {
-                (&o.hdr[o.done..], payload)
-            } else {
-                (&[][..], &payload[o.done - CHUNK_HEADER_SIZE..])
-            };
-            let r = self.sock.send_vectored_with_flags(
-                &[IoSlice::new(h), IoSlice::new(p)],
-                libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT,
-            );
-            let r = match r {
-                Ok(0) if o.done < total => Err(io::ErrorKind::WriteZero.into()),
-                r => r,
-            };
-            match r {
+            match send_chunk_part(&self.sock, &o.hdr, payload, o.done) {
                 Ok(n) => o.done += n,
                 Err(e) if would_block(&e) => return,
                 Err(e) => {

@@ -7,7 +7,6 @@
 //! done when its last chunk is written. A stream with nothing queued parks until
 //! `isend` kicks it.
 
-use std::io::IoSlice;
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{fence, AtomicBool, Ordering::SeqCst};
 use std::sync::{Arc, Weak};
@@ -21,7 +20,7 @@ use super::connect::Target;
 use super::core::Core;
 use super::listen::STREAM_ACK;
 use super::recv::{read_some, would_block};
-use super::sock::{configure_data_socket, start_connect, writable};
+use super::sock::{configure_data_socket, send_chunk_part, start_connect, writable};
 use super::workers::{workers, Driven, Next, Registration};
 use crate::adapt::Policy;
 use crate::codec::EncodeOptions;
@@ -407,20 +406,11 @@ impl Driven for TxTask {
                 // chunk's last byte is written.
                 Some(p) => unsafe { std::slice::from_raw_parts(p as *const u8, o.len) },
             };
-            let (h, p) = if o.done < CHUNK_HEADER_SIZE {
-                (&o.hdr[o.done..], payload)
-            } else {
-                (&[][..], &payload[o.done - CHUNK_HEADER_SIZE..])
-            };
-            let r = self.sock.send_vectored_with_flags(
-                &[IoSlice::new(h), IoSlice::new(p)],
-                libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT,
-            );
-            match r {
-                Ok(0) if o.done < total => {
+            match send_chunk_part(&self.sock, &o.hdr, payload, o.done) {
+                Err(e) if e.kind() == std::io::ErrorKind::WriteZero => {
                     core.fail(Error::io(
                         format!("send to {} (stream {})", core.peer, self.who),
-                        std::io::ErrorKind::WriteZero.into(),
+                        e,
                     ));
                     return Next::Done;
                 }
