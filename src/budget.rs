@@ -74,6 +74,15 @@ pub fn cap(mb: Option<u64>) -> u64 {
     mb.map_or_else(default_cap, |m| m << 20)
 }
 
+/// The part of `cap` senders may take: all but 1/8, which only receivers use.
+/// A receiver that finds the budget spent stops reading its own stream until
+/// budget comes back; budget held by receivers always comes back (a receiver
+/// holds it for one chunk, whose bytes its sender already has), while budget
+/// held by senders may wait for a remote receiver. So senders never take all.
+pub fn sender_cap(cap: u64) -> u64 {
+    cap - cap / 8
+}
+
 /// The default cap: 1/32 of physical memory divided among the node's ranks,
 /// clamped to 64 MiB ..= 4 GiB.
 pub fn default_cap() -> u64 {

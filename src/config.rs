@@ -109,6 +109,10 @@ pub struct Config {
     /// Most process-wide TCP I/O workers (`NCCL_ZIP_IO_THREADS`; None: sized from
     /// the affinity mask and the local ranks, see `transport::tcp::workers`).
     pub io_threads: Option<usize>,
+    /// Most process-wide codec workers, which compress and decompress TCP chunks
+    /// (`NCCL_ZIP_CODEC_THREADS`; None: sized from the affinity mask and the
+    /// local ranks, see `transport::tcp::codec_workers`).
+    pub codec_threads: Option<usize>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -149,6 +153,7 @@ impl Default for Config {
             gpu_force_nvrtc: false,
             nccl_dmabuf_enable: true,
             io_threads: None,
+            codec_threads: None,
             stats_file: None,
             stats_interval: Duration::from_secs(10),
             stats_per_comm: false,
@@ -309,6 +314,8 @@ impl Config {
             };
         }
         c.io_threads = int("NCCL_ZIP_IO_THREADS", 1, 256, "a number")?.map(|n| n as usize);
+        c.codec_threads =
+            int("NCCL_ZIP_CODEC_THREADS", 1, 256, "a number")?.map(|n| n as usize);
         if let Some(n) = int("NCCL_ZIP_GPU_LANES", 1, 256, "a number")? {
             c.gpu_lanes = n as usize;
         }
@@ -414,6 +421,7 @@ impl Config {
         field!("NCCL_ZIP_GPU_FORCE_NVRTC", gpu_force_nvrtc);
         field!("NCCL_DMABUF_ENABLE", nccl_dmabuf_enable);
         field!("NCCL_ZIP_IO_THREADS", io_threads);
+        field!("NCCL_ZIP_CODEC_THREADS", codec_threads);
         out
     }
 }

@@ -135,6 +135,9 @@ struct ProcessLine {
     comms_open: u64,
     io_threads: u64,
     io_workers: u64,
+    /// Codec workers (`transport::tcp::codec_workers`); their codec time is in
+    /// `codec_cpu_s`.
+    codec_threads: u64,
     /// TCP data streams open now (sockets besides each comm's inline stream).
     tcp_data_streams: u64,
     staging_bytes: u64,
@@ -211,6 +214,7 @@ pub fn record(last: bool, per_comm: bool) -> String {
         comms_open: HELD.comms.load(Relaxed),
         io_threads: HELD.io_threads.load(Relaxed),
         io_workers: HELD.io_workers.load(Relaxed),
+        codec_threads: HELD.codec_workers.load(Relaxed),
         tcp_data_streams: HELD.data_streams.load(Relaxed),
         staging_bytes: HELD.staging_bytes.load(Relaxed),
         budget_bytes: crate::budget::BUFFERS.used(),

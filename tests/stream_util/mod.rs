@@ -158,6 +158,7 @@ impl Rx {
             Ok(Fed::All) => (queued.len(), None),
             Ok(Fed::Posted { used, seq }) => (used, Some(seq)),
             Ok(Fed::Device { .. }) => unreachable!("no device buffers here"),
+            Ok(Fed::Budget { .. }) => unreachable!("no buffer budget here"),
             Err(e) => {
                 self.fail(e);
                 return true;

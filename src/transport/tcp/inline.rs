@@ -48,14 +48,15 @@ pub struct Inline {
 
 impl Inline {
     /// `sock` must already carry the data-socket options; it is made non-blocking.
-    /// `rx`: receivers only, the peer and its chunk size (the largest inline message).
-    pub fn new(sock: Socket, rx: Option<(SocketAddr, usize)>) -> Result<Inline> {
+    /// `rx`: receivers only, the peer and its limits (its chunk size is the
+    /// largest inline message).
+    pub fn new(sock: Socket, rx: Option<(SocketAddr, RxLimits)>) -> Result<Inline> {
         sock.set_nonblocking(true)
             .map_err(|e| Error::io("set_nonblocking", e))?;
         Ok(Inline {
             sock,
             tx: Mutex::new(VecDeque::with_capacity(NSLOTS)),
-            rx: rx.map(|(peer, max_chunk)| Mutex::new(RxState::inline(peer, max_chunk))),
+            rx: rx.map(|(peer, lim)| Mutex::new(RxState::inline(peer, lim))),
         })
     }
 
@@ -147,6 +148,7 @@ impl Inline {
             &mut st,
             lim,
             usize::MAX,
+            None,
         ) {
             drop(st);
             if !core.closing() {

@@ -5,6 +5,7 @@
 //! address serves the whole process (`listen`). What a stream
 //! receives is decided by one sans-IO machine (`stream`), which every driver uses.
 
+pub mod codec_workers;
 mod connect;
 mod core;
 mod inline;

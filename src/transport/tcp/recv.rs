@@ -4,8 +4,9 @@
 //! into NCCL's buffer (or decodes it there).
 //!
 //! The data streams are driven by the process's shared I/O workers
-//! ([`super::workers`]) with non-blocking reads; the inline stream by NCCL's own
-//! thread from `test`. Both run [`pump_rx`]. A stream whose next chunk belongs to
+//! ([`super::workers`]) with non-blocking reads, and hand compressed frames to
+//! the codec workers ([`super::codec_workers`]) to decode, parked until the frame
+//! is done; the inline stream is driven by NCCL's own thread from `test`. Both run [`pump_rx`]. A stream whose next chunk belongs to
 //! a receive not posted yet parks until `irecv` kicks it.
 //!
 //! A stream that ends cleanly between chunks is a peer that closed; once every
@@ -18,17 +19,18 @@ use std::mem::MaybeUninit;
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{fence, AtomicBool, Ordering::SeqCst};
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, OnceLock, Weak};
 
 use parking_lot::Mutex;
 use socket2::Socket;
 use tracing::info;
 
+use super::codec_workers::{codec_workers, CommQueue};
 use super::core::{Core, RxLimits};
 use super::listen::{Attach, STREAM_ACK};
 use super::sock::configure_data_socket;
-use super::stream::{DeviceChunk, Role, StreamRx, Want};
-use super::workers::{workers, Driven, Next, Registration};
+use super::stream::{with_thread_decoder, DeviceChunk, Frame, Role, StreamRx, Want};
+use super::workers::{workers, Driven, Kicker, Next, Registration};
 use crate::codec_glue::decode_chunk;
 use crate::config::Config;
 use crate::devpath::{gpu_decode, Lanes};
@@ -44,6 +46,8 @@ pub struct RecvComm {
     lanes: usize,
     /// The data streams that are up, each registered with a worker.
     streams: Arc<RxStreams>,
+    /// This comm's jobs for the codec workers.
+    codec: Arc<CommQueue>,
     /// Takes this comm out of the listener's table when it closes.
     pub(super) remove: Option<super::listen::Remove>,
 }
@@ -59,6 +63,7 @@ struct RxStreams {
     max_chunk: usize,
     peer_timeout: std::time::Duration,
     io_threads: Option<usize>,
+    codec: Arc<CommQueue>,
     /// `None` once the comm closed.
     tasks: Mutex<Option<Vec<Stream>>>,
 }
@@ -82,14 +87,19 @@ impl Attach for RxStreams {
         if !core.attach(who, sock.clone()) {
             return false;
         }
-        let task = Arc::new(RxTask {
+        let task = Arc::new_cyclic(|me| RxTask {
+            me: me.clone(),
             core: self.core.clone(),
             sock: sock.clone(),
             who,
             lim: self.lim,
             parked: AtomicBool::new(false),
+            codec: self.codec.clone(),
+            kicker: OnceLock::new(),
+            decoded: Mutex::new(None),
             state: Mutex::new(Some(RxState {
-                rx: StreamRx::new(Role::Data, core.peer, self.max_chunk),
+                rx: StreamRx::new(Role::Data, core.peer, self.max_chunk)
+                    .with_budget(self.lim.buffer_cap),
                 lanes: None,
             })),
         });
@@ -100,6 +110,7 @@ impl Attach for RxStreams {
                 return false;
             }
         };
+        let _ = task.kicker.set(reg.kicker());
         tasks.push((task, reg));
         // The sender writes on this stream only once it reads this byte; a fresh
         // socket's buffer always takes it.
@@ -135,6 +146,7 @@ impl RecvComm {
             max_chunk,
             max_wire,
             lanes,
+            buffer_cap: crate::budget::cap(cfg.buffer_mb),
         };
         let core = Core::new(
             nstreams,
@@ -145,12 +157,14 @@ impl RecvComm {
             Some(lim),
         )?;
         workers(cfg.io_threads)?;
+        let codec = codec_workers(cfg.codec_threads)?.queue();
         let streams = Arc::new(RxStreams {
             core: Arc::downgrade(&core),
             lim,
             max_chunk,
             peer_timeout: cfg.peer_timeout,
             io_threads: cfg.io_threads,
+            codec: codec.clone(),
             tasks: Mutex::new(Some(Vec::new())),
         });
         let weak: Weak<dyn Attach> = Arc::downgrade(&streams) as Weak<dyn Attach>;
@@ -161,6 +175,7 @@ impl RecvComm {
                 max_wire,
                 lanes,
                 streams,
+                codec,
                 remove: None,
             },
             weak,
@@ -230,6 +245,8 @@ impl Drop for RecvComm {
         // it attaches a stream): no stream attaches from now on.
         self.remove.take();
         self.core.begin_close(true);
+        // No codec worker writes NCCL's buffers for this comm from now on.
+        self.codec.close();
         // Once a stream's state is gone no worker touches NCCL's buffers for it:
         // taking it waits for a run in progress.
         let tasks = self.streams.tasks.lock().take().unwrap_or_default();
@@ -256,6 +273,7 @@ pub(super) struct RxState {
 
 /// A data stream of a receive comm, as a worker drives it.
 struct RxTask {
+    me: Weak<RxTask>,
     core: Weak<Core>,
     /// Kept here too, so the fd stays valid while a worker holds the task.
     sock: Arc<Socket>,
@@ -263,8 +281,41 @@ struct RxTask {
     lim: RxLimits,
     /// Holds a header whose receive is not posted: `irecv` kicks it.
     parked: AtomicBool,
+    codec: Arc<CommQueue>,
+    /// Runs this stream again (set once registered).
+    kicker: OnceLock<Kicker>,
+    /// A frame back from the codec workers, and how its decoding went.
+    decoded: Mutex<Option<(Frame, Result<()>)>>,
     /// `None` once the comm closed.
     state: Mutex<Option<RxState>>,
+}
+
+impl RxTask {
+    /// Queues the decoding of `frame` on the codec workers, which put it in
+    /// [`RxTask::decoded`] and kick the stream.
+    fn decode_on_codec_worker(&self, core: &Arc<Core>, frame: Frame) -> Result<()> {
+        let (me, core) = (self.me.clone(), core.clone());
+        let kicker = self
+            .kicker
+            .get()
+            .cloned()
+            .ok_or_else(|| Error::Internal("data stream not registered".into()))?;
+        let job = Box::new(move || {
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                with_thread_decoder(|d| frame.decode(d, &core.stats))
+            }))
+            .unwrap_or_else(|_| Err(Error::Internal("the decoder panicked".into())));
+            if let Some(task) = me.upgrade() {
+                *task.decoded.lock() = Some((frame, r));
+                kicker.kick();
+            }
+        });
+        if self.codec.submit(job) {
+            Ok(())
+        } else {
+            Err(Error::Internal("recv comm closed".into()))
+        }
+    }
 }
 
 impl Driven for RxTask {
@@ -283,16 +334,28 @@ impl Driven for RxTask {
         if core.stopped() {
             return Next::Done;
         }
+        if let Some((frame, r)) = self.decoded.lock().take() {
+            if let Err(e) = st.rx.frame_done(frame, r, &core.ring, &core.stats) {
+                core.fail(e);
+                return Next::Done;
+            }
+        }
+        let offload = |f| self.decode_on_codec_worker(&core, f);
         loop {
-            let r = pump_rx(&self.sock, &core, self.who, st, self.lim, RUN_BUDGET);
+            let r = pump_rx(
+                &self.sock,
+                &core,
+                self.who,
+                st,
+                self.lim,
+                RUN_BUDGET,
+                Some(&offload),
+            );
             return match r {
-                Ok(Stop::Drained) => {
-                    if core.ring.idle() {
-                        st.rx.release_idle(&core.stats);
-                    }
-                    Next::Readable
-                }
-                Ok(Stop::LaneBusy) => Next::Retry,
+                Ok(Stop::Drained) => Next::Readable,
+                // The codec workers kick it.
+                Ok(Stop::Decoding) => Next::Park,
+                Ok(Stop::LaneBusy | Stop::Budget) => Next::Retry,
                 Ok(Stop::Ended) => Next::Done,
                 Ok(Stop::Posted(seq)) => {
                     self.parked.store(true, SeqCst);
@@ -316,8 +379,8 @@ impl Driven for RxTask {
 }
 
 /// Bytes a data stream reads in one run before its worker moves on to others:
-/// about one chunk, so that the codec work of one busy stream (decoding runs on
-/// the worker) does not keep the worker's other streams unread for long.
+/// about one chunk, so that one busy stream does not keep the worker's other
+/// streams unread for long.
 const RUN_BUDGET: usize = 256 << 10;
 
 /// Why [`pump_rx`] stopped.
@@ -328,6 +391,10 @@ pub(super) enum Stop {
     Posted(u64),
     /// A chunk for device memory waits for a free lane.
     LaneBusy,
+    /// A frame is out on the codec workers, who kick the stream when it is done.
+    Decoding,
+    /// The next chunk waits for room in the process's buffer budget.
+    Budget,
     /// The stream ended cleanly (the comm was told).
     Ended,
 }
@@ -336,7 +403,7 @@ pub(super) enum Stop {
 /// the socket is empty, a chunk must wait, or about `budget` bytes were read (so
 /// that one busy stream does not hold its worker from the others; the socket
 /// still has bytes, so it is ready again at once). Never blocks, never waits for
-/// a lane.
+/// a lane. Frames go to `offload` (the codec workers), or are decoded here.
 pub(super) fn pump_rx(
     sock: &Socket,
     core: &Core,
@@ -344,6 +411,7 @@ pub(super) fn pump_rx(
     st: &mut RxState,
     lim: RxLimits,
     mut budget: usize,
+    offload: Option<&dyn Fn(Frame) -> Result<()>>,
 ) -> Result<Stop> {
     let peer = core.peer;
     let io_err = |e| Error::io(format!("receive from {peer} (stream {who})"), e);
@@ -401,6 +469,15 @@ pub(super) fn pump_rx(
                 }
                 st.rx.device_done(ring, stats)?;
             }
+            Want::Decode => match offload {
+                Some(f) => {
+                    f(st.rx.take_frame()?)?;
+                    return Ok(Stop::Decoding);
+                }
+                None => st.rx.decode_here(ring, stats)?,
+            },
+            Want::Decoding => return Ok(Stop::Decoding),
+            Want::Budget => return Ok(Stop::Budget),
         }
     }
 }
@@ -429,9 +506,9 @@ fn place_on_device(
 
 impl RxState {
     /// The inline stream's state (`inline.rs`).
-    pub(super) fn inline(peer: SocketAddr, max_chunk: usize) -> RxState {
+    pub(super) fn inline(peer: SocketAddr, lim: RxLimits) -> RxState {
         RxState {
-            rx: StreamRx::new(Role::Inline, peer, max_chunk),
+            rx: StreamRx::new(Role::Inline, peer, lim.max_chunk).with_budget(lim.buffer_cap),
             lanes: None,
         }
     }

@@ -9,7 +9,7 @@
 
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{fence, AtomicBool, Ordering::SeqCst};
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, OnceLock, Weak};
 
 use crossbeam_channel::{Receiver, Sender};
 use parking_lot::Mutex;
@@ -17,11 +17,13 @@ use socket2::Socket;
 use tracing::info;
 
 use super::connect::Target;
+use super::codec_workers::{codec_workers, CommQueue};
 use super::core::Core;
 use super::listen::STREAM_ACK;
 use super::recv::{read_some, would_block};
 use super::sock::{configure_data_socket, send_chunk_part, start_connect, writable};
-use super::workers::{workers, Driven, Next, Registration};
+use super::pool::Staging;
+use super::workers::{workers, Driven, Kicker, Next, Registration};
 use crate::adapt::Policy;
 use crate::codec::EncodeOptions;
 use crate::codec_glue::Coder;
@@ -59,6 +61,8 @@ pub struct SendComm {
     /// with a worker.
     tasks: Mutex<Vec<(Arc<TxTask>, Registration)>>,
     coders: Arc<Coders>,
+    /// This comm's jobs for the codec workers.
+    codec: Arc<CommQueue>,
     /// Where data streams connect, and their hellos.
     target: Target,
     cfg: Arc<Config>,
@@ -105,6 +109,7 @@ impl SendComm {
             },
         });
         workers(cfg.io_threads)?;
+        let codec = codec_workers(cfg.codec_threads)?.queue();
         info!(
             "send comm to {peer}: the inline stream (messages up to {} B), up to {n} data streams on demand, compress={:?}, link {link_mbps} Mbps",
             cfg.inline_max, cfg.compress
@@ -115,6 +120,7 @@ impl SendComm {
             queue: rx,
             tasks: Mutex::new(Vec::with_capacity(n)),
             coders,
+            codec,
             target,
             cfg,
         })
@@ -127,12 +133,16 @@ impl SendComm {
         while tasks.len() < want {
             let who = tasks.len();
             let sock = start_connect(self.target.peer)?;
-            let task = Arc::new(TxTask {
+            let task = Arc::new_cyclic(|me| TxTask {
+                me: me.clone(),
                 core: Arc::downgrade(&self.core),
                 sock: Arc::new(sock),
                 who,
                 queue: self.queue.clone(),
                 coders: self.coders.clone(),
+                codec: self.codec.clone(),
+                kicker: OnceLock::new(),
+                compressed: Mutex::new(None),
                 max_wire: crate::codec_glue::max_wire(self.cfg.max_chunk),
                 buffer_cap: crate::budget::cap(self.cfg.buffer_mb),
                 lanes: self.cfg.gpu_lanes,
@@ -142,6 +152,7 @@ impl SendComm {
                 state: Mutex::new(Some(TxState::default())),
             });
             let reg = workers(self.cfg.io_threads)?.register(task.clone())?;
+            let _ = task.kicker.set(reg.kicker());
             tasks.push((task, reg));
         }
         Ok(())
@@ -269,8 +280,8 @@ struct Coders {
 }
 
 /// Bytes a data stream writes in one run before its worker moves on to others:
-/// about one chunk, so that the codec work of one busy stream (compression runs
-/// on the worker) does not keep the worker's other streams waiting for long.
+/// about one chunk, so that one busy stream does not keep the worker's other
+/// streams waiting for long.
 const RUN_BUDGET: usize = 256 << 10;
 
 /// A chunk on its way out: header, then `len` payload bytes, from NCCL's buffer at
@@ -304,10 +315,28 @@ enum Setup {
 struct TxState {
     setup: Setup,
     cur: Option<Out>,
+    /// The chunk the codec workers are compressing (its frame comes back in
+    /// [`TxTask::compressed`], with the staging).
+    compressing: Option<Task>,
     /// Compressed frames (and device chunks' wire bytes). Grows to the largest
     /// (bounded by the codec's worst case for one chunk); counted in the comm's
     /// stats and [`HELD`]; host frames within the process's buffer budget.
-    staging: super::pool::Staging,
+    staging: Staging,
+}
+
+/// A chunk back from the codec workers: the stream's staging, holding the frame
+/// (`Some(length)`) or not (`None`: the chunk goes raw).
+struct Compressed {
+    staging: Staging,
+    frame: Option<usize>,
+}
+
+/// What [`TxTask::encode`] made of a chunk.
+enum Encoded {
+    /// Ready to write.
+    Out(Out),
+    /// Handed to the codec workers: the stream waits, parked, for their kick.
+    Compressing,
 }
 
 impl TxState {
@@ -318,6 +347,7 @@ impl TxState {
 
 /// A data stream of a send comm, as a worker drives it.
 struct TxTask {
+    me: Weak<TxTask>,
     core: Weak<Core>,
     /// Kept here too, so the fd stays valid while a worker holds the task.
     sock: Arc<Socket>,
@@ -325,6 +355,11 @@ struct TxTask {
     /// The comm's chunks, shared by its streams.
     queue: Receiver<Task>,
     coders: Arc<Coders>,
+    codec: Arc<CommQueue>,
+    /// Runs this stream again (set once registered).
+    kicker: OnceLock<Kicker>,
+    /// The codec workers' result for [`TxState::compressing`].
+    compressed: Mutex<Option<Compressed>>,
     max_wire: usize,
     /// The process's buffer budget in bytes ([`crate::budget`]).
     buffer_cap: u64,
@@ -365,6 +400,14 @@ impl Driven for TxTask {
         }
         let mut budget = RUN_BUDGET;
         loop {
+            if let Some(t) = &st.compressing {
+                let Some(c) = self.compressed.lock().take() else {
+                    return Next::Park; // the codec workers kick it when done
+                };
+                st.staging = c.staging;
+                st.cur = Some(self.out(t, c.frame));
+                st.compressing = None;
+            }
             if st.cur.is_none() {
                 let t = match self.queue.try_recv() {
                     Ok(t) => t,
@@ -389,7 +432,11 @@ impl Driven for TxTask {
                     continue; // the comm failed: its requests already carry the error
                 }
                 match self.encode(&core, st, &t) {
-                    Ok(out) => st.cur = Some(out),
+                    Ok(Encoded::Out(out)) => st.cur = Some(out),
+                    Ok(Encoded::Compressing) => {
+                        st.compressing = Some(t);
+                        continue;
+                    }
                     Err(e) => {
                         core.fail(e);
                         continue;
@@ -516,55 +563,98 @@ impl TxTask {
         Ok(None)
     }
 
-    /// The wire form of chunk `t`: compressed into the stream's staging when the
-    /// policy says so and it shrinks, else NCCL's bytes as they are (device
-    /// chunks: staged through a lane, whose bytes are copied to the staging so
-    /// the lane goes back at once).
-    fn encode(&self, core: &Core, st: &mut TxState, t: &Task) -> Result<Out> {
+    /// The wire form of chunk `t`: handed to the codec workers when the policy
+    /// says compress and the budget grants the staging (the frame comes back
+    /// later, see [`Encoded::Compressing`]), else NCCL's bytes as they are
+    /// (device chunks: staged through a lane, whose bytes are copied to the
+    /// staging so the lane goes back at once).
+    fn encode(&self, core: &Arc<Core>, st: &mut TxState, t: &Task) -> Result<Encoded> {
         let stats = &core.stats;
         let len = t.len as usize;
         let src = t.data + t.offset as usize;
-        let (compressed, nccl, wire_len) = match &t.dev {
-            None => {
-                let payload: &[u8] = if len == 0 {
-                    &[]
-                } else {
-                    // SAFETY: as for the write in `run`.
-                    unsafe { std::slice::from_raw_parts(src as *const u8, len) }
-                };
-                let host = &self.coders.host;
-                // No room in the process's buffer budget: this chunk goes raw.
-                if (t.compress || (len > 0 && host.wants(len, stats)))
-                    && st.staging.try_grow(
-                        crate::codec::max_compressed_size(len),
-                        stats,
-                        self.buffer_cap,
-                    )
-                {
-                    match host.compress(payload, &mut st.staging, stats) {
-                        Some(n) => (true, None, n),
-                        None => (false, Some(src), len),
-                    }
-                } else {
-                    (false, Some(src), len)
-                }
+        let Some(b) = &t.dev else {
+            let host = &self.coders.host;
+            // No room in the process's buffer budget: this chunk goes raw.
+            if (t.compress || (len > 0 && host.wants(len, stats)))
+                && st.staging.try_grow(
+                    crate::codec::max_compressed_size(len),
+                    stats,
+                    crate::budget::sender_cap(self.buffer_cap),
+                )
+            {
+                self.compress_on_codec_worker(core, std::mem::take(&mut st.staging), src, len)?;
+                return Ok(Encoded::Compressing);
             }
-            Some(b) => {
-                let mut dev_side = DevSide::new(
-                    Dir::Send,
-                    self.max_wire,
-                    self.lanes,
-                    &stats.staging_bytes,
-                    || core.stopped(),
-                );
-                let (compressed, wire) =
-                    dev_side.encode(b, &self.coders.dev, src as u64, len, stats)?;
-                let n = wire.len();
-                st.staging.grow(n, stats);
-                st.staging[..n].copy_from_slice(&wire);
-                (compressed, None, n)
-            }
+            return Ok(Encoded::Out(self.out(t, None)));
         };
+        let mut dev_side = DevSide::new(
+            Dir::Send,
+            self.max_wire,
+            self.lanes,
+            &stats.staging_bytes,
+            || core.stopped(),
+        );
+        let (compressed, wire) = dev_side.encode(b, &self.coders.dev, src as u64, len, stats)?;
+        let n = wire.len();
+        st.staging.grow(n, stats);
+        st.staging[..n].copy_from_slice(&wire);
+        Ok(Encoded::Out(self.header(t, compressed, None, n)))
+    }
+
+    /// Queues the compression of the `len` bytes at `src` (NCCL's buffer) into
+    /// `staging` on the codec workers, which give the staging back with the frame
+    /// in [`TxTask::compressed`] and kick the stream.
+    fn compress_on_codec_worker(
+        &self,
+        core: &Arc<Core>,
+        mut staging: Staging,
+        src: usize,
+        len: usize,
+    ) -> Result<()> {
+        let (me, core, coders) = (self.me.clone(), core.clone(), self.coders.clone());
+        let kicker = self
+            .kicker
+            .get()
+            .cloned()
+            .ok_or_else(|| Error::Internal("data stream not registered".into()))?;
+        let job = Box::new(move || {
+            // SAFETY: NCCL keeps the send buffer alive and unchanged until `test`
+            // reports the request done, which is after this chunk is written; a
+            // comm that closes first waits for this job (`CommQueue::close`).
+            let payload: &[u8] = if len == 0 {
+                &[] // the buffer may be NULL
+            } else {
+                unsafe { std::slice::from_raw_parts(src as *const u8, len) }
+            };
+            let frame = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                coders.host.compress(payload, &mut staging, &core.stats)
+            }))
+            .unwrap_or_else(|_| {
+                tracing::warn!("compressing a {len}-byte chunk panicked, sending it raw");
+                None
+            });
+            if let Some(task) = me.upgrade() {
+                *task.compressed.lock() = Some(Compressed { staging, frame });
+                kicker.kick();
+            }
+        });
+        if self.codec.submit(job) {
+            Ok(())
+        } else {
+            Err(Error::Internal("send comm closed".into()))
+        }
+    }
+
+    /// Chunk `t` on its way out: its frame in the staging (`Some(length)`) or,
+    /// raw, NCCL's bytes as they are.
+    fn out(&self, t: &Task, frame: Option<usize>) -> Out {
+        match frame {
+            Some(n) => self.header(t, true, None, n),
+            None => self.header(t, false, Some(t.data + t.offset as usize), t.len as usize),
+        }
+    }
+
+    fn header(&self, t: &Task, compressed: bool, nccl: Option<usize>, wire_len: usize) -> Out {
         let hdr = ChunkHeader {
             flags: if compressed { FLAG_COMPRESSED } else { 0 },
             seq: t.seq,
@@ -574,14 +664,14 @@ impl TxTask {
             wire_len: wire_len as u32,
         }
         .encode();
-        Ok(Out {
+        Out {
             seq: t.seq,
             hdr,
             nccl,
             len: wire_len,
             compressed,
             done: 0,
-        })
+        }
     }
 }
 
@@ -612,6 +702,8 @@ impl Drop for SendComm {
         // flight, every queued chunk has been written.)
         self.core.begin_close(!self.core.ring.idle());
         self.tx.take();
+        // No codec worker reads NCCL's buffers for this comm from now on.
+        self.codec.close();
         // Once a stream's state is gone no worker reads NCCL's buffers for it:
         // taking it waits for a run in progress.
         let tasks = std::mem::take(&mut *self.tasks.lock());

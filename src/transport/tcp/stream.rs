@@ -17,11 +17,24 @@
 //! many bytes into the buffer it names and report them with
 //! [`StreamRx::advance`]; on [`Want::Posted`] wait for the receive to be posted
 //! (or give up for now); on [`Want::Device`] move the staged bytes to the device,
-//! then [`StreamRx::device_done`]. At the end of the stream call
-//! [`StreamRx::eof`], which tells a clean end (between chunks) from a cut.
+//! then [`StreamRx::device_done`]; on [`Want::Decode`] take the frame
+//! ([`StreamRx::take_frame`]), decode it anywhere (a codec worker), and hand it
+//! back ([`StreamRx::frame_done`]), or do all three here
+//! ([`StreamRx::decode_here`]); on [`Want::Budget`] try again later. At the end
+//! of the stream call [`StreamRx::eof`], which tells a clean end (between
+//! chunks) from a cut.
+//!
+//! Staging comes from the process's buffer budget ([`crate::budget`]) and is
+//! held for one chunk: taken when its header is read, given back once its bytes
+//! are placed. When the budget is spent the stream stops before the chunk's
+//! payload ([`Want::Budget`]): its own socket applies backpressure to its own
+//! sender; no other stream or comm waits, and no byte is lost.
 
 use std::net::SocketAddr;
 
+use std::cell::RefCell;
+
+use super::pool::Staging;
 use crate::codec_glue::ChunkDecoder;
 use crate::error::{Error, Result};
 use crate::proto::slots::{Lookup, Ring, Slot};
@@ -56,6 +69,10 @@ struct Cur {
     dest: Dest,
     /// Payload bytes read so far.
     got: usize,
+    /// The staging for the payload is held (dests other than `Host`).
+    staged: bool,
+    /// The frame is out being decoded ([`StreamRx::take_frame`]).
+    decoding: bool,
 }
 
 /// What the stream needs from its driver next.
@@ -69,6 +86,50 @@ pub enum Want<'a> {
     /// A chunk for device memory is staged: place it, then
     /// [`StreamRx::device_done`].
     Device(DeviceChunk<'a>),
+    /// A compressed frame is in: decode it ([`StreamRx::take_frame`] and
+    /// [`StreamRx::frame_done`], or [`StreamRx::decode_here`]).
+    Decode,
+    /// The frame taken by [`StreamRx::take_frame`] is not back yet.
+    Decoding,
+    /// The process's buffer budget has no room for this chunk's staging now: try
+    /// again later (without reading the stream meanwhile).
+    Budget,
+}
+
+/// A compressed frame taken out of a stream to be decoded elsewhere (a codec
+/// worker): the stream's staging with the frame, and where it decodes to.
+pub struct Frame {
+    staging: Staging,
+    wire_len: usize,
+    /// NCCL's host buffer at the chunk's first byte, and the chunk's raw length.
+    dst: usize,
+    raw_len: usize,
+}
+
+impl Frame {
+    /// Decodes the frame into NCCL's buffer with `dec`.
+    pub fn decode(&self, dec: &mut ChunkDecoder, stats: &Stats) -> Result<()> {
+        // SAFETY: the posted buffer holds the chunk (`StreamRx::admit`) and is ours
+        // until `test` reports the request done, which is after `frame_done`; a
+        // comm that closes first waits for its codec jobs (`CommQueue::close`).
+        let dst: &mut [u8] = if self.raw_len == 0 {
+            &mut []
+        } else {
+            unsafe { std::slice::from_raw_parts_mut(self.dst as *mut u8, self.raw_len) }
+        };
+        dec.decode(&self.staging[..self.wire_len], dst, stats)
+    }
+}
+
+thread_local! {
+    /// The decode tables of the thread that decodes (a codec worker keeps them
+    /// from chunk to chunk, whichever comm the chunk is for).
+    static DECODER: RefCell<ChunkDecoder> = RefCell::new(ChunkDecoder::default());
+}
+
+/// Runs `f` with this thread's decoder.
+pub fn with_thread_decoder<R>(f: impl FnOnce(&mut ChunkDecoder) -> R) -> R {
+    DECODER.with(|d| f(&mut d.borrow_mut()))
 }
 
 /// A staged chunk whose destination is device memory.
@@ -106,6 +167,8 @@ pub enum Fed {
     Posted { used: usize, seq: u64 },
     /// `used` bytes were taken; a device chunk waits to be placed.
     Device { used: usize },
+    /// `used` bytes were taken; the next chunk waits for room in the buffer budget.
+    Budget { used: usize },
 }
 
 /// The receive state of one stream.
@@ -120,10 +183,12 @@ pub struct StreamRx {
     /// A decoded header whose receive is not posted yet.
     waiting: Option<ChunkHeader>,
     cur: Option<Cur>,
-    /// Compressed frames, and chunks bound for device memory. Grows to the largest
-    /// such chunk (bounded by `max_wire`); counted in [`HELD`] and the comm's stats.
-    staging: super::pool::Staging,
-    decoder: ChunkDecoder,
+    /// Compressed frames, and chunks bound for device memory: one chunk's
+    /// (bounded by `max_wire`), from the buffer budget, held for that chunk only;
+    /// counted in [`HELD`] and the comm's stats.
+    staging: Staging,
+    /// The process's buffer budget in bytes ([`crate::budget`]).
+    buffer_cap: u64,
 }
 
 impl StreamRx {
@@ -140,8 +205,14 @@ impl StreamRx {
             waiting: None,
             cur: None,
             staging: Default::default(),
-            decoder: ChunkDecoder::default(),
+            buffer_cap: u64::MAX,
         }
+    }
+
+    /// Takes staging within a buffer budget of `cap` bytes (default: no limit).
+    pub fn with_budget(mut self, cap: u64) -> StreamRx {
+        self.buffer_cap = cap;
+        self
     }
 
     /// Between chunks, with no byte of the next one read.
@@ -204,13 +275,31 @@ impl StreamRx {
             } else {
                 Dest::Host(at)
             };
-            if !matches!(dest, Dest::Host(_)) {
-                self.staging.grow(h.wire_len as usize, stats);
-            }
-            self.cur = Some(Cur { h, dest, got: 0 });
+            self.cur = Some(Cur {
+                h,
+                dest,
+                got: 0,
+                staged: matches!(dest, Dest::Host(_)) || h.wire_len == 0,
+                decoding: false,
+            });
         }
-        let c = self.cur.expect("set above");
+        let c = self.cur.as_mut().expect("set above");
         let wire = c.h.wire_len as usize;
+        if c.decoding {
+            return Ok(Want::Decoding);
+        }
+        if !c.staged {
+            // A chunk larger than the whole budget could never go on: it takes
+            // its staging outside (a budget smaller than one chunk).
+            if !self.staging.try_grow(wire, stats, self.buffer_cap) {
+                if wire as u64 <= self.buffer_cap {
+                    return Ok(Want::Budget);
+                }
+                self.staging.grow(wire, stats);
+            }
+            c.staged = true;
+        }
+        let c = *c;
         if c.got < wire {
             return Ok(Want::Read(match c.dest {
                 // SAFETY: the posted buffer holds cap >= total >= offset + raw_len
@@ -233,8 +322,9 @@ impl StreamRx {
                 dst,
                 raw_len: c.h.raw_len as usize,
             })),
+            Dest::Frame(_) => Ok(Want::Decode),
             // A chunk with no payload (an empty message) is complete as it is.
-            _ => {
+            Dest::Host(_) => {
                 self.complete(ring, stats)?;
                 self.want(ring, place, stats)
             }
@@ -252,7 +342,7 @@ impl StreamRx {
             Some(c) => {
                 c.got += n;
                 debug_assert!(c.got <= c.h.wire_len as usize);
-                if c.got == c.h.wire_len as usize && !matches!(c.dest, Dest::Device(_)) {
+                if c.got == c.h.wire_len as usize && matches!(c.dest, Dest::Host(_)) {
                     self.complete(ring, stats)?;
                 }
                 Ok(())
@@ -263,6 +353,50 @@ impl StreamRx {
     /// The driver placed the staged device chunk ([`Want::Device`]).
     pub fn device_done(&mut self, ring: &Ring, stats: &Stats) -> Result<()> {
         self.complete(ring, stats)
+    }
+
+    /// Takes the frame [`Want::Decode`] announced, to be decoded elsewhere; the
+    /// stream says [`Want::Decoding`] until [`StreamRx::frame_done`].
+    pub fn take_frame(&mut self) -> Result<Frame> {
+        let c = match &mut self.cur {
+            Some(c) if !c.decoding && c.got == c.h.wire_len as usize => c,
+            _ => return Err(Error::Internal("no frame to take".into())),
+        };
+        let Dest::Frame(dst) = c.dest else {
+            return Err(Error::Internal("no frame to take".into()));
+        };
+        c.decoding = true;
+        Ok(Frame {
+            staging: std::mem::take(&mut self.staging),
+            wire_len: c.h.wire_len as usize,
+            dst,
+            raw_len: c.h.raw_len as usize,
+        })
+    }
+
+    /// The frame taken by [`StreamRx::take_frame`] is back, decoded (`decoded`:
+    /// how that went; a corrupt frame ends the stream).
+    pub fn frame_done(
+        &mut self,
+        frame: Frame,
+        decoded: Result<()>,
+        ring: &Ring,
+        stats: &Stats,
+    ) -> Result<()> {
+        match &mut self.cur {
+            Some(c) if c.decoding => c.decoding = false,
+            _ => return Err(Error::Internal("no frame out".into())),
+        }
+        self.staging = frame.staging;
+        decoded?;
+        self.complete(ring, stats)
+    }
+
+    /// [`StreamRx::take_frame`], decode on this thread, [`StreamRx::frame_done`].
+    pub fn decode_here(&mut self, ring: &Ring, stats: &Stats) -> Result<()> {
+        let frame = self.take_frame()?;
+        let r = with_thread_decoder(|d| frame.decode(d, stats));
+        self.frame_done(frame, r, ring, stats)
     }
 
     /// The stream ended. `Ok(())` if it ended cleanly between chunks (the peer
@@ -312,6 +446,16 @@ impl StreamRx {
                         used: total - data.len(),
                     })
                 }
+                Want::Budget => {
+                    return Ok(Fed::Budget {
+                        used: total - data.len(),
+                    })
+                }
+                Want::Decode => {
+                    self.decode_here(ring, stats)?;
+                    continue;
+                }
+                Want::Decoding => return Err(Error::Internal("a frame is out".into())),
                 Want::Read(_) if data.is_empty() => return Ok(Fed::All),
                 Want::Read(buf) => {
                     let n = buf.len().min(data.len());
@@ -359,22 +503,12 @@ impl StreamRx {
         Ok(buf)
     }
 
-    /// The current chunk's payload is all in: decode it if it is a frame, count
-    /// it, and mark its bytes placed.
+    /// The current chunk's payload is all placed (a frame decoded): give its
+    /// staging back, count it, and mark its bytes placed.
     fn complete(&mut self, ring: &Ring, stats: &Stats) -> Result<()> {
         let c = self.cur.take().expect("a chunk is being read");
         let h = c.h;
-        if let Dest::Frame(at) = c.dest {
-            let raw = h.raw_len as usize;
-            // SAFETY: as for `Dest::Host` in `want`.
-            let dst: &mut [u8] = if raw == 0 {
-                &mut []
-            } else {
-                unsafe { std::slice::from_raw_parts_mut(at as *mut u8, raw) }
-            };
-            self.decoder
-                .decode(&self.staging[..h.wire_len as usize], dst, stats)?;
-        }
+        self.staging.release(stats);
         let s = stats;
         s.add(
             if h.compressed() {
@@ -396,17 +530,6 @@ impl StreamRx {
             s.add(&s.messages, 1);
         }
         Ok(())
-    }
-
-    /// Between chunks, while its comm is idle: gives the staging buffer to the
-    /// process's free list and drops the decode tables, so that a lightly used
-    /// comm holds neither between messages. No-op inside a chunk.
-    pub fn release_idle(&mut self, stats: &Stats) {
-        if !self.at_boundary() {
-            return;
-        }
-        self.staging.release(stats);
-        self.decoder = ChunkDecoder::default();
     }
 
     /// Gives the staging buffer back (uncounted from `stats` and [`HELD`]).

@@ -113,17 +113,23 @@ pub fn local_ranks() -> usize {
     .unwrap_or(1)
 }
 
-/// The number of workers: see the module doc.
-pub fn count(cap: Option<usize>) -> usize {
+/// This rank's share of the CPUs: its affinity mask when the mask is narrower
+/// than the machine (already this rank's share), else the mask divided among
+/// the node's ranks; at least 1.
+pub fn cpu_share() -> usize {
     let cpus = usable_cpus();
     let all = std::thread::available_parallelism().map_or(cpus, |n| n.get());
-    // A mask narrower than the machine is already this rank's share.
     let share = if cpus < all {
         cpus
     } else {
         cpus / local_ranks()
     };
-    let n = share.clamp(1, 8);
+    share.max(1)
+}
+
+/// The number of workers: see the module doc.
+pub fn count(cap: Option<usize>) -> usize {
+    let n = cpu_share().clamp(1, 8);
     cap.map_or(n, |c| n.min(c.max(1)))
 }
 
@@ -189,12 +195,35 @@ impl Workers {
     }
 }
 
-impl Registration {
-    /// Runs the stream soon, whatever it waits for.
+/// A handle that runs one stream soon ([`Registration::kick`]), for whoever
+/// finishes work the stream waits for (a codec worker). Kicking a stream that
+/// was closed meanwhile does nothing.
+#[derive(Clone)]
+pub struct Kicker {
+    worker: Arc<Worker>,
+    id: u64,
+}
+
+impl Kicker {
     pub fn kick(&self) {
         self.worker.kicked.lock().push(self.id);
         if self.worker.sleeping.load(SeqCst) {
             let _ = self.worker.wake.arm();
+        }
+    }
+}
+
+impl Registration {
+    /// Runs the stream soon, whatever it waits for.
+    pub fn kick(&self) {
+        self.kicker().kick();
+    }
+
+    /// A handle that kicks this stream.
+    pub fn kicker(&self) -> Kicker {
+        Kicker {
+            worker: self.worker.clone(),
+            id: self.id,
         }
     }
 
