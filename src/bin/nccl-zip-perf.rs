@@ -79,11 +79,11 @@ fn idle(o: &Opts) {
     }
 }
 
-/// Threads and open fds of this process.
 /// Threads and fds of the process, less the plugin's process-wide TCP I/O workers
-/// (threads named `zip-io*`, each with an epoll fd and an eventfd): they are
-/// started once and live as long as the process, by design (the library is
-/// linked `-z nodelete`), whatever the comms do.
+/// (threads named `zip-io*`, each with an epoll fd and an eventfd) and codec
+/// workers (`zip-codec*`, no fd): they are started once and live as long as the
+/// process, by design (the library is linked `-z nodelete`), whatever the comms
+/// do.
 fn census() -> (usize, usize) {
     let entries = |d: &str| -> Vec<PathBuf> {
         std::fs::read_dir(d)
@@ -94,7 +94,13 @@ fn census() -> (usize, usize) {
         .iter()
         .filter(|t| std::fs::read_to_string(t.join("comm")).is_ok_and(|c| c.starts_with("zip-io")))
         .count();
-    let threads = entries("/proc/self/task").len() - workers;
+    let codec = entries("/proc/self/task")
+        .iter()
+        .filter(|t| {
+            std::fs::read_to_string(t.join("comm")).is_ok_and(|c| c.starts_with("zip-codec"))
+        })
+        .count();
+    let threads = entries("/proc/self/task").len() - workers - codec;
     let fds = entries("/proc/self/fd");
     let anon = |kind: &str| {
         fds.iter()

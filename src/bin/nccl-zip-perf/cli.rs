@@ -276,7 +276,8 @@ struct Cli {
 
     // --- Checks
     /// Threads and fds after all closes must equal those before init (the plugin's
-    /// process-wide I/O workers, zip-io*, and their epoll/eventfd handles not counted).
+    /// process-wide I/O workers, zip-io*, their epoll/eventfd handles, and its codec
+    /// workers, zip-codec*, not counted).
     #[arg(long, help_heading = "Checks")]
     check_leaks: bool,
     /// Exit right after the run without closing any comm (as a job that never

@@ -19,7 +19,7 @@ use std::mem::MaybeUninit;
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{fence, AtomicBool, Ordering::SeqCst};
-use std::sync::{Arc, OnceLock, Weak};
+use std::sync::{Arc, Weak};
 
 use parking_lot::Mutex;
 use socket2::Socket;
@@ -87,7 +87,8 @@ impl Attach for RxStreams {
         if !core.attach(who, sock.clone()) {
             return false;
         }
-        let task = Arc::new_cyclic(|me| RxTask {
+        let make = |kicker| {
+            Arc::new_cyclic(|me| RxTask {
             me: me.clone(),
             core: self.core.clone(),
             sock: sock.clone(),
@@ -95,22 +96,22 @@ impl Attach for RxStreams {
             lim: self.lim,
             parked: AtomicBool::new(false),
             codec: self.codec.clone(),
-            kicker: OnceLock::new(),
+            kicker,
             decoded: Mutex::new(None),
             state: Mutex::new(Some(RxState {
                 rx: StreamRx::new(Role::Data, core.peer, self.max_chunk)
                     .with_budget(self.lim.buffer_cap),
                 lanes: None,
             })),
-        });
-        let reg = match workers(self.io_threads).and_then(|w| w.register(task.clone())) {
+            })
+        };
+        let (task, reg) = match workers(self.io_threads).and_then(|w| w.register_with(make)) {
             Ok(r) => r,
             Err(e) => {
                 core.fail(e);
                 return false;
             }
         };
-        let _ = task.kicker.set(reg.kicker());
         tasks.push((task, reg));
         // The sender writes on this stream only once it reads this byte; a fresh
         // socket's buffer always takes it.
@@ -282,8 +283,8 @@ struct RxTask {
     /// Holds a header whose receive is not posted: `irecv` kicks it.
     parked: AtomicBool,
     codec: Arc<CommQueue>,
-    /// Runs this stream again (set once registered).
-    kicker: OnceLock<Kicker>,
+    /// Runs this stream again.
+    kicker: Kicker,
     /// A frame back from the codec workers, and how its decoding went.
     decoded: Mutex<Option<(Frame, Result<()>)>>,
     /// `None` once the comm closed.
@@ -294,12 +295,7 @@ impl RxTask {
     /// Queues the decoding of `frame` on the codec workers, which put it in
     /// [`RxTask::decoded`] and kick the stream.
     fn decode_on_codec_worker(&self, core: &Arc<Core>, frame: Frame) -> Result<()> {
-        let (me, core) = (self.me.clone(), core.clone());
-        let kicker = self
-            .kicker
-            .get()
-            .cloned()
-            .ok_or_else(|| Error::Internal("data stream not registered".into()))?;
+        let (me, core, kicker) = (self.me.clone(), core.clone(), self.kicker.clone());
         let job = Box::new(move || {
             let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                 with_thread_decoder(|d| frame.decode(d, &core.stats))

@@ -9,7 +9,7 @@
 
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{fence, AtomicBool, Ordering::SeqCst};
-use std::sync::{Arc, OnceLock, Weak};
+use std::sync::{Arc, Weak};
 
 use crossbeam_channel::{Receiver, Sender};
 use parking_lot::Mutex;
@@ -133,7 +133,8 @@ impl SendComm {
         while tasks.len() < want {
             let who = tasks.len();
             let sock = start_connect(self.target.peer)?;
-            let task = Arc::new_cyclic(|me| TxTask {
+            let make = |kicker| {
+                Arc::new_cyclic(|me| TxTask {
                 me: me.clone(),
                 core: Arc::downgrade(&self.core),
                 sock: Arc::new(sock),
@@ -141,7 +142,7 @@ impl SendComm {
                 queue: self.queue.clone(),
                 coders: self.coders.clone(),
                 codec: self.codec.clone(),
-                kicker: OnceLock::new(),
+                kicker,
                 compressed: Mutex::new(None),
                 max_wire: crate::codec_glue::max_wire(self.cfg.max_chunk),
                 buffer_cap: crate::budget::cap(self.cfg.buffer_mb),
@@ -150,10 +151,9 @@ impl SendComm {
                 hello: self.target.hello(who),
                 parked: AtomicBool::new(false),
                 state: Mutex::new(Some(TxState::default())),
-            });
-            let reg = workers(self.cfg.io_threads)?.register(task.clone())?;
-            let _ = task.kicker.set(reg.kicker());
-            tasks.push((task, reg));
+                })
+            };
+            tasks.push(workers(self.cfg.io_threads)?.register_with(make)?);
         }
         Ok(())
     }
@@ -356,8 +356,8 @@ struct TxTask {
     queue: Receiver<Task>,
     coders: Arc<Coders>,
     codec: Arc<CommQueue>,
-    /// Runs this stream again (set once registered).
-    kicker: OnceLock<Kicker>,
+    /// Runs this stream again.
+    kicker: Kicker,
     /// The codec workers' result for [`TxState::compressing`].
     compressed: Mutex<Option<Compressed>>,
     max_wire: usize,
@@ -612,11 +612,7 @@ impl TxTask {
         len: usize,
     ) -> Result<()> {
         let (me, core, coders) = (self.me.clone(), core.clone(), self.coders.clone());
-        let kicker = self
-            .kicker
-            .get()
-            .cloned()
-            .ok_or_else(|| Error::Internal("data stream not registered".into()))?;
+        let kicker = self.kicker.clone();
         let job = Box::new(move || {
             // SAFETY: NCCL keeps the send buffer alive and unchanged until `test`
             // reports the request done, which is after this chunk is written; a

@@ -178,7 +178,30 @@ impl Workers {
     /// Adds `task` to a worker (spread by id) and runs it once soon.
     pub fn register(&self, task: Arc<dyn Driven>) -> Result<Registration> {
         let id = self.next_id.fetch_add(1, Relaxed);
-        let w = self.workers[(id as usize) % self.workers.len()].clone();
+        self.insert(id, task)
+    }
+
+    /// [`Workers::register`] a task made by `make`, which gets the task's
+    /// [`Kicker`] before the task first runs.
+    pub fn register_with<T: Driven + 'static>(
+        &self,
+        make: impl FnOnce(Kicker) -> Arc<T>,
+    ) -> Result<(Arc<T>, Registration)> {
+        let id = self.next_id.fetch_add(1, Relaxed);
+        let made = make(Kicker {
+            worker: self.worker(id).clone(),
+            id,
+        });
+        let r = self.insert(id, made.clone())?;
+        Ok((made, r))
+    }
+
+    fn worker(&self, id: u64) -> &Arc<Worker> {
+        &self.workers[(id as usize) % self.workers.len()]
+    }
+
+    fn insert(&self, id: u64, task: Arc<dyn Driven>) -> Result<Registration> {
+        let w = self.worker(id).clone();
         let fd = task.fd();
         w.tasks.lock().insert(id, task);
         // Registered disarmed (no events): the first run arms it.
@@ -206,25 +229,14 @@ pub struct Kicker {
 
 impl Kicker {
     pub fn kick(&self) {
-        self.worker.kicked.lock().push(self.id);
-        if self.worker.sleeping.load(SeqCst) {
-            let _ = self.worker.wake.arm();
-        }
+        self.worker.kick(self.id);
     }
 }
 
 impl Registration {
     /// Runs the stream soon, whatever it waits for.
     pub fn kick(&self) {
-        self.kicker().kick();
-    }
-
-    /// A handle that kicks this stream.
-    pub fn kicker(&self) -> Kicker {
-        Kicker {
-            worker: self.worker.clone(),
-            id: self.id,
-        }
+        self.worker.kick(self.id);
     }
 
     /// Takes the stream out of its worker. A run in progress may still finish:
@@ -240,6 +252,14 @@ impl Registration {
 }
 
 impl Worker {
+    /// Runs task `id` soon.
+    fn kick(&self, id: u64) {
+        self.kicked.lock().push(id);
+        if self.sleeping.load(SeqCst) {
+            let _ = self.wake.arm();
+        }
+    }
+
     fn run(&self) {
         let mut events = vec![EpollEvent::empty(); 256];
         let mut retry: Vec<u64> = Vec::new();
