@@ -1,18 +1,19 @@
 //! The process-wide budget for compression buffers (issue 20): the IB
 //! receivers' staging slots and senders' registered frame buffers, and the TCP
-//! senders' staging, of every comm together stay under one cap, so that this
-//! memory follows the machine, not the number of comms (before: 4 MiB of IB
+//! senders' and receivers' staging, of every comm together stay under one cap,
+//! so that this memory follows the machine, not the number of comms (before: 4 MiB of IB
 //! staging and 2 MiB of frame buffers per comm pair, registered at connect;
 //! 2,000 comms held 6 GB).
 //!
 //! A comm reserves buffers when it needs them (IB: a receive posted, a chunk
 //! worth compressing, kept until the comm closes; TCP: a chunk to compress,
-//! given back when the comm goes idle). A comm that finds the budget spent never
-//! waits: IB receives grant no staging (the sender then writes every chunk raw,
-//! straight into NCCL's buffer), sends go raw, and it tries again at its next
-//! receive or chunk. No comm ever waits on another. (A TCP receiver still takes
-//! staging for a compressed chunk already on its way: one chunk per active
-//! stream.)
+//! given back when the comm goes idle; TCP receivers: one chunk's, from its header
+//! until its bytes are placed). A sender or IB receiver that finds the budget
+//! spent never waits: IB receives grant no staging (the sender then writes
+//! every chunk raw, straight into NCCL's buffer), sends go raw, and it tries
+//! again at its next receive or chunk. A TCP receiver, whose sender already
+//! compressed the chunk, stops reading that one stream until budget comes back
+//! ([`receiver_reserve`] says why that ends).
 //!
 //! The cap: `NCCL_ZIP_BUFFER_MB`, or by default 1/32 of the machine's memory
 //! shared among the node's ranks, between 64 MiB and 4 GiB per process.
@@ -74,13 +75,20 @@ pub fn cap(mb: Option<u64>) -> u64 {
     mb.map_or_else(default_cap, |m| m << 20)
 }
 
-/// The part of `cap` senders may take: all but 1/8, which only receivers use.
-/// A receiver that finds the budget spent stops reading its own stream until
-/// budget comes back; budget held by receivers always comes back (a receiver
-/// holds it for one chunk, whose bytes its sender already has), while budget
-/// held by senders may wait for a remote receiver. So senders never take all.
+/// The part of `cap` senders may take: all but [`receiver_reserve`].
 pub fn sender_cap(cap: u64) -> u64 {
-    cap - cap / 8
+    cap - receiver_reserve(cap)
+}
+
+/// The part of `cap` only receivers may take: 1/8. A TCP receiver that finds
+/// the budget spent stops reading its own stream until budget comes back.
+/// Budget held by receivers always comes back (a receiver holds it for one
+/// chunk, whose bytes its sender already has), while budget held by senders may
+/// wait for a remote receiver; so a receiver chunk of at most this size always
+/// gets budget in the end. A larger one (a budget under 8 chunks) takes its
+/// staging outside the budget when refused, rather than wait on other comms.
+pub fn receiver_reserve(cap: u64) -> u64 {
+    cap / 8
 }
 
 /// The default cap: 1/32 of physical memory divided among the node's ranks,

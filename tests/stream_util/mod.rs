@@ -48,6 +48,12 @@ impl Default for Rx {
 impl Rx {
     /// A receiver whose peer announced chunks of at most `max_chunk` bytes.
     pub fn new(max_chunk: usize) -> Rx {
+        Rx::with_budget(max_chunk, u64::MAX)
+    }
+
+    /// [`Rx::new`], its streams' staging within a process buffer budget of `cap`
+    /// bytes (`nccl_net_zip::budget`).
+    pub fn with_budget(max_chunk: usize, cap: u64) -> Rx {
         let peer: SocketAddr = "10.0.0.1:4242".parse().unwrap();
         Rx {
             ring: Ring::with_producers(NSTREAMS),
@@ -62,7 +68,8 @@ impl Rx {
                         },
                         peer,
                         max_chunk,
-                    ),
+                    )
+                    .with_budget(cap),
                     queued: Vec::new(),
                     fin: false,
                     ended: false,
@@ -158,7 +165,8 @@ impl Rx {
             Ok(Fed::All) => (queued.len(), None),
             Ok(Fed::Posted { used, seq }) => (used, Some(seq)),
             Ok(Fed::Device { .. }) => unreachable!("no device buffers here"),
-            Ok(Fed::Budget { .. }) => unreachable!("no buffer budget here"),
+            // The stream waits for budget (a later pump tries again).
+            Ok(Fed::Budget { used }) => (used, None),
             Err(e) => {
                 self.fail(e);
                 return true;

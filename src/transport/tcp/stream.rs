@@ -289,10 +289,11 @@ impl StreamRx {
             return Ok(Want::Decoding);
         }
         if !c.staged {
-            // A chunk larger than the whole budget could never go on: it takes
-            // its staging outside (a budget smaller than one chunk).
+            // Refused: wait, if the receivers' reserve can hold the chunk (it
+            // then comes back in the end); a larger chunk takes its staging
+            // outside the budget (`budget::receiver_reserve`).
             if !self.staging.try_grow(wire, stats, self.buffer_cap) {
-                if wire as u64 <= self.buffer_cap {
+                if wire as u64 <= crate::budget::receiver_reserve(self.buffer_cap) {
                     return Ok(Want::Budget);
                 }
                 self.staging.grow(wire, stats);
