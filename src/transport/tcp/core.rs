@@ -75,7 +75,7 @@ impl Core {
                 "a comm needs at least one data stream".into(),
             ));
         }
-        let inline = Inline::new(inline, rx.map(|lim| (peer, lim)))?;
+        let inline = Inline::new(inline, peer, rx)?;
         HELD.comms.fetch_add(1, Relaxed);
         // A receiver's ring is fed by the data streams and the inline stream;
         // the data streams are absent until the sender opens them.

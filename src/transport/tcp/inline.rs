@@ -16,47 +16,39 @@
 //! the other streams, never compressed); any stream may carry any message, so the
 //! receiver matches them to posted receives by sequence number as usual.
 
-use std::collections::VecDeque;
 use std::net::SocketAddr;
 
 use parking_lot::Mutex;
 use socket2::Socket;
 
 use super::core::{Core, RxLimits};
-use super::recv::{pump_rx, would_block, RxState};
+use super::recv::{pump_rx, RxState};
 use super::sock::send_chunk_part;
+use super::stream::Role;
+use super::stream_tx::{ChunkOut, Payload, StreamTx, Wrote};
 use crate::error::{Error, Result};
-use crate::proto::slots::NSLOTS;
-use crate::proto::wire::{ChunkHeader, CHUNK_HEADER_SIZE};
-
-/// A message on its way out: header, then `len` bytes of NCCL's buffer at `data`.
-struct Out {
-    seq: u64,
-    hdr: [u8; CHUNK_HEADER_SIZE],
-    data: usize,
-    len: usize,
-    /// Bytes of header + payload written so far.
-    done: usize,
-}
 
 pub struct Inline {
     sock: Socket,
-    tx: Mutex<VecDeque<Out>>,
+    /// Senders only.
+    tx: Option<Mutex<StreamTx>>,
     /// Receivers only.
     rx: Option<Mutex<RxState>>,
 }
 
 impl Inline {
     /// `sock` must already carry the data-socket options; it is made non-blocking.
-    /// `rx`: receivers only, the peer and its limits (its chunk size is the
-    /// largest inline message).
-    pub fn new(sock: Socket, rx: Option<(SocketAddr, RxLimits)>) -> Result<Inline> {
+    /// `peer`: the other end. `rx`: receivers only, the peer's limits (its chunk
+    /// size is the largest inline message).
+    pub fn new(sock: Socket, peer: SocketAddr, rx: Option<RxLimits>) -> Result<Inline> {
         sock.set_nonblocking(true)
             .map_err(|e| Error::io("set_nonblocking", e))?;
         Ok(Inline {
             sock,
-            tx: Mutex::new(VecDeque::with_capacity(NSLOTS)),
-            rx: rx.map(|(peer, lim)| Mutex::new(RxState::inline(peer, lim))),
+            tx: rx
+                .is_none()
+                .then(|| Mutex::new(StreamTx::new(Role::Inline, peer, 0))),
+            rx: rx.map(|lim| Mutex::new(RxState::inline(peer, lim))),
         })
     }
 
@@ -67,68 +59,47 @@ impl Inline {
     /// Sender: queues message `seq` (`len` bytes at `data`, valid until its request
     /// is done) and writes as much as the socket takes now.
     pub fn send(&self, core: &Core, seq: u64, data: *const u8, len: usize) {
-        let hdr = ChunkHeader {
-            flags: 0,
+        let Some(tx) = &self.tx else { return };
+        let pushed = tx.lock().push(ChunkOut {
             seq,
             total: len as u32,
             offset: 0,
             raw_len: len as u32,
             wire_len: len as u32,
-        }
-        .encode();
-        self.tx.lock().push_back(Out {
-            seq,
-            hdr,
-            data: data as usize,
-            len,
-            done: 0,
+            compressed: false,
+            payload: Payload::Nccl(data as usize),
         });
-        self.progress_tx(core);
+        match pushed {
+            Ok(()) => self.progress_tx(core),
+            Err(e) => core.fail(e),
+        }
     }
 
     /// Sender: nothing is queued (every message so far is in the socket). False
     /// while another thread is writing.
     pub fn tx_idle(&self) -> bool {
-        self.tx.try_lock().is_some_and(|q| q.is_empty())
+        self.tx
+            .as_ref()
+            .and_then(|m| m.try_lock())
+            .is_some_and(|q| q.is_idle())
     }
 
     /// Sender: writes queued messages until the socket is full.
     pub fn progress_tx(&self, core: &Core) {
-        let Some(mut q) = self.tx.try_lock() else {
+        let Some(mut tx) = self.tx.as_ref().and_then(|m| m.try_lock()) else {
             return;
         };
-        while let Some(o) = q.front_mut() {
-            let total = CHUNK_HEADER_SIZE + o.len;
-            // SAFETY: NCCL keeps the buffer alive and unchanged until `test`
-            // reports this request done, which happens only after the last byte.
-            let payload: &[u8] = if o.len == 0 {
-                &[] // the buffer may be NULL
-            } else {
-                unsafe { std::slice::from_raw_parts(o.data as *const u8, o.len) }
-            };
-            match send_chunk_part(&self.sock, &o.hdr, payload, o.done) {
-                Ok(n) => o.done += n,
-                Err(e) if would_block(&e) => return,
+        while let Some(w) = tx.want() {
+            let r = send_chunk_part(&self.sock, w.hdr, w.payload, w.done);
+            match tx.wrote(r, &core.ring, &core.stats) {
+                Ok(Wrote::Bytes { .. }) => {} // the socket may take more
+                Ok(Wrote::Blocked) => return,
                 Err(e) => {
-                    let seq = o.seq;
-                    drop(q);
-                    core.fail(Error::io(
-                        format!("send to {} (inline stream, message {seq})", core.peer),
-                        e,
-                    ));
+                    drop(tx);
+                    core.fail(e);
                     return;
                 }
             }
-            if o.done < total {
-                continue; // the socket took part of it: try again, it may take more
-            }
-            let (seq, len) = (o.seq, o.len);
-            q.pop_front();
-            let st = &core.stats;
-            st.add(&st.wire_bytes, len as u64);
-            st.add(&st.chunks_raw, 1);
-            st.add(&st.chunks_inline, 1);
-            core.ring.slot(seq).chunk_sent();
         }
     }
 

@@ -15,6 +15,7 @@ mod recv;
 mod send;
 pub mod sock;
 pub mod stream;
+pub mod stream_tx;
 pub mod workers;
 
 pub use connect::{ConnectState, Target};

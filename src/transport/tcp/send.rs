@@ -23,6 +23,8 @@ use super::listen::STREAM_ACK;
 use super::recv::{read_some, would_block};
 use super::sock::{configure_data_socket, send_chunk_part, start_connect, writable};
 use super::pool::Staging;
+use super::stream::Role;
+use super::stream_tx::{ChunkOut, Payload, StreamTx, Wrote};
 use super::workers::{workers, Driven, Kicker, Next, Registration};
 use crate::adapt::Policy;
 use crate::codec::EncodeOptions;
@@ -34,10 +36,7 @@ use crate::gpu::pool::Dir;
 use crate::gpu::Backend;
 use crate::proto::plan;
 use crate::proto::slots::Slot;
-use crate::proto::wire::{
-    ChunkHeader, CHUNK_HEADER_SIZE, FLAG_COMPRESSED, HELLO_SIZE, MAX_MESSAGE,
-};
-use crate::stats::Stats;
+use crate::proto::wire::{HELLO_SIZE, MAX_MESSAGE};
 
 /// One chunk to write. `data` is NCCL's buffer, valid until `test` reports done;
 /// with `dev`, it is device memory staged through that device.
@@ -150,7 +149,11 @@ impl SendComm {
                 peer_timeout: self.cfg.peer_timeout,
                 hello: self.target.hello(who),
                 parked: AtomicBool::new(false),
-                state: Mutex::new(Some(TxState::default())),
+                state: Mutex::new(Some(TxState {
+                    setup: Setup::Connecting,
+                    tx: StreamTx::new(Role::Data, self.target.peer, who),
+                    compressing: None,
+                })),
                 })
             };
             tasks.push(workers(self.cfg.io_threads)?.register_with(make)?);
@@ -284,18 +287,6 @@ struct Coders {
 /// streams waiting for long.
 const RUN_BUDGET: usize = 256 << 10;
 
-/// A chunk on its way out: header, then `len` payload bytes, from NCCL's buffer at
-/// `nccl` or (None) from the stream's staging.
-struct Out {
-    seq: u64,
-    hdr: [u8; CHUNK_HEADER_SIZE],
-    nccl: Option<usize>,
-    len: usize,
-    compressed: bool,
-    /// Bytes of header + payload written so far.
-    done: usize,
-}
-
 /// How far a data stream has come.
 #[derive(Default)]
 enum Setup {
@@ -311,17 +302,16 @@ enum Setup {
 }
 
 /// What a data stream holds between runs.
-#[derive(Default)]
 struct TxState {
     setup: Setup,
-    cur: Option<Out>,
+    /// The stream's send machine: one chunk at a time, from NCCL's buffer or its
+    /// staging (compressed frames, device chunks' wire bytes; grows to the
+    /// largest, bounded by the codec's worst case for one chunk; host frames
+    /// within the process's buffer budget).
+    tx: StreamTx,
     /// The chunk the codec workers are compressing (its frame comes back in
     /// [`TxTask::compressed`], with the staging).
     compressing: Option<Task>,
-    /// Compressed frames (and device chunks' wire bytes). Grows to the largest
-    /// (bounded by the codec's worst case for one chunk); counted in the comm's
-    /// stats and [`HELD`]; host frames within the process's buffer budget.
-    staging: Staging,
 }
 
 /// A chunk back from the codec workers: the stream's staging, holding the frame
@@ -334,15 +324,9 @@ struct Compressed {
 /// What [`TxTask::encode`] made of a chunk.
 enum Encoded {
     /// Ready to write.
-    Out(Out),
+    Out(ChunkOut),
     /// Handed to the codec workers: the stream waits, parked, for their kick.
     Compressing,
-}
-
-impl TxState {
-    fn release(&mut self, stats: &Stats) {
-        self.staging.release(stats);
-    }
 }
 
 /// A data stream of a send comm, as a worker drives it.
@@ -404,11 +388,15 @@ impl Driven for TxTask {
                 let Some(c) = self.compressed.lock().take() else {
                     return Next::Park; // the codec workers kick it when done
                 };
-                st.staging = c.staging;
-                st.cur = Some(self.out(t, c.frame));
+                *st.tx.staging() = c.staging;
+                let out = self.out(t, c.frame);
                 st.compressing = None;
+                if let Err(e) = st.tx.push(out) {
+                    core.fail(e);
+                    return Next::Done;
+                }
             }
-            if st.cur.is_none() {
+            if st.tx.is_idle() {
                 let t = match self.queue.try_recv() {
                     Ok(t) => t,
                     Err(crossbeam_channel::TryRecvError::Disconnected) => return Next::Done,
@@ -420,7 +408,7 @@ impl Driven for TxTask {
                             // Nothing in flight: a lightly used comm holds no
                             // staging between messages.
                             if core.ring.idle() {
-                                st.release(&core.stats);
+                                st.tx.release(&core.stats);
                             }
                             return Next::Park;
                         }
@@ -432,7 +420,12 @@ impl Driven for TxTask {
                     continue; // the comm failed: its requests already carry the error
                 }
                 match self.encode(&core, st, &t) {
-                    Ok(Encoded::Out(out)) => st.cur = Some(out),
+                    Ok(Encoded::Out(out)) => {
+                        if let Err(e) = st.tx.push(out) {
+                            core.fail(e);
+                            return Next::Done;
+                        }
+                    }
                     Ok(Encoded::Compressing) => {
                         st.compressing = Some(t);
                         continue;
@@ -443,54 +436,20 @@ impl Driven for TxTask {
                     }
                 }
             }
-            let o = st.cur.as_mut().expect("set above");
-            let total = CHUNK_HEADER_SIZE + o.len;
-            let payload: &[u8] = match o.nccl {
-                None => &st.staging[..o.len],
-                Some(_) if o.len == 0 => &[],
-                // SAFETY: NCCL keeps the send buffer alive and unchanged until
-                // `test` reports this request done, which happens only after the
-                // chunk's last byte is written.
-                Some(p) => unsafe { std::slice::from_raw_parts(p as *const u8, o.len) },
-            };
-            match send_chunk_part(&self.sock, &o.hdr, payload, o.done) {
-                Err(e) if e.kind() == std::io::ErrorKind::WriteZero => {
-                    core.fail(Error::io(
-                        format!("send to {} (stream {})", core.peer, self.who),
-                        e,
-                    ));
-                    return Next::Done;
-                }
-                Ok(n) => {
-                    o.done += n;
+            let w = st.tx.want().expect("a chunk is queued");
+            let r = send_chunk_part(&self.sock, w.hdr, w.payload, w.done);
+            match st.tx.wrote(r, &core.ring, &core.stats) {
+                Ok(Wrote::Bytes { n, chunk_done }) => {
                     budget = budget.saturating_sub(n);
-                }
-                Err(e) if would_block(&e) => return Next::Writable,
-                Err(e) => {
-                    if !core.closing() {
-                        core.fail(Error::io(
-                            format!("send to {} (stream {})", core.peer, self.who),
-                            e,
-                        ));
+                    if chunk_done {
+                        core.maybe_report();
                     }
+                }
+                Ok(Wrote::Blocked) => return Next::Writable,
+                Err(e) => {
+                    core.fail(e);
                     return Next::Done;
                 }
-            }
-            if o.done == total {
-                let (seq, len, compressed) = (o.seq, o.len, o.compressed);
-                st.cur = None;
-                let s = &core.stats;
-                s.add(&s.wire_bytes, len as u64);
-                s.add(
-                    if compressed {
-                        &s.chunks_compressed
-                    } else {
-                        &s.chunks_raw
-                    },
-                    1,
-                );
-                core.ring.slot(seq).chunk_sent();
-                core.maybe_report();
             }
             if budget == 0 {
                 // Ready again at once if the socket takes more.
@@ -576,13 +535,13 @@ impl TxTask {
             let host = &self.coders.host;
             // No room in the process's buffer budget: this chunk goes raw.
             if (t.compress || (len > 0 && host.wants(len, stats)))
-                && st.staging.try_grow(
+                && st.tx.staging().try_grow(
                     crate::codec::max_compressed_size(len),
                     stats,
                     crate::budget::sender_cap(self.buffer_cap),
                 )
             {
-                self.compress_on_codec_worker(core, std::mem::take(&mut st.staging), src, len)?;
+                self.compress_on_codec_worker(core, std::mem::take(st.tx.staging()), src, len)?;
                 return Ok(Encoded::Compressing);
             }
             return Ok(Encoded::Out(self.out(t, None)));
@@ -596,9 +555,10 @@ impl TxTask {
         );
         let (compressed, wire) = dev_side.encode(b, &self.coders.dev, src as u64, len, stats)?;
         let n = wire.len();
-        st.staging.grow(n, stats);
-        st.staging[..n].copy_from_slice(&wire);
-        Ok(Encoded::Out(self.header(t, compressed, None, n)))
+        let staging = st.tx.staging();
+        staging.grow(n, stats);
+        staging[..n].copy_from_slice(&wire);
+        Ok(Encoded::Out(chunk_out(t, compressed, Payload::Staged, n)))
     }
 
     /// Queues the compression of the `len` bytes at `src` (NCCL's buffer) into
@@ -643,31 +603,23 @@ impl TxTask {
 
     /// Chunk `t` on its way out: its frame in the staging (`Some(length)`) or,
     /// raw, NCCL's bytes as they are.
-    fn out(&self, t: &Task, frame: Option<usize>) -> Out {
+    fn out(&self, t: &Task, frame: Option<usize>) -> ChunkOut {
         match frame {
-            Some(n) => self.header(t, true, None, n),
-            None => self.header(t, false, Some(t.data + t.offset as usize), t.len as usize),
+            Some(n) => chunk_out(t, true, Payload::Staged, n),
+            None => chunk_out(t, false, Payload::Nccl(t.data + t.offset as usize), t.len as usize),
         }
     }
+}
 
-    fn header(&self, t: &Task, compressed: bool, nccl: Option<usize>, wire_len: usize) -> Out {
-        let hdr = ChunkHeader {
-            flags: if compressed { FLAG_COMPRESSED } else { 0 },
-            seq: t.seq,
-            total: t.total,
-            offset: t.offset,
-            raw_len: t.len,
-            wire_len: wire_len as u32,
-        }
-        .encode();
-        Out {
-            seq: t.seq,
-            hdr,
-            nccl,
-            len: wire_len,
-            compressed,
-            done: 0,
-        }
+fn chunk_out(t: &Task, compressed: bool, payload: Payload, wire_len: usize) -> ChunkOut {
+    ChunkOut {
+        seq: t.seq,
+        total: t.total,
+        offset: t.offset,
+        raw_len: t.len,
+        wire_len: wire_len as u32,
+        compressed,
+        payload,
     }
 }
 
@@ -705,7 +657,7 @@ impl Drop for SendComm {
         let tasks = std::mem::take(&mut *self.tasks.lock());
         for (t, reg) in tasks {
             if let Some(mut st) = t.state.lock().take() {
-                st.release(&self.core.stats);
+                st.tx.release(&self.core.stats);
             }
             reg.close();
         }

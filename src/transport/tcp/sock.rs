@@ -42,21 +42,19 @@ pub fn send_all(s: &Socket, mut bufs: &mut [IoSlice<'_>]) -> io::Result<()> {
 }
 
 /// Writes what the socket takes, without blocking, of a chunk (`hdr`, then
-/// `payload`) whose first `done` bytes went out already: one vectored send. A
-/// socket that takes nothing while bytes remain is a `WriteZero` error.
+/// `payload`) whose first `done` bytes went out already: one vectored send.
+/// (What the count means, 0 included, is the send machine's business:
+/// `stream_tx::StreamTx::wrote`.)
 pub fn send_chunk_part(s: &Socket, hdr: &[u8], payload: &[u8], done: usize) -> io::Result<usize> {
     let (h, p) = if done < hdr.len() {
         (&hdr[done..], payload)
     } else {
         (&[][..], &payload[done - hdr.len()..])
     };
-    match s.send_vectored_with_flags(
+    s.send_vectored_with_flags(
         &[IoSlice::new(h), IoSlice::new(p)],
         libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT,
-    ) {
-        Ok(0) if !h.is_empty() || !p.is_empty() => Err(io::ErrorKind::WriteZero.into()),
-        r => r,
-    }
+    )
 }
 
 /// Fills `buf`. `Ok(false)` if the stream ended cleanly before the first byte;
