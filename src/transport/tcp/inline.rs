@@ -14,7 +14,9 @@
 //!
 //! Messages go on this stream in `isend` order, each whole (one chunk, header as on
 //! the other streams, never compressed); any stream may carry any message, so the
-//! receiver matches them to posted receives by sequence number as usual.
+//! receiver matches them to posted receives by sequence number as usual. Both
+//! directions run the streams' sans-IO machines: [`StreamTx`] and the receive
+//! side's `StreamRx` (through `recv::pump_rx`).
 
 use std::net::SocketAddr;
 

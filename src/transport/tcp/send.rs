@@ -1,11 +1,13 @@
 //! Send comm: `isend` cuts a message into chunks and queues them; the comm's
 //! data streams, driven by the process's shared I/O workers
-//! ([`super::workers`]), take the next chunk, compress it into the stream's own
-//! staging buffer when the adaptive policy says it pays (otherwise write straight
-//! from NCCL's buffer, no copy), and write header and payload without blocking.
-//! Chunks go on the wire as soon as each is ready (split-send), and the request is
-//! done when its last chunk is written. A stream with nothing queued parks until
-//! `isend` kicks it.
+//! ([`super::workers`]), take the next chunk and, when the adaptive policy says
+//! compression pays and the buffer budget grants the staging, hand it to the
+//! codec workers ([`super::codec_workers`]) to compress into the stream's
+//! staging, parked until they kick it back (otherwise they write straight from
+//! NCCL's buffer, no copy). Each stream's send machine ([`StreamTx`]) writes
+//! header and payload without blocking. Chunks go on the wire as soon as each is
+//! ready (split-send), and the request is done when its last chunk is written. A
+//! stream with nothing queued parks until `isend` kicks it.
 
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{fence, AtomicBool, Ordering::SeqCst};

@@ -1,8 +1,9 @@
 //! The receive side of one TCP stream as a state machine with no I/O: bytes in,
 //! progress out. No sockets, no threads, no clock. Every driver uses it: a data
-//! stream's I/O thread (blocking reads, `recv.rs`) and the inline stream read by
-//! NCCL's thread (non-blocking reads, `inline.rs`); tests feed it bytes directly
-//! ([`StreamRx::handle_bytes`]).
+//! stream's I/O worker (non-blocking reads, `recv.rs`) and the inline stream
+//! read by NCCL's thread (non-blocking reads, `inline.rs`); tests feed it bytes
+//! directly ([`StreamRx::handle_bytes`]). The send side's machine is
+//! `stream_tx.rs`.
 //!
 //! A stream carries chunks, each a [`ChunkHeader`] and `wire_len` payload bytes.
 //! For each header the machine checks the header, finds the receive posted for
