@@ -15,6 +15,7 @@
 //! How many: this rank's share of the CPUs ([`super::workers::cpu_share`]), at
 //! most [`MAX_WORKERS`]; `NCCL_ZIP_CODEC_THREADS` caps it.
 
+use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, OnceLock};
@@ -23,6 +24,7 @@ use crossbeam_channel::{Receiver, Sender};
 use parking_lot::{Condvar, Mutex};
 use tracing::{info, warn};
 
+use crate::codec_glue::ChunkDecoder;
 use crate::error::{Error, Result};
 use crate::stats::HELD;
 
@@ -89,10 +91,33 @@ impl CodecWorkers {
     }
 }
 
+thread_local! {
+    /// A codec worker's decode tables, kept from chunk to chunk whichever comm
+    /// the chunk is for, dropped when the worker runs out of work (so that an
+    /// idle process holds none).
+    static DECODER: RefCell<Option<ChunkDecoder>> = const { RefCell::new(None) };
+}
+
+/// Runs `f` with this thread's decoder (a codec worker's, kept until it idles).
+pub fn with_thread_decoder<R>(f: impl FnOnce(&mut ChunkDecoder) -> R) -> R {
+    DECODER.with(|d| f(d.borrow_mut().get_or_insert_with(ChunkDecoder::default)))
+}
+
 /// A worker's loop: take the next comm with work, run one of its jobs, put the
 /// comm back at the end of the line if it has more.
 fn serve(rx: &Receiver<Arc<CommQueue>>, tx: &Sender<Arc<CommQueue>>) {
-    while let Ok(q) = rx.recv() {
+    loop {
+        let q = match rx.try_recv() {
+            Ok(q) => q,
+            Err(_) => {
+                // Out of work: hold no decode tables while idle.
+                DECODER.with(|d| d.borrow_mut().take());
+                match rx.recv() {
+                    Ok(q) => q,
+                    Err(_) => return,
+                }
+            }
+        };
         let job = {
             let mut st = q.st.lock();
             let job = st.jobs.pop_front();

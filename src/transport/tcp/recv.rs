@@ -25,11 +25,11 @@ use parking_lot::Mutex;
 use socket2::Socket;
 use tracing::info;
 
-use super::codec_workers::{codec_workers, CommQueue};
+use super::codec_workers::{codec_workers, with_thread_decoder, CommQueue};
 use super::core::{Core, RxLimits};
 use super::listen::{Attach, STREAM_ACK};
 use super::sock::configure_data_socket;
-use super::stream::{with_thread_decoder, DeviceChunk, Frame, Role, StreamRx, Want};
+use super::stream::{DeviceChunk, Frame, Role, StreamRx, Want};
 use super::workers::{workers, Driven, Kicker, Next, Registration};
 use crate::codec_glue::decode_chunk;
 use crate::config::Config;

@@ -33,8 +33,6 @@
 
 use std::net::SocketAddr;
 
-use std::cell::RefCell;
-
 use super::pool::Staging;
 use crate::codec_glue::ChunkDecoder;
 use crate::error::{Error, Result};
@@ -122,16 +120,7 @@ impl Frame {
     }
 }
 
-thread_local! {
-    /// The decode tables of the thread that decodes (a codec worker keeps them
-    /// from chunk to chunk, whichever comm the chunk is for).
-    static DECODER: RefCell<ChunkDecoder> = RefCell::new(ChunkDecoder::default());
-}
 
-/// Runs `f` with this thread's decoder.
-pub fn with_thread_decoder<R>(f: impl FnOnce(&mut ChunkDecoder) -> R) -> R {
-    DECODER.with(|d| f(&mut d.borrow_mut()))
-}
 
 /// A staged chunk whose destination is device memory.
 pub struct DeviceChunk<'a> {
@@ -395,9 +384,11 @@ impl StreamRx {
     }
 
     /// [`StreamRx::take_frame`], decode on this thread, [`StreamRx::frame_done`].
+    /// (Drivers without codec workers: tests. The decode tables are made for
+    /// this frame alone.)
     pub fn decode_here(&mut self, ring: &Ring, stats: &Stats) -> Result<()> {
         let frame = self.take_frame()?;
-        let r = with_thread_decoder(|d| frame.decode(d, stats));
+        let r = frame.decode(&mut ChunkDecoder::default(), stats);
         self.frame_done(frame, r, ring, stats)
     }
 
@@ -534,7 +525,7 @@ impl StreamRx {
         Ok(())
     }
 
-    /// Gives the staging buffer back (uncounted from `stats` and [`HELD`]).
+    /// Gives the staging buffer back (uncounted from `stats` and `HELD`).
     pub fn release(&mut self, stats: &Stats) {
         self.staging.release(stats);
     }
