@@ -314,8 +314,7 @@ impl Config {
             };
         }
         c.io_threads = int("NCCL_ZIP_IO_THREADS", 1, 256, "a number")?.map(|n| n as usize);
-        c.codec_threads =
-            int("NCCL_ZIP_CODEC_THREADS", 1, 256, "a number")?.map(|n| n as usize);
+        c.codec_threads = int("NCCL_ZIP_CODEC_THREADS", 1, 256, "a number")?.map(|n| n as usize);
         if let Some(n) = int("NCCL_ZIP_GPU_LANES", 1, 256, "a number")? {
             c.gpu_lanes = n as usize;
         }

@@ -54,7 +54,11 @@ fn a_spent_budget_holds_back_one_stream_and_loses_nothing() {
     rx.feed(0, &f0);
     assert!(test(r0).is_none(), "delivered without staging");
     // The header was taken, the payload waits in the "socket".
-    assert_eq!(rx.queued(0), f0.len(), "the stream did not stop at the payload");
+    assert_eq!(
+        rx.queued(0),
+        f0.len(),
+        "the stream did not stop at the payload"
+    );
     assert!(rx.stats.budget_refusals.load(Relaxed) > 0);
     // Another stream is not held back.
     let n1 = m1.len();
@@ -89,7 +93,11 @@ fn a_chunk_larger_than_the_receivers_reserve_goes_on_outside_the_budget() {
     let n = m.len();
     rx.feed(0, &hdr(FLAG_COMPRESSED, 0, n, 0, n, f.len()).encode());
     rx.feed(0, &f);
-    assert_eq!(test(r).unwrap().unwrap(), n, "waited on a budget it may never get");
+    assert_eq!(
+        test(r).unwrap().unwrap(),
+        n,
+        "waited on a budget it may never get"
+    );
     assert!(b == m);
     drop(hold);
     assert_eq!(BUFFERS.used(), 0);

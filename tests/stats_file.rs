@@ -90,6 +90,11 @@ fn check_final_record(r: &Run, comms_open: u64) {
         assert!(l["chunks_compressed"].as_u64().unwrap() > 0, "{l}");
     }
     assert_eq!(p["totals"]["raw_bytes"], 2 * PAYLOAD, "{p}");
+    // The chunks were compressed and decoded by the codec workers, whose CPU
+    // time the process line carries.
+    let codec = p["codec_threads"].as_u64().unwrap_or(0);
+    assert!(codec >= 1, "no codec workers: {p}");
+    assert!(p["codec_cpu_s"].as_f64().unwrap_or(0.0) > 0.0, "{p}");
 }
 
 #[test]

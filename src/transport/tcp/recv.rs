@@ -89,20 +89,20 @@ impl Attach for RxStreams {
         }
         let make = |kicker| {
             Arc::new_cyclic(|me| RxTask {
-            me: me.clone(),
-            core: self.core.clone(),
-            sock: sock.clone(),
-            who,
-            lim: self.lim,
-            parked: AtomicBool::new(false),
-            codec: self.codec.clone(),
-            kicker,
-            decoded: Mutex::new(None),
-            state: Mutex::new(Some(RxState {
-                rx: StreamRx::new(Role::Data, core.peer, self.max_chunk)
-                    .with_budget(self.lim.buffer_cap),
-                lanes: None,
-            })),
+                me: me.clone(),
+                core: self.core.clone(),
+                sock: sock.clone(),
+                who,
+                lim: self.lim,
+                parked: AtomicBool::new(false),
+                codec: self.codec.clone(),
+                kicker,
+                decoded: Mutex::new(None),
+                state: Mutex::new(Some(RxState {
+                    rx: StreamRx::new(Role::Data, core.peer, self.max_chunk)
+                        .with_budget(self.lim.buffer_cap),
+                    lanes: None,
+                })),
             })
         };
         let (task, reg) = match workers(self.io_threads).and_then(|w| w.register_with(make)) {

@@ -18,13 +18,13 @@ use parking_lot::Mutex;
 use socket2::Socket;
 use tracing::info;
 
-use super::connect::Target;
 use super::codec_workers::{codec_workers, CommQueue};
+use super::connect::Target;
 use super::core::Core;
 use super::listen::STREAM_ACK;
+use super::pool::Staging;
 use super::recv::{read_some, would_block};
 use super::sock::{configure_data_socket, send_chunk_part, start_connect, writable};
-use super::pool::Staging;
 use super::stream::Role;
 use super::stream_tx::{ChunkOut, Payload, StreamTx, Wrote};
 use super::workers::{workers, Driven, Kicker, Next, Registration};
@@ -136,26 +136,26 @@ impl SendComm {
             let sock = start_connect(self.target.peer)?;
             let make = |kicker| {
                 Arc::new_cyclic(|me| TxTask {
-                me: me.clone(),
-                core: Arc::downgrade(&self.core),
-                sock: Arc::new(sock),
-                who,
-                queue: self.queue.clone(),
-                coders: self.coders.clone(),
-                codec: self.codec.clone(),
-                kicker,
-                compressed: Mutex::new(None),
-                max_wire: crate::codec_glue::max_wire(self.cfg.max_chunk),
-                buffer_cap: crate::budget::cap(self.cfg.buffer_mb),
-                lanes: self.cfg.gpu_lanes,
-                peer_timeout: self.cfg.peer_timeout,
-                hello: self.target.hello(who),
-                parked: AtomicBool::new(false),
-                state: Mutex::new(Some(TxState {
-                    setup: Setup::Connecting,
-                    tx: StreamTx::new(Role::Data, self.target.peer, who),
-                    compressing: None,
-                })),
+                    me: me.clone(),
+                    core: Arc::downgrade(&self.core),
+                    sock: Arc::new(sock),
+                    who,
+                    queue: self.queue.clone(),
+                    coders: self.coders.clone(),
+                    codec: self.codec.clone(),
+                    kicker,
+                    compressed: Mutex::new(None),
+                    max_wire: crate::codec_glue::max_wire(self.cfg.max_chunk),
+                    buffer_cap: crate::budget::cap(self.cfg.buffer_mb),
+                    lanes: self.cfg.gpu_lanes,
+                    peer_timeout: self.cfg.peer_timeout,
+                    hello: self.target.hello(who),
+                    parked: AtomicBool::new(false),
+                    state: Mutex::new(Some(TxState {
+                        setup: Setup::Connecting,
+                        tx: StreamTx::new(Role::Data, self.target.peer, who),
+                        compressing: None,
+                    })),
                 })
             };
             tasks.push(workers(self.cfg.io_threads)?.register_with(make)?);
@@ -608,7 +608,12 @@ impl TxTask {
     fn out(&self, t: &Task, frame: Option<usize>) -> ChunkOut {
         match frame {
             Some(n) => chunk_out(t, true, Payload::Staged, n),
-            None => chunk_out(t, false, Payload::Nccl(t.data + t.offset as usize), t.len as usize),
+            None => chunk_out(
+                t,
+                false,
+                Payload::Nccl(t.data + t.offset as usize),
+                t.len as usize,
+            ),
         }
     }
 }

@@ -120,8 +120,6 @@ impl Frame {
     }
 }
 
-
-
 /// A staged chunk whose destination is device memory.
 pub struct DeviceChunk<'a> {
     pub seq: u64,

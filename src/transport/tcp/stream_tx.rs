@@ -324,7 +324,10 @@ mod tests {
         let joined: Vec<u8> = got.iter().flat_map(|(_, p)| p.clone()).collect();
         assert_eq!(joined, msg);
         assert_eq!(got[2].0.offset, 1000);
-        assert_eq!(stats.chunks_raw.load(std::sync::atomic::Ordering::Relaxed), 3);
+        assert_eq!(
+            stats.chunks_raw.load(std::sync::atomic::Ordering::Relaxed),
+            3
+        );
         assert!(tx.is_idle());
     }
 
@@ -354,7 +357,12 @@ mod tests {
         for s in slots {
             assert_eq!(s.test().unwrap(), Some(0));
         }
-        assert_eq!(stats.chunks_inline.load(std::sync::atomic::Ordering::Relaxed), 3);
+        assert_eq!(
+            stats
+                .chunks_inline
+                .load(std::sync::atomic::Ordering::Relaxed),
+            3
+        );
     }
 
     #[test]
@@ -372,8 +380,15 @@ mod tests {
             }
         );
         let blocked = io::Error::from(io::ErrorKind::WouldBlock);
-        assert_eq!(tx.wrote(Err(blocked), &ring, &stats).unwrap(), Wrote::Blocked);
-        assert_eq!(tx.want().unwrap().done, 40, "a blocked write moved the chunk");
+        assert_eq!(
+            tx.wrote(Err(blocked), &ring, &stats).unwrap(),
+            Wrote::Blocked
+        );
+        assert_eq!(
+            tx.want().unwrap().done,
+            40,
+            "a blocked write moved the chunk"
+        );
         let e = tx
             .wrote(
                 Err(io::Error::from(io::ErrorKind::ConnectionReset)),
@@ -387,7 +402,10 @@ mod tests {
         let e = tx.wrote(Ok(0), &ring, &stats).unwrap_err();
         assert!(e.to_string().contains("stream 3"), "{e}");
         assert_eq!(slot.test().unwrap(), None);
-        assert_eq!(stats.wire_bytes.load(std::sync::atomic::Ordering::Relaxed), 0);
+        assert_eq!(
+            stats.wire_bytes.load(std::sync::atomic::Ordering::Relaxed),
+            0
+        );
     }
 
     #[test]
@@ -444,9 +462,16 @@ mod tests {
             }
         }
         assert_eq!(
-            stats.chunks_compressed.load(std::sync::atomic::Ordering::Relaxed),
+            stats
+                .chunks_compressed
+                .load(std::sync::atomic::Ordering::Relaxed),
             1
         );
-        assert_eq!(stats.staging_bytes.load(std::sync::atomic::Ordering::Relaxed), 0);
+        assert_eq!(
+            stats
+                .staging_bytes
+                .load(std::sync::atomic::Ordering::Relaxed),
+            0
+        );
     }
 }
