@@ -64,6 +64,11 @@ pub struct IbConfig {
     pub handshake_timeout: Duration,
     /// Caps the shared progress workers (`NCCL_ZIP_IO_THREADS`).
     pub io_threads: Option<usize>,
+    /// The highest codec frame format this side writes (`NCCL_ZIP_FORMAT`).
+    pub format: u8,
+    /// The highest codec frame format this side's receive comms decode (its
+    /// listen handle: `codec_glue::highest_decodable`).
+    pub decodes: u8,
 }
 
 impl IbConfig {
@@ -86,16 +91,20 @@ impl IbConfig {
             link_mbps: c.link_mbps,
             handshake_timeout: c.handshake_timeout,
             io_threads: c.io_threads,
+            format: c.format,
+            decodes: crate::codec_glue::highest_decodable(c),
         }
     }
 
-    fn coders(&self) -> Coders {
+    /// The compressors of a send comm that writes codec format `format` at most.
+    fn coders(&self, format: u8) -> Coders {
         let coder = || Coder {
             // One progress thread compresses for the whole comm.
             policy: Policy::new(self.compress, self.link_mbps, 1),
             opts: EncodeOptions {
                 dtype: self.dtype,
                 checksum: self.checksum,
+                format,
                 ..EncodeOptions::default()
             },
         };
@@ -118,11 +127,13 @@ const _: () = assert!(
     "the connect stage area must not overlap the address and secret"
 );
 
-/// What an IB listener publishes: the bootstrap address and the secret.
+/// What an IB listener publishes: the bootstrap address, the secret, and the
+/// highest codec frame format it decodes (as `proto::wire::Handle`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct IbHandle {
     pub addr: SocketAddr,
     pub secret: u64,
+    pub decodes: u8,
 }
 
 const IB_HANDLE: wire::HandleKind = wire::HandleKind {
@@ -138,6 +149,7 @@ impl IbHandle {
         wire::Handle {
             addr: self.addr,
             secret: self.secret,
+            decodes: self.decodes,
         }
         .encode_as(&IB_HANDLE, out)
     }
@@ -147,6 +159,7 @@ impl IbHandle {
         Ok(IbHandle {
             addr: h.addr,
             secret: h.secret,
+            decodes: h.decodes,
         })
     }
 }
@@ -157,6 +170,10 @@ pub struct Boot {
     pub secret: u64,
     pub endpoint: Endpoint,
     pub qps: Vec<QpInfo>,
+    /// The connector's: the codec frame format it writes at most (agreed from
+    /// the handle); the listener's reply echoes it. 0 in an older peer's
+    /// record: `codec_glue::BASE_FORMAT`.
+    pub format: u8,
 }
 
 const BOOT_MAGIC: u32 = u32::from_le_bytes(*b"NZIQ");
@@ -165,7 +182,8 @@ pub const BOOT_QP: usize = 32;
 
 impl Boot {
     /// Header: magic @0, version @4, nqps @6, secret @8, endpoint addr @16,
-    /// rkey @24; then per QP: qpn @0, lid @4, mtu @8, gid @16..32.
+    /// rkey @24, codec format @28 (u16); then per QP: qpn @0, lid @4, mtu @8,
+    /// gid @16..32.
     pub fn encode(&self) -> Vec<u8> {
         let mut b = vec![0u8; BOOT_HEADER + BOOT_QP * self.qps.len()];
         b[0..4].copy_from_slice(&BOOT_MAGIC.to_le_bytes());
@@ -174,6 +192,7 @@ impl Boot {
         b[8..16].copy_from_slice(&self.secret.to_le_bytes());
         b[16..24].copy_from_slice(&self.endpoint.addr.to_le_bytes());
         b[24..28].copy_from_slice(&self.endpoint.rkey.to_le_bytes());
+        b[28..30].copy_from_slice(&(self.format as u16).to_le_bytes());
         for (i, q) in self.qps.iter().enumerate() {
             let o = BOOT_HEADER + i * BOOT_QP;
             b[o..o + 4].copy_from_slice(&q.qpn.to_le_bytes());
@@ -236,6 +255,10 @@ impl Boot {
                 rkey: u32::from_le_bytes(b[24..28].try_into().unwrap()),
             },
             qps,
+            format: match u16::from_le_bytes(b[28..30].try_into().unwrap()) {
+                0 => crate::codec_glue::BASE_FORMAT,
+                f => u8::try_from(f).unwrap_or(u8::MAX),
+            },
         })
     }
 }
@@ -362,6 +385,7 @@ impl<O: Opener> IbListenComm<O> {
             handle: IbHandle {
                 addr: local,
                 secret,
+                decodes: cfg.decodes,
             },
             pending: Vec::new(),
             opener,
@@ -414,6 +438,10 @@ impl<O: Opener> IbListenComm<O> {
                 }
                 Err(e) => {
                     let p = self.pending.swap_remove(i);
+                    if let Error::InvalidUsage(_) = e {
+                        // Our peer (it knows the secret), mismatched.
+                        return Err(Error::InvalidUsage(format!("IB connection from {}: {e}", p.peer)));
+                    }
                     warn!("rejected IB connection from {}: {e}", p.peer);
                 }
             }
@@ -431,6 +459,12 @@ impl<O: Opener> IbListenComm<O> {
                 timed_out(p.since, cfg.handshake_timeout, "IB bootstrap")?;
                 return Ok(false);
             };
+            if boot.format > self.handle.decodes {
+                return Err(Error::InvalidUsage(format!(
+                    "the connector states codec format v{}, this listener offered v{} at most",
+                    boot.format, self.handle.decodes
+                )));
+            }
             let prm = &cfg.params;
             let mut fab = self
                 .opener
@@ -438,10 +472,12 @@ impl<O: Opener> IbListenComm<O> {
             let mut recv = Receiver::new(&mut fab, prm.clone())?;
             fab.connect(&boot.qps)?;
             recv.connect(boot.endpoint);
+            recv.agree_format(boot.format);
             let reply = Boot {
                 secret,
                 endpoint: recv.endpoint(),
                 qps: fab.local_info()?,
+                format: boot.format,
             };
             p.ready = Some((fab, recv, Xfer::new(reply.encode())));
         }
@@ -472,6 +508,8 @@ pub struct IbConnect<L: Link> {
     fab: L,
     sender: Sender,
     io_threads: Option<usize>,
+    /// The codec frame format our sender writes at most (our record says so).
+    format: u8,
 }
 
 impl<L: Link> IbConnect<L> {
@@ -480,7 +518,8 @@ impl<L: Link> IbConnect<L> {
         let p = &cfg.params;
         let nqps = cfg.nqps.clamp(1, MAX_QPS);
         let mut fab = opener.open(nqps, p.sq_depth, p.rq_depth())?;
-        let sender = Sender::new(&mut fab, p.clone(), cfg.coders())?;
+        let format = crate::codec_glue::agree_format(cfg.format, h.decodes);
+        let sender = Sender::new(&mut fab, p.clone(), cfg.coders(format))?;
         let sock = start_connect(h.addr)?;
         Ok(IbConnect {
             sock,
@@ -490,6 +529,7 @@ impl<L: Link> IbConnect<L> {
             fab,
             sender,
             io_threads: cfg.io_threads,
+            format,
         })
     }
 
@@ -515,6 +555,7 @@ impl<L: Link> IbConnect<L> {
                 secret: self.secret,
                 endpoint: self.sender.endpoint(),
                 qps: self.fab.local_info()?,
+                format: self.format,
             };
             self.stage = Stage::Hello(Xfer::new(boot.encode()));
         }

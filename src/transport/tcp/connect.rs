@@ -12,7 +12,7 @@ use super::send::SendComm;
 use super::sock::{start_connect, writable};
 use crate::config::Config;
 use crate::error::{Error, Result};
-use crate::proto::wire::{Handle, Hello, HELLO_SIZE};
+use crate::proto::wire::{Handle, Hello, PeerInfo, HELLO_SIZE};
 
 enum Stage {
     Connecting,
@@ -39,6 +39,9 @@ pub struct Target {
     /// Streams of the connection, the inline stream included (the hello's count).
     pub nstreams: u16,
     pub max_chunk: u32,
+    /// The codec frame format this connection writes, at most (agreed from the
+    /// handle: `codec_glue::agree_format`), stated in every stream's hello.
+    pub format: u8,
 }
 
 impl Target {
@@ -51,7 +54,10 @@ impl Target {
             nstreams: self.nstreams,
             max_chunk: self.max_chunk,
         }
-        .encode()
+        .encode_with(PeerInfo {
+            format: self.format as u16,
+            ..PeerInfo::ours()
+        })
     }
 }
 
@@ -66,6 +72,7 @@ impl ConnectState {
             conn_id: rand::random(),
             nstreams: (cfg.nstreams + 1) as u16,
             max_chunk: cfg.max_chunk as u32,
+            format: crate::codec_glue::agree_format(cfg.format, handle.decodes),
         };
         Ok(ConnectState {
             sock: start_connect(handle.addr)?,

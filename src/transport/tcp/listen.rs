@@ -65,6 +65,8 @@ struct Group {
     early: Vec<(usize, Socket)>,
     nstreams: u16,
     max_chunk: u32,
+    /// The codec frame format the connector writes (its hello).
+    format: u8,
     peer: SocketAddr,
     since: Instant,
 }
@@ -72,6 +74,8 @@ struct Group {
 /// What a listen comm's `accept` picks up.
 #[derive(Default)]
 struct Inbox {
+    /// The highest codec frame format its receive comms decode (its handle).
+    decodes: u8,
     groups: HashMap<u64, Group>,
     /// A peer that knows the secret but speaks another protocol version.
     errors: Vec<Error>,
@@ -87,6 +91,7 @@ pub(super) trait Attach: Send + Sync {
 struct Live {
     nstreams: u16,
     max_chunk: u32,
+    format: u8,
     comm: Weak<dyn Attach>,
 }
 
@@ -292,7 +297,8 @@ fn sort(st: &mut State, p: Pending) {
         }
     };
     let inline = h.stream + 1 == h.nstreams;
-    if inline && info != PeerInfo::ours() {
+    let format = u8::try_from(info.format).unwrap_or(u8::MAX);
+    if inline && info.plugin != PeerInfo::ours().plugin {
         info!(
             "connection from {} runs {info}, we run {}",
             p.peer,
@@ -306,7 +312,11 @@ fn sort(st: &mut State, p: Pending) {
         )
     };
     if let Some(live) = st.conns.get(&(claimed, h.conn_id)) {
-        if inline || live.nstreams != h.nstreams || live.max_chunk != h.max_chunk {
+        if inline
+            || live.nstreams != h.nstreams
+            || live.max_chunk != h.max_chunk
+            || live.format != format
+        {
             return disagrees();
         }
         match live.comm.upgrade() {
@@ -329,11 +339,20 @@ fn sort(st: &mut State, p: Pending) {
         );
         return;
     };
+    if format > inbox.decodes {
+        // Our peer (it knows the secret) writes a format it was not offered.
+        inbox.errors.push(Error::InvalidUsage(format!(
+            "connection from {} states codec format v{format}, this listener offered v{} at most: a broken or mismatched peer",
+            p.peer, inbox.decodes
+        )));
+        return;
+    }
     let g = inbox.groups.entry(h.conn_id).or_insert_with(|| Group {
         inline: None,
         early: Vec::new(),
         nstreams: h.nstreams,
         max_chunk: h.max_chunk,
+        format,
         peer: p.peer,
         since: Instant::now(),
     });
@@ -343,7 +362,7 @@ fn sort(st: &mut State, p: Pending) {
     } else {
         g.early.iter().any(|(k, _)| *k == idx)
     };
-    if g.nstreams != h.nstreams || g.max_chunk != h.max_chunk || dup {
+    if g.nstreams != h.nstreams || g.max_chunk != h.max_chunk || g.format != format || dup {
         return disagrees();
     }
     if inline {
@@ -364,6 +383,7 @@ impl ListenComm {
     /// listener there, and a fresh secret.
     pub fn bind(addr: SocketAddr, cfg: Arc<Config>) -> Result<ListenComm> {
         let shared = shared(addr, &cfg)?;
+        let decodes = crate::codec_glue::highest_decodable(&cfg);
         let secret = {
             let mut st = shared.state.lock();
             let secret = loop {
@@ -372,13 +392,20 @@ impl ListenComm {
                     break s;
                 }
             };
-            st.listens.insert(secret, Inbox::default());
+            st.listens.insert(
+                secret,
+                Inbox {
+                    decodes,
+                    ..Inbox::default()
+                },
+            );
             secret
         };
         Ok(ListenComm {
             handle: Handle {
                 addr: shared.addr,
                 secret,
+                decodes,
             },
             shared,
             cfg,
@@ -423,6 +450,7 @@ impl ListenComm {
             g.nstreams as usize - 1,
             g.peer,
             g.max_chunk as usize,
+            g.format,
             self.cfg.clone(),
         )?;
         comm.remove = Some(Remove {
@@ -436,6 +464,7 @@ impl ListenComm {
             Live {
                 nstreams: g.nstreams,
                 max_chunk: g.max_chunk,
+                format: g.format,
                 comm: attach.clone(),
             },
         );
