@@ -190,6 +190,20 @@ pub const HELLO_MAX: usize = 256;
 const HELLO_V2_SIZE: usize = 32;
 const HELLO_MAGIC: u32 = u32::from_le_bytes(*b"NZHI");
 
+/// How a TCP hello says its length, for `proto::bootstrap`: its
+/// [`HELLO_PREFIX`] bytes give it ([`Hello::length`]).
+pub struct HelloFraming;
+
+impl super::bootstrap::Framing for HelloFraming {
+    fn prefix_len(&self) -> usize {
+        HELLO_PREFIX
+    }
+
+    fn total_len(&self, prefix: &[u8]) -> Result<usize> {
+        Hello::length(prefix.try_into().map_err(|_| Error::Internal("hello prefix".into()))?)
+    }
+}
+
 impl Hello {
     /// Our hello: v3, with our plugin and format versions.
     pub fn encode(&self) -> [u8; HELLO_SIZE] {

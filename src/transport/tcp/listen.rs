@@ -19,11 +19,11 @@
 //!
 //! On a shared node anyone can connect to our port. A stranger's connection is
 //! closed (with a WARN) without disturbing the listener or any real peer; a silent
-//! one is dropped after `NCCL_ZIP_HANDSHAKE_TIMEOUT_MS`; at most [`MAX_PENDING`]
-//! half-open connections are kept at once.
+//! one is dropped after `NCCL_ZIP_HANDSHAKE_TIMEOUT_MS`; at most [`MAX_HALF_OPEN`]
+//! half-open connections are kept at once (the shared bootstrap,
+//! `proto::bootstrap`, does the reading, the limit and the deadline).
 
 use std::collections::HashMap;
-use std::io::{self, Read};
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::{Arc, Weak};
@@ -38,24 +38,13 @@ use super::sock::{bind_listener, random_secret};
 use super::workers::{workers, Driven, Next, Registration};
 use crate::config::Config;
 use crate::error::{Error, Result};
-use crate::proto::wire::{Handle, Hello, PeerInfo, HELLO_MAX, HELLO_PREFIX};
-
-/// Most half-open connections we keep at once; beyond that the oldest is dropped.
-const MAX_PENDING: usize = 256;
+use crate::proto::bootstrap::{Gate, Outcome, MAX_HALF_OPEN};
+use crate::proto::wire::{Handle, Hello, HelloFraming, PeerInfo};
+use crate::transport::boot::{accept_and_poll, Conn};
 
 /// The byte a receiver writes on a data stream once it has attached it to its
 /// comm: the sender writes no chunk on a data stream before it reads this.
 pub const STREAM_ACK: u8 = 0xA5;
-
-struct Pending {
-    sock: Socket,
-    peer: SocketAddr,
-    buf: [u8; HELLO_MAX],
-    got: usize,
-    /// The hello's length, once its prefix is in.
-    want: usize,
-    since: Instant,
-}
 
 /// A connection that `accept` has not handed out yet.
 struct Group {
@@ -95,9 +84,9 @@ struct Live {
     comm: Weak<dyn Attach>,
 }
 
-#[derive(Default)]
 struct State {
-    pending: Vec<Pending>,
+    /// Connections whose hello has not come yet (the shared bootstrap).
+    pending: Gate<Conn>,
     /// By secret.
     listens: HashMap<u64, Inbox>,
     /// By (secret, connection id).
@@ -126,7 +115,11 @@ fn shared(bind: SocketAddr, cfg: &Config) -> Result<Arc<Shared>> {
         sock,
         addr,
         timeout: cfg.handshake_timeout,
-        state: Mutex::new(State::default()),
+        state: Mutex::new(State {
+            pending: Gate::new(cfg.handshake_timeout, MAX_HALF_OPEN),
+            listens: HashMap::new(),
+            conns: HashMap::new(),
+        }),
     });
     let reg = workers(cfg.io_threads)?.register(s.clone())?;
     info!(
@@ -159,89 +152,18 @@ impl Shared {
     /// half-open.
     fn poll(&self) -> bool {
         let mut st = self.state.lock();
-        loop {
-            match self.sock.accept() {
-                Ok((sock, addr)) => {
-                    let peer = addr.as_socket().unwrap_or_else(|| ([0, 0, 0, 0], 0).into());
-                    if let Err(e) = sock.set_nonblocking(true) {
-                        warn!("dropping connection from {peer}: set_nonblocking: {e}");
-                        continue;
-                    }
-                    if st.pending.len() >= MAX_PENDING {
-                        let old = st.pending.remove(0);
-                        warn!("dropping half-open connection from {} (more than {MAX_PENDING} pending)", old.peer);
-                    }
-                    st.pending.push(Pending {
-                        sock,
-                        peer,
-                        buf: [0; HELLO_MAX],
-                        got: 0,
-                        want: HELLO_PREFIX,
-                        since: Instant::now(),
-                    });
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                Err(e)
-                    if e.kind() == io::ErrorKind::Interrupted
-                        || e.kind() == io::ErrorKind::ConnectionAborted => {}
-                Err(e) => {
-                    // EMFILE and the like: try again later, the others go on.
-                    warn!("accept on {}: {e}", self.addr);
-                    break;
-                }
+        let what = format!("TCP listener {}", self.addr);
+        for o in accept_and_poll(&self.sock, &mut st.pending, &HelloFraming, &what) {
+            if let Outcome::Hello { conn, record, .. } = o {
+                sort(&mut st, conn, &record);
             }
         }
         let timeout = self.timeout;
-        let mut i = 0;
-        while i < st.pending.len() {
-            let p = &mut st.pending[i];
-            let outcome: Option<Result<()>> = match (&p.sock).read(&mut p.buf[p.got..p.want]) {
-                Ok(0) => Some(Err(Error::Remote(
-                    "closed before completing the handshake".into(),
-                ))),
-                Ok(n) => {
-                    p.got += n;
-                    if p.got < p.want {
-                        None
-                    } else if p.want == HELLO_PREFIX {
-                        // The prefix says how long the whole hello is.
-                        match Hello::length(p.buf[..HELLO_PREFIX].try_into().unwrap()) {
-                            Ok(len) => {
-                                p.want = len;
-                                continue; // read the rest now if it is there
-                            }
-                            Err(e) => Some(Err(e)),
-                        }
-                    } else {
-                        Some(Ok(()))
-                    }
-                }
-                Err(e)
-                    if e.kind() == io::ErrorKind::WouldBlock
-                        || e.kind() == io::ErrorKind::Interrupted =>
-                {
-                    (p.since.elapsed() > timeout)
-                        .then(|| Err(Error::Remote(format!("no handshake within {timeout:?}"))))
-                }
-                Err(e) => Some(Err(Error::io("reading a hello", e))),
-            };
-            match outcome {
-                None => i += 1,
-                Some(Err(why)) => {
-                    let p = st.pending.swap_remove(i);
-                    warn!("rejected connection from {}: {why}", p.peer);
-                }
-                Some(Ok(())) => {
-                    let p = st.pending.swap_remove(i);
-                    sort(&mut st, p);
-                }
-            }
-        }
         if st.listens.is_empty() && st.conns.is_empty() && !st.pending.is_empty() {
             // No listen comm and no receive comm left on this address: nothing
             // we wait for can come any more (as when a listen comm of its own was
             // closed, before the listener was shared).
-            for p in st.pending.drain(..) {
+            for p in st.pending.drain() {
                 warn!(
                     "dropping half-open connection from {}: no comm left to connect to",
                     p.peer
@@ -265,9 +187,8 @@ impl Shared {
     }
 }
 
-/// Puts a socket whose whole hello has arrived where it belongs, or drops it.
-fn sort(st: &mut State, p: Pending) {
-    let b = &p.buf[..p.want];
+/// Puts a socket whose whole hello `b` has arrived where it belongs, or drops it.
+fn sort(st: &mut State, p: Conn, b: &[u8]) {
     // Bytes 16..32 are the secret and the connection id in every version.
     let claimed = u64::from_le_bytes(b[16..24].try_into().unwrap());
     let conn_id = u64::from_le_bytes(b[24..32].try_into().unwrap());
