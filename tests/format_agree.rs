@@ -45,12 +45,19 @@ fn cfg(format: u8, gpu: bool) -> Arc<Config> {
 
 /// Connects to `h` with settings `c`, as NCCL does (non-blocking, retried),
 /// and accepts on `l` meanwhile when given.
-fn connect(h: &Handle, c: Arc<Config>, mut l: Option<&mut ListenComm>) -> (SendComm, Option<RecvComm>) {
+fn connect(
+    h: &Handle,
+    c: Arc<Config>,
+    mut l: Option<&mut ListenComm>,
+) -> (SendComm, Option<RecvComm>) {
     let mut st = Some(ConnectState::start(h, 10_000, c).unwrap());
     let (mut s, mut r) = (None, None);
     let t0 = Instant::now();
     while s.is_none() || (l.is_some() && r.is_none()) {
-        assert!(t0.elapsed() < Duration::from_secs(10), "connect/accept hung");
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "connect/accept hung"
+        );
         if st.as_mut().is_some_and(|st| st.progress().unwrap()) {
             s = Some(st.take().unwrap().finish().unwrap());
         }
@@ -76,10 +83,17 @@ fn peers_agree_on_the_lower_format_both_orders() {
         assert_eq!(h.decodes, if gpu { 1 } else { 2 }, "the listener's offer");
         let mut b = [0u8; HANDLE_SIZE];
         h.encode(&mut b);
-        assert_eq!(Handle::decode(&b).unwrap(), h, "the offer crosses in the handle");
+        assert_eq!(
+            Handle::decode(&b).unwrap(),
+            h,
+            "the offer crosses in the handle"
+        );
         let (s, r) = connect(&h, cfg(writes, false), Some(&mut l));
         let r = r.unwrap();
-        let msgs = vec![bf16_gaussian(1, 1 << 20, 0.02), bf16_gaussian(2, 300_000, 0.02)];
+        let msgs = vec![
+            bf16_gaussian(1, 1 << 20, 0.02),
+            bf16_gaussian(2, 300_000, 0.02),
+        ];
         transfer_and_check(&s, &r, &msgs, 1 << 20);
         assert!(
             r.stats().chunks_compressed.load(Relaxed) > 0,
@@ -129,7 +143,8 @@ fn the_connector_states_and_writes_the_agreed_format() {
         let (dh, info) = Hello::decode_info(&hello, 77).unwrap();
         assert!(dh.stream + 1 < dh.nstreams, "a data stream");
         assert_eq!(info.format, want as u16);
-        d.write_all(&[nccl_net_zip::transport::tcp::STREAM_ACK]).unwrap();
+        d.write_all(&[nccl_net_zip::transport::tcp::STREAM_ACK])
+            .unwrap();
         let ch = ChunkHeader::decode(
             read_n(&mut d, CHUNK_HEADER_SIZE)[..].try_into().unwrap(),
             1 << 24,
@@ -137,7 +152,10 @@ fn the_connector_states_and_writes_the_agreed_format() {
         .unwrap();
         assert!(ch.flags & FLAG_COMPRESSED != 0, "bf16 compresses: {ch:?}");
         let frame = read_n(&mut d, ch.wire_len as usize);
-        assert_eq!(frame[4], want, "the frame's format (offer {offer}, writes {writes})");
+        assert_eq!(
+            frame[4], want,
+            "the frame's format (offer {offer}, writes {writes})"
+        );
         drop((d, inline, fake));
         let _ = q.test();
         drop(s);
@@ -183,9 +201,14 @@ fn hand_made(format: u16, gpu: bool) -> Result<(RecvComm, TcpStream, TcpStream),
 /// `accept`, naming both; one at or below it is taken.
 #[test]
 fn a_hello_above_the_offered_format_fails_accept() {
-    let e = hand_made(2, true).err().expect("v2 to a listener that offered v1");
+    let e = hand_made(2, true)
+        .err()
+        .expect("v2 to a listener that offered v1");
     assert!(matches!(e, Error::InvalidUsage(_)), "{e}");
-    assert!(e.to_string().contains("v2") && e.to_string().contains("v1"), "{e}");
+    assert!(
+        e.to_string().contains("v2") && e.to_string().contains("v1"),
+        "{e}"
+    );
     assert!(hand_made(1, true).is_ok());
     assert!(hand_made(2, false).is_ok());
 }
@@ -206,12 +229,22 @@ fn a_frame_of_an_unagreed_format_fails_the_receive() {
     frame.truncate(n);
     assert_eq!(frame[4], 2);
     let mut corrupt = frame.clone();
-    corrupt[codec::format::HEADER_LEN..].iter_mut().for_each(|b| *b ^= 0x5A);
-    for (agreed, f, ok) in [(1u16, &frame, false), (1, &corrupt, false), (2, &frame, true)] {
+    corrupt[codec::format::HEADER_LEN..]
+        .iter_mut()
+        .for_each(|b| *b ^= 0x5A);
+    for (agreed, f, ok) in [
+        (1u16, &frame, false),
+        (1, &corrupt, false),
+        (2, &frame, true),
+    ] {
         let (r, mut d, _inline) = hand_made(agreed, false).unwrap();
         let mut buf = vec![0u8; m.len()];
         let q = post(&r, &mut buf);
-        send(&mut d, hdr(FLAG_COMPRESSED, 0, m.len(), 0, m.len(), f.len()), f);
+        send(
+            &mut d,
+            hdr(FLAG_COMPRESSED, 0, m.len(), 0, m.len(), f.len()),
+            f,
+        );
         let got = wait(q);
         if ok {
             assert_eq!(got.unwrap(), m.len());

@@ -696,6 +696,9 @@ fn a_bootstrap_record_above_the_offered_format_fails_accept() {
         std::thread::yield_now();
     };
     assert!(matches!(e, Error::InvalidUsage(_)), "{e}");
-    assert!(e.to_string().contains("v2") && e.to_string().contains("v1"), "{e}");
+    assert!(
+        e.to_string().contains("v2") && e.to_string().contains("v1"),
+        "{e}"
+    );
     b.clear();
 }

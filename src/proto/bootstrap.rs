@@ -272,9 +272,7 @@ fn step<C>(
                 match write(&mut h.conn, &bytes[*done..]) {
                     Io::Moved(n) => *done += n,
                     Io::Blocked => return Ok(false),
-                    Io::Closed => {
-                        return Err(Error::Remote("closed during the handshake".into()))
-                    }
+                    Io::Closed => return Err(Error::Remote("closed during the handshake".into())),
                     Io::Failed(e) => return Err(e),
                 }
             }

@@ -200,7 +200,11 @@ impl super::bootstrap::Framing for HelloFraming {
     }
 
     fn total_len(&self, prefix: &[u8]) -> Result<usize> {
-        Hello::length(prefix.try_into().map_err(|_| Error::Internal("hello prefix".into()))?)
+        Hello::length(
+            prefix
+                .try_into()
+                .map_err(|_| Error::Internal("hello prefix".into()))?,
+        )
     }
 }
 

@@ -62,9 +62,7 @@ pub fn accept_and_poll<X>(
     loop {
         match listener.accept() {
             Ok((sock, addr)) => {
-                let peer = addr
-                    .as_socket()
-                    .unwrap_or_else(|| ([0, 0, 0, 0], 0).into());
+                let peer = addr.as_socket().unwrap_or_else(|| ([0, 0, 0, 0], 0).into());
                 if let Err(e) = sock.set_nonblocking(true) {
                     warn!("{what}: dropping connection from {peer}: set_nonblocking: {e}");
                     continue;

@@ -41,9 +41,9 @@ use crate::codec_glue::Coder;
 use crate::config::{CompressMode, Config, DtypeHint};
 use crate::error::{Error, Result};
 use crate::gpu::Backend;
+use crate::proto::bootstrap::{Dialer, Framing, Gate, Io, Outcome, MAX_HALF_OPEN};
 use crate::proto::slots::{Ring, Slot};
 use crate::proto::wire::{self, HANDLE_SIZE};
-use crate::proto::bootstrap::{Dialer, Framing, Gate, Io, Outcome, MAX_HALF_OPEN};
 use crate::transport::boot::{accept_and_poll, dial, read_nb, Conn};
 use crate::transport::tcp::sock::{bind_listener, random_secret, start_connect};
 
@@ -213,8 +213,7 @@ impl Boot {
     /// Checks a header for its magic and QP count; returns the record's
     /// whole length.
     pub fn length(h: &[u8]) -> Result<usize> {
-        if h.len() < BOOT_HEADER || u32::from_le_bytes(h[0..4].try_into().unwrap()) != BOOT_MAGIC
-        {
+        if h.len() < BOOT_HEADER || u32::from_le_bytes(h[0..4].try_into().unwrap()) != BOOT_MAGIC {
             return Err(Error::Remote(
                 "not an nccl-net-zip IB bootstrap record".into(),
             ));

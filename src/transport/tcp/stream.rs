@@ -233,11 +233,11 @@ impl StreamRx {
                     self.decoder.check(&self.staging[..wire])?;
                 }
                 Ok(Want::Device(DeviceChunk {
-                seq: c.h.seq,
-                wire: &self.staging[..wire],
-                compressed: c.h.compressed(),
-                dst,
-                raw_len: c.h.raw_len as usize,
+                    seq: c.h.seq,
+                    wire: &self.staging[..wire],
+                    compressed: c.h.compressed(),
+                    dst,
+                    raw_len: c.h.raw_len as usize,
                 }))
             }
             // A chunk with no payload (an empty message) is complete as it is.
