@@ -21,7 +21,7 @@
 //! Generic over [`Opener`], so the whole comm runs over the in-memory fabric in
 //! tests (tests/ib_comm.rs) and over verbs in the plugin.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering::*};
 use std::sync::{Arc, Weak};
@@ -303,6 +303,9 @@ pub struct IbListenComm<O: Opener> {
     handle: IbHandle,
     /// Half-open bootstrap connections (the shared bootstrap).
     gate: Gate<Conn<Built<O::L>>>,
+    /// Bootstraps done, and mismatched peers' errors, not handed out yet.
+    done: VecDeque<Conn<Built<O::L>>>,
+    errors: VecDeque<Error>,
     opener: Arc<O>,
     cfg: Arc<IbConfig>,
 }
@@ -320,6 +323,8 @@ impl<O: Opener> IbListenComm<O> {
                 decodes: cfg.decodes,
             },
             gate: Gate::new(cfg.handshake_timeout, MAX_HALF_OPEN),
+            done: VecDeque::new(),
+            errors: VecDeque::new(),
             opener,
             cfg,
         })
@@ -335,35 +340,43 @@ impl<O: Opener> IbListenComm<O> {
     /// (another version, a codec format not offered) fails `accept`.
     pub fn accept(&mut self) -> Result<Option<IbRecvComm>> {
         let what = format!("IB bootstrap listener {}", self.handle.addr);
-        for o in accept_and_poll(&self.listener, &mut self.gate, &BootFraming, &what) {
-            match o {
-                Outcome::Hello {
-                    mut conn,
-                    record,
-                    since,
-                } => match self.build(&record) {
-                    Ok((built, reply)) => {
-                        conn.built = Some(built);
-                        self.gate.reply(conn, reply, since);
-                    }
-                    Err(e @ Error::InvalidUsage(_)) => {
-                        return Err(Error::InvalidUsage(format!(
-                            "IB connection from {}: {e}",
-                            conn.peer
-                        )))
-                    }
-                    Err(e) => warn!("{what}: rejected connection from {}: {e}", conn.peer),
-                },
-                Outcome::Replied(conn) => {
-                    let (fab, recv) = conn.built.expect("built before the reply");
-                    info!("IB recv comm from {}: {} QPs", conn.peer, fab.nqps());
-                    return IbRecvComm::start(conn.sock, conn.peer, fab, recv, self.cfg.io_threads)
-                        .map(Some);
+        // A second pass writes the replies of records that came in the first.
+        for _ in 0..2 {
+            let mut replying = false;
+            for o in accept_and_poll(&self.listener, &mut self.gate, &BootFraming, &what) {
+                match o {
+                    Outcome::Hello {
+                        mut conn,
+                        record,
+                        since,
+                    } => match self.build(&record) {
+                        Ok((built, reply)) => {
+                            conn.built = Some(built);
+                            self.gate.reply(conn, reply, since);
+                            replying = true;
+                        }
+                        Err(e @ Error::InvalidUsage(_)) => self.errors.push_back(
+                            Error::InvalidUsage(format!("IB connection from {}: {e}", conn.peer)),
+                        ),
+                        Err(e) => warn!("{what}: rejected connection from {}: {e}", conn.peer),
+                    },
+                    Outcome::Replied(conn) => self.done.push_back(conn),
+                    Outcome::Dropped(..) => {}
                 }
-                Outcome::Dropped(..) => {}
+            }
+            if !replying {
+                break;
             }
         }
-        Ok(None)
+        if let Some(e) = self.errors.pop_front() {
+            return Err(e);
+        }
+        let Some(conn) = self.done.pop_front() else {
+            return Ok(None);
+        };
+        let (fab, recv) = conn.built.expect("built before the reply");
+        info!("IB recv comm from {}: {} QPs", conn.peer, fab.nqps());
+        IbRecvComm::start(conn.sock, conn.peer, fab, recv, self.cfg.io_threads).map(Some)
     }
 
     /// Our side of a connection whose record is `record`: QPs connected,
