@@ -324,7 +324,7 @@ impl Dialer {
     }
 
     /// What to do next.
-    pub fn next(&mut self) -> Step<'_> {
+    pub fn want(&mut self) -> Step<'_> {
         match &mut self.stage {
             Dial::Connecting => Step::Connect,
             Dial::Hello(done) => Step::Write(&self.hello[*done..]),

@@ -106,7 +106,7 @@ pub fn accept_and_poll<X>(
 pub fn dial(sock: &Socket, d: &mut Dialer, peer: SocketAddr) -> Result<bool> {
     let what = format!("handshake with {peer}");
     loop {
-        match d.next() {
+        match d.want() {
             Step::Connect => {
                 if !writable(sock).map_err(|e| Error::io("poll", e))? {
                     return Ok(false);
