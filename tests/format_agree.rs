@@ -259,3 +259,53 @@ fn a_frame_of_an_unagreed_format_fails_the_receive() {
         }
     }
 }
+
+/// The same into (emulated) device memory, where a GPU lane would decode the
+/// frame: a receiver that offers CUDA buffers offered v1, and a v2 frame fails
+/// the receive before the lane (CPU stand-in or kernels) sees it; a v1 frame
+/// is delivered.
+#[test]
+fn a_frame_of_an_unagreed_format_into_device_memory_fails_the_receive() {
+    use nccl_net_zip::gpu::backend_for;
+    let m = bf16_gaussian(5, 64 << 10, 0.02);
+    let frame = |format: u8| {
+        let mut f = vec![0u8; codec::max_compressed_size(m.len())];
+        let opts = EncodeOptions {
+            dtype: DtypeHint::Bf16,
+            format,
+            ..EncodeOptions::default()
+        };
+        let n = codec::compress(&m, &mut f, &opts).unwrap();
+        f.truncate(n);
+        assert_eq!(f[4], format);
+        f
+    };
+    for emu in [Emulation::Kernels, Emulation::NoKernels] {
+        for (format, ok) in [(2u8, false), (1, true)] {
+            let (r, mut d, _inline) = hand_made(1, true).unwrap();
+            let mut buf = vec![0u8; m.len()];
+            let dev = backend_for(buf.as_ptr() as u64, emu).unwrap();
+            let q = r
+                .irecv(buf.as_mut_ptr(), buf.len(), Some(dev))
+                .unwrap()
+                .unwrap();
+            let f = frame(format);
+            send(
+                &mut d,
+                hdr(FLAG_COMPRESSED, 0, m.len(), 0, m.len(), f.len()),
+                &f,
+            );
+            match (wait(q), ok) {
+                (Ok(n), true) => {
+                    assert_eq!(n, m.len());
+                    assert!(buf == m, "{emu:?}");
+                }
+                (Err(e), false) => assert!(
+                    e.to_string().contains("format v2") && e.to_string().contains("agreed on v1"),
+                    "{emu:?}: {e}"
+                ),
+                (r, _) => panic!("{emu:?} v{format}: {r:?}"),
+            }
+        }
+    }
+}
