@@ -62,6 +62,7 @@ impl Rx {
                         },
                         peer,
                         max_chunk,
+                        nccl_net_zip::codec::format::VERSION_2,
                     ),
                     queued: Vec::new(),
                     fin: false,

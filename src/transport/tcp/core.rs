@@ -29,6 +29,8 @@ pub struct RxLimits {
     /// Lane staging size and lane pool size, for messages into device memory.
     pub max_wire: usize,
     pub lanes: usize,
+    /// The codec frame format the sender agreed to write at most (its hello).
+    pub format: u8,
 }
 
 pub struct Core {
@@ -73,7 +75,7 @@ impl Core {
                 "a comm needs at least one data stream".into(),
             ));
         }
-        let inline = Inline::new(inline, rx.map(|lim| (peer, lim.max_chunk)))?;
+        let inline = Inline::new(inline, rx.map(|lim| (peer, lim.max_chunk, lim.format)))?;
         HELD.comms.fetch_add(1, Relaxed);
         // A receiver's ring is fed by the data streams and the inline stream;
         // the data streams are absent until the sender opens them.

@@ -49,13 +49,15 @@ pub struct Inline {
 impl Inline {
     /// `sock` must already carry the data-socket options; it is made non-blocking.
     /// `rx`: receivers only, the peer and its chunk size (the largest inline message).
-    pub fn new(sock: Socket, rx: Option<(SocketAddr, usize)>) -> Result<Inline> {
+    pub fn new(sock: Socket, rx: Option<(SocketAddr, usize, u8)>) -> Result<Inline> {
         sock.set_nonblocking(true)
             .map_err(|e| Error::io("set_nonblocking", e))?;
         Ok(Inline {
             sock,
             tx: Mutex::new(VecDeque::with_capacity(NSLOTS)),
-            rx: rx.map(|(peer, max_chunk)| Mutex::new(RxState::inline(peer, max_chunk))),
+            rx: rx.map(|(peer, max_chunk, format)| {
+                Mutex::new(RxState::inline(peer, max_chunk, format))
+            }),
         })
     }
 

@@ -89,7 +89,7 @@ impl Attach for RxStreams {
             lim: self.lim,
             parked: AtomicBool::new(false),
             state: Mutex::new(Some(RxState {
-                rx: StreamRx::new(Role::Data, core.peer, self.max_chunk),
+                rx: StreamRx::new(Role::Data, core.peer, self.max_chunk, self.lim.format),
                 lanes: None,
             })),
         });
@@ -120,11 +120,13 @@ impl RecvComm {
     /// first messages), whose sender may open up to `nstreams` data streams later
     /// (the listener gives them to the returned [`Attach`]). `max_chunk` is the
     /// sender's (from its hello); it bounds a chunk and an inline message.
+    /// `format`: the codec frame format the sender writes at most (its hello).
     pub(super) fn new(
         inline: Socket,
         nstreams: usize,
         peer: SocketAddr,
         max_chunk: usize,
+        format: u8,
         cfg: Arc<Config>,
     ) -> Result<(RecvComm, Weak<dyn Attach>)> {
         configure_data_socket(&inline, cfg.peer_timeout)
@@ -135,6 +137,7 @@ impl RecvComm {
             max_chunk,
             max_wire,
             lanes,
+            format,
         };
         let core = Core::new(
             nstreams,
@@ -429,9 +432,9 @@ fn place_on_device(
 
 impl RxState {
     /// The inline stream's state (`inline.rs`).
-    pub(super) fn inline(peer: SocketAddr, max_chunk: usize) -> RxState {
+    pub(super) fn inline(peer: SocketAddr, max_chunk: usize, format: u8) -> RxState {
         RxState {
-            rx: StreamRx::new(Role::Inline, peer, max_chunk),
+            rx: StreamRx::new(Role::Inline, peer, max_chunk, format),
             lanes: None,
         }
     }

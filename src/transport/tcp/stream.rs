@@ -128,8 +128,9 @@ pub struct StreamRx {
 
 impl StreamRx {
     /// `max_chunk`: the sender's chunk size from its hello (it bounds an inline
-    /// message and a device chunk); `peer` names the sender in errors.
-    pub fn new(role: Role, peer: SocketAddr, max_chunk: usize) -> StreamRx {
+    /// message and a device chunk); `peer` names the sender in errors; `format`:
+    /// the codec frame format the sender agreed to write at most (its hello).
+    pub fn new(role: Role, peer: SocketAddr, max_chunk: usize, format: u8) -> StreamRx {
         StreamRx {
             role,
             peer,
@@ -140,7 +141,7 @@ impl StreamRx {
             waiting: None,
             cur: None,
             staging: Default::default(),
-            decoder: ChunkDecoder::default(),
+            decoder: ChunkDecoder::agreed(format),
         }
     }
 
@@ -226,13 +227,19 @@ impl StreamRx {
             }));
         }
         match c.dest {
-            Dest::Device(dst) => Ok(Want::Device(DeviceChunk {
-                seq: c.h.seq,
-                wire: &self.staging[..wire],
-                compressed: c.h.compressed(),
-                dst,
-                raw_len: c.h.raw_len as usize,
-            })),
+            Dest::Device(dst) => {
+                if c.h.compressed() {
+                    // The GPU lane decodes it: refuse a format not agreed first.
+                    self.decoder.check(&self.staging[..wire])?;
+                }
+                Ok(Want::Device(DeviceChunk {
+                    seq: c.h.seq,
+                    wire: &self.staging[..wire],
+                    compressed: c.h.compressed(),
+                    dst,
+                    raw_len: c.h.raw_len as usize,
+                }))
+            }
             // A chunk with no payload (an empty message) is complete as it is.
             _ => {
                 self.complete(ring, stats)?;
@@ -406,7 +413,7 @@ impl StreamRx {
             return;
         }
         self.staging.release(stats);
-        self.decoder = ChunkDecoder::default();
+        self.decoder = ChunkDecoder::agreed(self.decoder.format());
     }
 
     /// Gives the staging buffer back (uncounted from `stats` and [`HELD`]).
