@@ -25,7 +25,16 @@
 //!    change in the link, the data or the load that makes it faster is noticed:
 //!    after [`EXPLORE_EPOCHS`] epochs (four times that when it measured more than
 //!    1.5x slower), and each time it confirms the choice, twice as long after, up
-//!    to [`MAX_EXPLORE_EPOCHS`]. In steady state explorations then cost about
+//!    to [`MAX_EXPLORE_EPOCHS`]. Only an exploration switches modes, and it is
+//!    judged against both of its neighbours: the running mode A, the other mode
+//!    B, A again; B takes over if it beats both A epochs by its margin
+//!    ([`SWITCH_MARGIN`] for compression, [`RAW_MARGIN`] for raw). On a shared
+//!    machine conditions change between epochs (other tenants, the peer's own
+//!    mode), and comparing a fresh figure with one many epochs old let noise
+//!    carry CPU-bound runs into compression (issue 21, 4 GiB both ways); a step
+//!    change moves B and one of its neighbours together. When the running
+//!    mode's average falls behind the other's older figure, the exploration
+//!    comes after one more epoch. In steady state explorations then cost about
 //!    `(gap - 1) / 97` of the throughput, where `gap` is how many times slower the
 //!    explored mode is: 0.5% at 1.45x, 2% at 3x. An exploration of compression
 //!    that measures [`CUT_FACTOR`] times slower than raw a quarter of the way in
@@ -33,8 +42,7 @@
 //!    measures its real rate from the start, as the buffers take compressed
 //!    bytes at the link's rate times the ratio): on the unshaped veth this cut
 //!    a 1 GiB run's learning cost from 2.1% to 0.8% (simulation).
-//!    (A change that makes the running mode slower needs no exploration: its own
-//!    epochs show it, and the other mode takes over.) An epoch that
+//!    An epoch that
 //!    spans an idle gap (no chunk for [`IDLE`]) measures the application, not us,
 //!    and is discarded.
 //!
@@ -79,6 +87,8 @@ const _: () = assert!(4 * EXPLORE_EPOCHS <= MAX_EXPLORE_EPOCHS);
 pub const CONFIDENT: f64 = 4.0;
 /// Compressed epochs before raw is first measured, for a confident codec.
 pub const LEARN_EPOCHS: u32 = 3;
+/// Compression must measure this much faster than raw to take over.
+pub const SWITCH_MARGIN: f64 = 1.05;
 /// Raw must measure this much faster than compression to take over.
 pub const RAW_MARGIN: f64 = 1.1;
 /// A gap this long between two chunks means the application paused.
@@ -153,12 +163,19 @@ struct Epoch {
     until_explore: u32,
     /// The interval the last exploration set (doubles while explorations confirm).
     explore_every: u32,
-    /// The current epoch explores the mode that measured slower.
+    /// The current epoch explores the mode that measured slower (B of A, B, A).
     exploring: bool,
+    /// What the epoch before the exploration (the first A) measured.
+    before: Option<f64>,
+    /// The current epoch is the second A: the first A's and B's figures.
+    confirm: Option<(Option<f64>, Option<f64>)>,
+    /// The first choice between measured modes is made.
+    decided: bool,
     /// Compressed epochs measured so far.
     c_epochs: u32,
     /// The received meter at the epoch's start.
     rx_start: u64,
+
     /// The epoch fills buffers after a switch and is not measured.
     settling: bool,
     /// This comm's own send rate in raw epochs (bytes per second): the codec
@@ -283,6 +300,9 @@ impl Policy {
             until_explore: EXPLORE_EPOCHS,
             explore_every: EXPLORE_EPOCHS,
             exploring: false,
+            before: None,
+            confirm: None,
+            decided: false,
             c_epochs: 0,
             rx_start: rx,
             settling: false,
@@ -362,69 +382,127 @@ impl Policy {
             // Otherwise raw's first epoch only fills the buffers (not measured:
             // see `settling`), and the one after it is measured.
             [_, None] => Mode::Raw,
-            [Some(c), Some(r)] => {
-                // Hysteresis: the static model already said compression can pay, so
-                // raw must measure clearly faster to take over; a noisy epoch
-                // (another process stealing the CPU) should not flip the mode.
-                let best = if c * RAW_MARGIN >= r {
-                    Mode::Compressed
-                } else {
-                    Mode::Raw
-                };
-                // Exploring a mode that measured far slower is expensive: do it
-                // less often, and less often still each time an exploration
-                // confirms the choice (it is still done, so a change is noticed).
-                let gap = c.max(r) / c.min(r).max(1.0);
-                // An exploration costs about `gap - 1` epochs: the interval grows
-                // with it (2% of the time at first, less as it doubles).
-                let base =
-                    ((50.0 * (gap - 1.0)).ceil() as u32).clamp(EXPLORE_EPOCHS, 4 * EXPLORE_EPOCHS);
-                let explored = std::mem::take(&mut e.exploring);
-                // Whether this epoch's own figure says its mode is the faster one.
-                let won = measured.is_some_and(|t| match was {
-                    Mode::Compressed => t * RAW_MARGIN >= r,
-                    Mode::Raw => c * RAW_MARGIN < t,
-                });
-                if measured.is_none() {
-                    // An idle epoch measured nothing: the interval stands.
-                    if explored {
-                        e.until_explore = e.explore_every;
-                    }
-                } else if explored && !won {
-                    // The exploration confirmed the choice.
-                    e.explore_every = (e.explore_every * 2).clamp(base, MAX_EXPLORE_EPOCHS);
-                    e.until_explore = e.explore_every;
-                } else if explored || best != was {
-                    // The explored mode won (or came close: look again soon), or
-                    // the running one fell behind.
-                    e.explore_every = base;
-                    e.until_explore = base;
-                }
-                // Raw already sends faster than the codec can encode: a compressed
-                // epoch cannot win, so it is not explored (raw epochs keep
-                // checking; this holds on fast links).
-                let hopeless =
-                    best == Mode::Raw && e.raw_own.is_some_and(|o| o > codec * COST_MARGIN);
-                if e.until_explore == 0 && hopeless {
-                    e.until_explore = e.explore_every;
-                    best
-                } else if e.until_explore == 0 {
-                    e.exploring = true;
-                    best.other()
-                } else {
-                    e.until_explore -= 1;
-                    best
-                }
-            }
+            [Some(c), Some(r)] => Self::choose(e, was, measured, c, r, codec),
         };
+        Self::log_epoch(e, was, measured);
+        Self::start_epoch(e, now, rx, confident);
+    }
+
+    /// Whether `mode`, measured at `t`, beats the other mode measured at
+    /// `other`. Hysteresis both ways, so that a noisy epoch does not flip the
+    /// mode: compression must measure [`SWITCH_MARGIN`] faster to take over,
+    /// raw [`RAW_MARGIN`]. Raw's margin is the wider because its epochs right
+    /// after compressed ones are flattered where the core is nearly saturated:
+    /// the core that was encoding drains the receive backlog at a rate no raw
+    /// epoch sustains. (Letting compression take over while measuring up to
+    /// 1/[`RAW_MARGIN`] slower, as before, let noise carry CPU-bound runs into
+    /// compression, where it loses.)
+    fn beats(mode: Mode, t: f64, other: f64) -> bool {
+        match mode {
+            Mode::Compressed => t > other * SWITCH_MARGIN,
+            Mode::Raw => t > other * RAW_MARGIN,
+        }
+    }
+
+    /// The next epoch's mode once both modes have figures (`c`, `r`: their
+    /// averages), after an epoch of mode `was` that measured `measured`.
+    ///
+    /// A switch is decided only by an exploration, in three epochs: the running
+    /// mode (A), the other one (B), A again. B takes over if it beats both of
+    /// A's epochs. The figures of two modes measured at different times differ
+    /// by whatever changed in between (other tenants of the machine, the peer's
+    /// own mode, which decides what this node decodes), and on a shared machine
+    /// that is more than the margin: comparing a fresh figure with an old one
+    /// let `auto` drift into compression where it loses (issue 21, 4 GiB both
+    /// ways). A step change in conditions between two of the three epochs
+    /// lifts or lowers B and one A epoch together, so it cannot make B win.
+    fn choose(e: &mut Epoch, was: Mode, measured: Option<f64>, c: f64, r: f64, codec: f64) -> Mode {
+        // The mode the averages favour, the running one unless the other beats it.
+        let thr = |m: Mode| if m == Mode::Compressed { c } else { r };
+        let best = if Self::beats(was.other(), thr(was.other()), thr(was)) {
+            was.other()
+        } else {
+            was
+        };
+        // Exploring a mode that measured far slower is expensive: do it less
+        // often, and less often still each time an exploration confirms the
+        // choice (it is still done, so a change is noticed). An exploration
+        // costs about `gap - 1` epochs: the interval grows with it (2% of the
+        // time at first, less as it doubles).
+        let gap = c.max(r) / c.min(r).max(1.0);
+        let base = ((50.0 * (gap - 1.0)).ceil() as u32).clamp(EXPLORE_EPOCHS, 4 * EXPLORE_EPOCHS);
+        if !std::mem::replace(&mut e.decided, true) {
+            // Both modes have their first figure, measured one after the other:
+            // nothing old to distrust yet. The first exploration comes after
+            // [`EXPLORE_EPOCHS`], to confirm this early choice soon.
+            return best;
+        }
+        if std::mem::take(&mut e.exploring) {
+            // B is done: A again, to compare B with both of its neighbours.
+            e.confirm = Some((e.before, measured));
+            return was.other();
+        }
+        if let Some((before, b)) = e.confirm.take() {
+            let explored = was.other();
+            let neighbours: Vec<f64> = [before, measured].into_iter().flatten().collect();
+            let Some(b) = b.filter(|_| !neighbours.is_empty()) else {
+                // An idle epoch measured nothing: the interval stands.
+                e.until_explore = e.explore_every;
+                return was;
+            };
+            let a = neighbours.iter().sum::<f64>() / neighbours.len() as f64;
+            // Both modes' figures are now the fresh ones.
+            e.thr[explored as usize] = Some(b);
+            e.thr[was as usize] = Some(a);
+            return if neighbours.iter().all(|&a| Self::beats(explored, b, a)) {
+                e.explore_every = base;
+                e.until_explore = base;
+                explored
+            } else {
+                // The exploration confirmed the choice.
+                e.explore_every = (e.explore_every * 2).clamp(base, MAX_EXPLORE_EPOCHS);
+                e.until_explore = e.explore_every;
+                was
+            };
+        }
+        // Raw already sends faster than the codec can encode: a compressed epoch
+        // cannot win, so it is not explored (raw epochs keep checking; this
+        // holds on fast links).
+        let hopeless = best == Mode::Raw && e.raw_own.is_some_and(|o| o > codec * COST_MARGIN);
+        // The running mode fell behind the other's (older) figure: explore the
+        // other one soon rather than at the end of the interval. Not at once:
+        // this epoch is the one that fell behind, a low figure chosen for being
+        // low, and would flatter B as its first neighbour.
+        if best != was && measured.is_some() {
+            e.until_explore = e.until_explore.min(1);
+        }
+        if e.until_explore == 0 && !hopeless {
+            e.exploring = true;
+            e.before = measured;
+            return was.other();
+        }
+        if e.until_explore == 0 {
+            e.until_explore = e.explore_every;
+        } else {
+            e.until_explore -= 1;
+        }
+        was
+    }
+
+    fn log_epoch(e: &Epoch, was: Mode, measured: Option<f64>) {
         let gbs = |x: Option<f64>| x.map_or("-".to_string(), |v| format!("{:.3}", v / 1e9));
         tracing::debug!(
-            "adapt: {was:?} epoch took {} GB/s; compressed {} GB/s, raw {} GB/s; next {:?}",
+            "adapt: {was:?} epoch took {} GB/s; compressed {} GB/s, raw {} GB/s; next {:?}{}",
             gbs(measured),
             gbs(e.thr[0]),
             gbs(e.thr[1]),
-            e.mode
+            e.mode,
+            if e.exploring { " (explores)" } else { "" }
         );
+    }
+
+    /// Starts the next epoch, in `e.mode`.
+    fn start_epoch(e: &mut Epoch, now: Instant, rx: u64, confident: bool) {
         // Raw's first epoch ever starts while the buffers still have room after a
         // compressed start that did not fill them: it would be taken up at memory
         // speed and look several times faster than the link. It only settles.
@@ -936,6 +1014,58 @@ mod tests {
             if vs_off < 0.97 || vs_best < 0.95 {
                 fails.push(format!(
                     "share {share} link {link:e} both {both}: {vs_off:.3} / {vs_best:.3}"
+                ));
+            }
+        }
+        assert!(fails.is_empty(), "{fails:#?}");
+    }
+
+    /// Issue 21, 4 GiB both ways on the VM: `auto` drifted into compression
+    /// where the core is the bottleneck (48% and 32% compressed, auto/off 0.83
+    /// and 0.76). Cores shared with other work (noise at two time scales, as a
+    /// shared VM has) reproduce it: the policy that compared a fresh figure with
+    /// an old one and let compression win while 9% slower gave auto/off 0.90–0.96
+    /// with 10–60% compressed at 4 GiB. Five seeds of the same noise: the
+    /// median meets the issue's bar, and no run falls far below it.
+    #[test]
+    fn two_nodes_on_noisy_cores_do_not_drift() {
+        use two_nodes::*;
+        const MIB: f64 = 1048576.0;
+        let mut fails = Vec::new();
+        for (lname, link) in [("10gbit", GBIT10), ("none", UNSHAPED), ("2gbit", GBIT2)] {
+            let (mut vs_best, mut vs_off) = (Vec::new(), Vec::new());
+            for seed in 0..5 {
+                let noise = Some(Noise {
+                    slow: 0.3,
+                    fast: 0.3,
+                    seed,
+                });
+                let g = |m| run_noisy(Which::Now, m, true, BF16, link, 1024.0 * MIB, 1.0, noise);
+                let (auto, on, off) = (
+                    g(CompressMode::Auto),
+                    g(CompressMode::On),
+                    g(CompressMode::Off),
+                );
+                let best = auto.goodput / on.goodput.max(off.goodput);
+                eprintln!(
+                    "noisy both {lname:6} seed {seed}: auto/off {:.3} auto/best {best:.3} on/off {:.3} (compressed {:.2?})",
+                    auto.goodput / off.goodput,
+                    on.goodput / off.goodput,
+                    auto.compressed_dir
+                );
+                vs_best.push(best);
+                vs_off.push(auto.goodput / off.goodput);
+            }
+            let median = |v: &mut Vec<f64>| {
+                v.sort_by(f64::total_cmp);
+                v[v.len() / 2]
+            };
+            let (best, off) = (median(&mut vs_best), median(&mut vs_off));
+            let min = vs_best[0];
+            // The issue's bar on the median; no run far below it.
+            if best < 0.95 || off < 0.97 || min < 0.93 {
+                fails.push(format!(
+                    "{lname}: median auto/best {best:.3}, auto/off {off:.3}; min auto/best {min:.3}"
                 ));
             }
         }

@@ -90,7 +90,49 @@ impl Coder {
     }
 }
 
+/// The frame format every peer decodes, whatever it advertises: what a handle
+/// or record of an older peer that has no format field (0 there) means.
+pub const BASE_FORMAT: u8 = codec::format::VERSION;
+
+/// The highest codec frame format a receiver decodes, which its listener
+/// advertises (the handle): the CPU decoder reads versions 1 and 2; a receiver
+/// whose compressed chunks may be decoded by the GPU kernels (it offers
+/// `NCCL_PTR_CUDA`: `NCCL_ZIP_GPU` and a device, or emulation) states only what
+/// the kernels read, version 1 today.
+pub fn highest_decodable(cfg: &crate::config::Config) -> u8 {
+    if cfg.gpu && crate::gpu::cuda_offered(cfg.gpu_emulate) {
+        crate::gpu::codec::KERNEL_FORMAT
+    } else {
+        codec::format::VERSION_2
+    }
+}
+
+/// The format a sender writes on one connection: the lower of the highest it
+/// writes (`NCCL_ZIP_FORMAT`) and the highest its receiver decodes (0: an older
+/// peer that did not say, [`BASE_FORMAT`]).
+pub fn agree_format(writes: u8, peer_decodes: u8) -> u8 {
+    let decodes = if peer_decodes == 0 {
+        BASE_FORMAT
+    } else {
+        peer_decodes
+    };
+    writes.min(decodes).max(BASE_FORMAT)
+}
+
+/// Refuses a frame whose format is above `agreed`, the one its sender stated
+/// in its hello: a peer that writes what it did not agree to is broken, and the
+/// error says so before any decoder (CPU or GPU) sees the frame.
+pub fn check_format(frame: &[u8], agreed: u8) -> Result<()> {
+    match frame.get(4) {
+        Some(&v) if frame[..4] == codec::format::MAGIC && v > agreed => Err(Error::Remote(format!(
+            "corrupt compressed chunk: a codec format v{v} frame, but the peers agreed on v{agreed} at most"
+        ))),
+        _ => Ok(()),
+    }
+}
+
 /// Decodes one compressed chunk into `dst`, which must come out exactly full.
+/// The caller has checked its format ([`ChunkDecoder::check`]).
 pub fn decode_chunk(frame: &[u8], dst: &mut [u8], stats: &Stats) -> Result<()> {
     decode_by(codec::decompress, frame, dst, stats)
 }
@@ -98,13 +140,40 @@ pub fn decode_chunk(frame: &[u8], dst: &mut [u8], stats: &Stats) -> Result<()> {
 /// A receiving thread's decoder: [`decode_chunk`] that keeps the codec's decode
 /// tables from chunk to chunk ([`codec::Decoder`], at most 144 KiB, allocated on the
 /// first compressed chunk). Counted in [`HELD`]`.decode_tables` while it lives.
-#[derive(Default)]
+/// It refuses frames of a format above the one its connection agreed on
+/// ([`check_format`]; [`BASE_FORMAT`] until [`ChunkDecoder::agreed`] says more).
 pub struct ChunkDecoder {
     dec: codec::Decoder,
+    agreed: u8,
+}
+
+impl Default for ChunkDecoder {
+    fn default() -> Self {
+        ChunkDecoder::agreed(BASE_FORMAT)
+    }
 }
 
 impl ChunkDecoder {
+    /// A decoder for a connection whose sender writes formats up to `agreed`.
+    pub fn agreed(agreed: u8) -> ChunkDecoder {
+        ChunkDecoder {
+            dec: codec::Decoder::default(),
+            agreed,
+        }
+    }
+
+    /// The highest format this decoder takes.
+    pub fn format(&self) -> u8 {
+        self.agreed
+    }
+
+    /// [`check_format`] for a frame that goes elsewhere (a GPU lane).
+    pub fn check(&self, frame: &[u8]) -> Result<()> {
+        check_format(frame, self.agreed)
+    }
+
     pub fn decode(&mut self, frame: &[u8], dst: &mut [u8], stats: &Stats) -> Result<()> {
+        self.check(frame)?;
         let before = self.dec.held_bytes();
         let r = decode_by(|f, d| self.dec.decompress(f, d), frame, dst, stats);
         // The decoder's tables only grow; HELD has what it held before.

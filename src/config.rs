@@ -72,6 +72,10 @@ pub struct Config {
     pub socket_family: Option<Family>,
     /// Add a CRC32C to every compressed frame (`NCCL_ZIP_CHECKSUM`).
     pub checksum: bool,
+    /// The highest codec frame format this process writes (`NCCL_ZIP_FORMAT`,
+    /// docs/FORMAT.md): a send comm writes the lower of this and what its
+    /// receiver decodes (`codec_glue::agree_format`).
+    pub format: u8,
     /// `NCCL_ZIP_STATS=1`: periodic INFO lines with per-comm stats.
     pub stats: bool,
     /// `NCCL_ZIP_STATS_FILE`: JSON lines of the process's and each peer's
@@ -142,6 +146,7 @@ impl Default for Config {
             socket_ifname: None,
             socket_family: None,
             checksum: false,
+            format: 1,
             stats: false,
             link_mbps: None,
             gpu: false,
@@ -349,6 +354,14 @@ impl Config {
         if let Some(b) = boolean("NCCL_ZIP_GPU_FORCE_NVRTC")? {
             c.gpu_force_nvrtc = b;
         }
+        if let Some(n) = int(
+            "NCCL_ZIP_FORMAT",
+            1,
+            crate::codec::format::VERSION_2 as u64,
+            "a codec frame format",
+        )? {
+            c.format = n as u8;
+        }
         if let Some(b) = boolean("NCCL_ZIP_CHECKSUM")? {
             c.checksum = b;
         }
@@ -406,6 +419,7 @@ impl Config {
         field!("NCCL_SOCKET_IFNAME", socket_ifname);
         field!("NCCL_SOCKET_FAMILY", socket_family);
         field!("NCCL_ZIP_CHECKSUM", checksum);
+        field!("NCCL_ZIP_FORMAT", format);
         field!("NCCL_ZIP_STATS", stats);
         field!("NCCL_ZIP_STATS_FILE", stats_file);
         field!("NCCL_ZIP_STATS_INTERVAL_MS", stats_interval);
@@ -559,6 +573,9 @@ mod tests {
             ("NCCL_ZIP_HANDSHAKE_TIMEOUT_MS", "30K"),
             ("NCCL_ZIP_PEER_TIMEOUT_MS", "1M"),
             ("NCCL_ZIP_CHECKSUM", "2"),
+            ("NCCL_ZIP_FORMAT", "0"),
+            ("NCCL_ZIP_FORMAT", "3"),
+            ("NCCL_ZIP_FORMAT", "v2"),
             ("NCCL_ZIP_STATS", "maybe"),
             ("NCCL_ZIP_STATS_INTERVAL_MS", "5s"),
             ("NCCL_ZIP_STATS_PER_COMM", "sometimes"),
@@ -640,6 +657,8 @@ mod tests {
         assert_eq!(c.handshake_timeout, Duration::from_millis(1500));
         assert_eq!(c.peer_timeout, Duration::from_secs(60));
         assert_eq!((c.gpu_sms, c.gpu_decode_block_log2), (8, 14));
+        assert_eq!(cfg(&[]).unwrap().format, 1);
+        assert_eq!(cfg(&[("NCCL_ZIP_FORMAT", "2")]).unwrap().format, 2);
         assert_eq!(cfg(&[]).unwrap().peer_timeout, DEFAULT_PEER_TIMEOUT);
     }
 

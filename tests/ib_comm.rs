@@ -34,15 +34,22 @@ fn cfg(mode: CompressMode, nqps: usize) -> Arc<IbConfig> {
         link_mbps: Some(100_000),
         handshake_timeout: Duration::from_secs(20),
         io_threads: None,
+        format: 1,
+        decodes: 2,
     })
 }
 
 /// Listens, then connects and accepts in turns, as NCCL's proxy thread does,
 /// with the connect state kept behind the handle's stage area.
 fn pair(cfg: Arc<IbConfig>) -> (IbSendComm, IbRecvComm) {
+    pair_with(cfg.clone(), cfg)
+}
+
+/// [`pair`] with the listener's settings `lcfg` and the connector's `cfg`.
+fn pair_with(lcfg: Arc<IbConfig>, cfg: Arc<IbConfig>) -> (IbSendComm, IbRecvComm) {
     let opener = Arc::new(MemOpener);
     let addr: SocketAddr = "127.0.0.1:0".parse().unwrap();
-    let mut l = IbListenComm::bind(addr, opener.clone(), cfg.clone()).unwrap();
+    let mut l = IbListenComm::bind(addr, opener.clone(), lcfg).unwrap();
     let mut handle = [0u8; HANDLE_SIZE];
     l.handle().encode(&mut handle);
     assert_eq!(
@@ -390,6 +397,7 @@ fn handle_is_ib_and_rejects_tcp_handles() {
     let h = IbHandle {
         addr: "10.0.0.7:1234".parse().unwrap(),
         secret: 99,
+        decodes: 2,
     };
     let mut b = [0u8; HANDLE_SIZE];
     h.encode(&mut b);
@@ -399,6 +407,7 @@ fn handle_is_ib_and_rejects_tcp_handles() {
     wire::Handle {
         addr: h.addr,
         secret: 99,
+        decodes: 2,
     }
     .encode(&mut t);
     assert!(IbHandle::decode(&t).is_err());
@@ -616,4 +625,80 @@ fn ib_buffers_come_from_a_bounded_budget() {
     );
     drop((s2, r2, s3, r3));
     assert_eq!(budget.used(), 0);
+}
+
+/// Codec format agreement (issue 19 item 10): the connector writes the lower of
+/// its `NCCL_ZIP_FORMAT` and what the listener's handle says it decodes, in both
+/// orders. A sender that wrote above the agreement would fail the receive (its
+/// decoder refuses such frames, see `ib_fabric`), so bit-exact compressed
+/// transfers show the agreement is kept.
+#[test]
+fn peers_agree_on_the_lower_codec_format_both_orders() {
+    let msgs: Vec<Vec<u8>> = [4096usize, 100_000, 1 << 20]
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| bf16(i as u64 + 7, n))
+        .collect();
+    for (decodes, writes) in [(1u8, 2u8), (2, 1), (2, 2), (1, 1)] {
+        let mut lc = (*cfg(CompressMode::On, 2)).clone();
+        lc.decodes = decodes;
+        let mut cc = (*cfg(CompressMode::On, 2)).clone();
+        cc.format = writes;
+        let (s, r) = pair_with(Arc::new(lc), Arc::new(cc));
+        transfer(&s, &r, &msgs, 1 << 20);
+        assert!(
+            r.stats().chunks_compressed.load(Relaxed) > 0,
+            "listener v{decodes}, connector v{writes}: nothing was compressed"
+        );
+    }
+}
+
+/// A connector that states a codec format above what the listener offered is
+/// refused, and `accept` says why; an older peer's record (0 there) means v1.
+#[test]
+fn a_bootstrap_record_above_the_offered_format_fails_accept() {
+    use nccl_net_zip::transport::ib::comm::Boot;
+    use nccl_net_zip::transport::ib::fabric::QpInfo;
+    use nccl_net_zip::transport::ib::proto::Endpoint;
+    use std::io::Write;
+    let mut lc = (*cfg(CompressMode::On, 1)).clone();
+    lc.decodes = 1;
+    let addr: SocketAddr = "127.0.0.1:0".parse().unwrap();
+    let mut l = IbListenComm::bind(addr, Arc::new(MemOpener), Arc::new(lc)).unwrap();
+    let h = *l.handle();
+    assert_eq!(h.decodes, 1);
+    let boot = Boot {
+        secret: h.secret,
+        endpoint: Endpoint { addr: 0, rkey: 0 },
+        qps: vec![QpInfo {
+            qpn: 1,
+            lid: 0,
+            mtu: 4096,
+            gid: [0; 16],
+        }],
+        format: 2,
+    };
+    let mut b = boot.encode();
+    assert_eq!(Boot::decode(&b, h.secret).unwrap(), boot);
+    let mut old = b.clone();
+    old[28..30].fill(0);
+    assert_eq!(Boot::decode(&old, h.secret).unwrap().format, 1);
+    let mut c = std::net::TcpStream::connect(h.addr).unwrap();
+    c.write_all(&b).unwrap();
+    let t0 = Instant::now();
+    let e = loop {
+        match l.accept() {
+            Ok(None) => {}
+            Ok(Some(_)) => panic!("accepted a connector that writes v2 to a v1 listener"),
+            Err(e) => break e,
+        }
+        assert!(t0.elapsed() < Duration::from_secs(10), "accept hung");
+        std::thread::yield_now();
+    };
+    assert!(matches!(e, Error::InvalidUsage(_)), "{e}");
+    assert!(
+        e.to_string().contains("v2") && e.to_string().contains("v1"),
+        "{e}"
+    );
+    b.clear();
 }

@@ -995,3 +995,65 @@ fn device_chunks_before_chunk_zero_wait_for_the_info_record() {
     assert_eq!(rc.get(&rc.decode) as u64, cs);
     assert!(sc.get(&sc.encode) as u64 >= cs);
 }
+
+/// A sender that writes a codec format above the one its receiver agreed to
+/// (issue 19 item 10) fails the receive with an error that says so, before any
+/// decoder sees the frame; once the receiver has agreed to it, the same traffic
+/// goes through.
+#[test]
+fn frames_above_the_agreed_format_fail_the_receive() {
+    for agreed in [1u8, 2] {
+        // Declared before the fabrics, so they outlive their registrations.
+        let mut src = bf16_data(256 << 10, 3);
+        let mut dst = vec![0u8; 256 << 10];
+        let net = MemNet::new(1);
+        let (mut fs, mut fr) = net.endpoints();
+        let mut c = coder(CompressMode::On);
+        c.host.opts.format = 2;
+        c.dev.opts.format = 2;
+        let mut s = Sender::new(&mut fs, Params::default(), c).unwrap();
+        let mut r = Receiver::new(&mut fr, Params::default()).unwrap();
+        s.connect(r.endpoint());
+        r.connect(s.endpoint());
+        r.agree_format(agreed);
+        let mut p = Pair {
+            net,
+            fs,
+            fr,
+            s,
+            r,
+            sent: vec![],
+            recvd: vec![],
+            rng: StdRng::seed_from_u64(5),
+            next_send: 0,
+            next_recv: 0,
+        };
+        let (ms, mr) = (reg(&mut p.fs, &mut src), reg(&mut p.fr, &mut dst));
+        p.isend(&mut src, &ms);
+        p.irecv(&mut dst, &mr);
+        let mut err = None;
+        for _ in 0..100_000 {
+            let (a, b, moved) = p.round();
+            a.expect("sender");
+            if let Err(e) = b {
+                err = Some(e);
+                break;
+            }
+            if !moved && !p.recvd.is_empty() {
+                break;
+            }
+        }
+        match agreed {
+            1 => {
+                let e = err.expect("a v2 frame to a v1 receiver must fail");
+                assert!(matches!(e, Error::Remote(_)), "{e}");
+                assert!(e.to_string().contains("agreed on v1"), "{e}");
+            }
+            _ => {
+                assert!(err.is_none(), "{err:?}");
+                assert_eq!(p.recvd, vec![(0, 256 << 10)]);
+                assert!(dst == src, "v2 frames decode bit for bit");
+            }
+        }
+    }
+}

@@ -15,6 +15,9 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
 use super::before_21::OldPolicy;
 use super::{Decision, Meter, Policy};
 use crate::config::CompressMode;
@@ -390,6 +393,73 @@ pub fn run_with(
     bytes: f64,
     b_codec: f64,
 ) -> Outcome {
+    run_noisy(which, mode, both, costs, link, bytes, b_codec, None)
+}
+
+/// Other work on a node's core, as a shared VM has it (other tenants, the
+/// hypervisor, the kernel's softirqs): each node's core is left a share of
+/// each step that changes at two time scales, independently per node. A slow
+/// share is drawn every [`Noise::SLOW`] from `[1 - slow, 1]` (the run-to-run
+/// spread the matrix's `off2/off` column shows), a fast one every
+/// [`Noise::FAST`] from `[1 - fast, 1]` (epoch to epoch: an epoch is 16 MiB,
+/// tens of milliseconds). Seeded: a run is repeatable.
+#[derive(Clone, Copy, Debug)]
+pub struct Noise {
+    pub slow: f64,
+    pub fast: f64,
+    pub seed: u64,
+}
+
+impl Noise {
+    pub const SLOW: f64 = 0.5;
+    pub const FAST: f64 = 0.005;
+}
+
+/// Each node's share of its core, per step.
+struct Steal {
+    rng: StdRng,
+    noise: Noise,
+    slow: [(f64, f64); 2],
+    fast: [(f64, f64); 2],
+}
+
+impl Steal {
+    fn new(noise: Noise) -> Steal {
+        Steal {
+            rng: StdRng::seed_from_u64(noise.seed),
+            noise,
+            slow: [(f64::NEG_INFINITY, 1.0); 2],
+            fast: [(f64::NEG_INFINITY, 1.0); 2],
+        }
+    }
+
+    /// Node `node`'s share of its core at time `t`.
+    fn share(&mut self, node: usize, t: f64) -> f64 {
+        let Noise { slow, fast, .. } = self.noise;
+        let rng = &mut self.rng;
+        let mut draw = |cur: &mut (f64, f64), every: f64, amp: f64| {
+            if t >= cur.0 + every {
+                *cur = (t, 1.0 - amp * rng.gen::<f64>());
+            }
+            cur.1
+        };
+        draw(&mut self.slow[node], Noise::SLOW, slow)
+            * draw(&mut self.fast[node], Noise::FAST, fast)
+    }
+}
+
+/// [`run_with`] on noisy cores (`noise`; `None`: each node has its core to itself).
+#[allow(clippy::too_many_arguments)]
+pub fn run_noisy(
+    which: Which,
+    mode: CompressMode,
+    both: bool,
+    costs: Costs,
+    link: f64,
+    bytes: f64,
+    b_codec: f64,
+    noise: Option<Noise>,
+) -> Outcome {
     let costs_b = Costs {
         enc: costs.enc / b_codec,
         ..costs
@@ -413,17 +483,19 @@ pub fn run_with(
     }
     let t0 = Instant::now();
     let mut t = 0.0;
+    let mut steal = noise.map(Steal::new);
     while dirs.iter().any(|d| d.done_at.is_none()) {
         assert!(t < 600.0, "simulation does not finish");
         // Each node runs its receiver (the other direction's end) and its sender.
         #[allow(clippy::needless_range_loop)]
         for node in 0..2 {
             let (out, inn) = (node, 1 - node);
-            let in_want = dirs[inn].in_demand(DT);
+            let core = DT * steal.as_mut().map_or(1.0, |s| s.share(node, t));
+            let in_want = dirs[inn].in_demand(core);
             let w_out = if dirs[out].encoding() { STREAMS } else { 1.0 };
-            let in_share = in_want.min(DT / (1.0 + w_out));
+            let in_share = in_want.min(core / (1.0 + w_out));
             let used_in = dirs[inn].run_in(in_share, t, meters[node]);
-            let out_share = DT - used_in;
+            let out_share = core - used_in;
             let used_out = dirs[out].run_out(out_share, t, t0);
             // What the sender left unused goes to the receiver.
             let rest = out_share - used_out;

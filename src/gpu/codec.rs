@@ -19,6 +19,9 @@ static KERNEL_SRC: &str = include_str!(env!("NZC_KERNEL_SRC"));
 /// `nvcc --version` release line of the build ("none" without nvcc).
 pub const NVCC_VERSION: &str = env!("NZC_NVCC_VERSION");
 
+/// The highest codec frame format (docs/FORMAT.md) the kernels decode.
+pub const KERNEL_FORMAT: u8 = nccl_zip_codec::format::VERSION;
+
 /// Whether this build embeds the compiled GPU kernels (else only NVRTC can make them).
 pub fn kernels_embedded() -> bool {
     !FATBIN.is_empty()

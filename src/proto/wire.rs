@@ -26,11 +26,15 @@ pub const TCP_HANDLE: HandleKind = HandleKind {
 pub const STAGE_OFFSET: usize = 64;
 const STAGE_MAGIC: u64 = u64::from_le_bytes(*b"NZSTAGE1");
 
-/// What a listener publishes: where to connect and the secret to present.
+/// What a listener publishes: where to connect, the secret to present, and the
+/// highest codec frame format its receive comms decode.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Handle {
     pub addr: SocketAddr,
     pub secret: u64,
+    /// The highest frame format the listener decodes (bytes 10..12; 0, which a
+    /// listener before this field wrote, reads as `codec_glue::BASE_FORMAT`).
+    pub decodes: u8,
 }
 
 impl Handle {
@@ -54,6 +58,7 @@ impl Handle {
         };
         out[6..8].copy_from_slice(&fam.to_le_bytes());
         out[8..10].copy_from_slice(&self.addr.port().to_le_bytes());
+        out[10..12].copy_from_slice(&(self.decodes as u16).to_le_bytes());
         out[16..32].copy_from_slice(&ip);
         out[32..40].copy_from_slice(&self.secret.to_le_bytes());
     }
@@ -86,9 +91,14 @@ impl Handle {
             }
         };
         let secret = u64::from_le_bytes(b[32..40].try_into().unwrap());
+        let decodes = match u16::from_le_bytes(b[10..12].try_into().unwrap()) {
+            0 => crate::codec_glue::BASE_FORMAT,
+            f => u8::try_from(f).unwrap_or(u8::MAX),
+        };
         Ok(Handle {
             addr: SocketAddr::new(ip, port),
             secret,
+            decodes,
         })
     }
 }
@@ -140,7 +150,8 @@ pub struct Hello {
 /// What a v3 hello says about the connector beyond [`Hello`] (ours when encoding).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PeerInfo {
-    /// The highest codec frame format the connector writes (docs/FORMAT.md).
+    /// The highest codec frame format the connector writes on this connection
+    /// (docs/FORMAT.md): the one it agreed on from the listener's handle.
     pub format: u16,
     /// The connector's plugin version, major.minor.patch.
     pub plugin: (u8, u8, u16),
@@ -178,6 +189,24 @@ pub const HELLO_MAX: usize = 256;
 /// The hello of protocol versions 1 and 2 (no length field).
 const HELLO_V2_SIZE: usize = 32;
 const HELLO_MAGIC: u32 = u32::from_le_bytes(*b"NZHI");
+
+/// How a TCP hello says its length, for `proto::bootstrap`: its
+/// [`HELLO_PREFIX`] bytes give it ([`Hello::length`]).
+pub struct HelloFraming;
+
+impl super::bootstrap::Framing for HelloFraming {
+    fn prefix_len(&self) -> usize {
+        HELLO_PREFIX
+    }
+
+    fn total_len(&self, prefix: &[u8]) -> Result<usize> {
+        Hello::length(
+            prefix
+                .try_into()
+                .map_err(|_| Error::Internal("hello prefix".into()))?,
+        )
+    }
+}
 
 impl Hello {
     /// Our hello: v3, with our plugin and format versions.
@@ -393,6 +422,7 @@ mod tests {
             let h = Handle {
                 addr: addr.parse().unwrap(),
                 secret: 0xdead_beef_1234,
+                decodes: 2,
             };
             let mut b = [0xAAu8; HANDLE_SIZE];
             h.encode(&mut b);
@@ -417,8 +447,13 @@ mod tests {
         Handle {
             addr: "1.2.3.4:5".parse().unwrap(),
             secret: 1,
+            decodes: 2,
         }
         .encode(&mut b);
+        assert_eq!(Handle::decode(&b).unwrap().decodes, 2);
+        // A listener before the format field wrote 0 there: it decodes v1.
+        b[10..12].fill(0);
+        assert_eq!(Handle::decode(&b).unwrap().decodes, 1);
         b[4] = 9; // version
         assert!(matches!(Handle::decode(&b), Err(Error::InvalidUsage(_))));
     }

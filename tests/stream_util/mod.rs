@@ -68,6 +68,7 @@ impl Rx {
                         },
                         peer,
                         max_chunk,
+                        nccl_net_zip::codec::format::VERSION_2,
                     )
                     .with_budget(cap),
                     queued: Vec::new(),

@@ -21,8 +21,7 @@
 //! Generic over [`Opener`], so the whole comm runs over the in-memory fabric in
 //! tests (tests/ib_comm.rs) and over verbs in the plugin.
 
-use std::collections::HashMap;
-use std::io::{self, Read};
+use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering::*};
 use std::sync::{Arc, Weak};
@@ -42,9 +41,11 @@ use crate::codec_glue::Coder;
 use crate::config::{CompressMode, Config, DtypeHint};
 use crate::error::{Error, Result};
 use crate::gpu::Backend;
+use crate::proto::bootstrap::{Dialer, Framing, Gate, Io, Outcome, MAX_HALF_OPEN};
 use crate::proto::slots::{Ring, Slot};
 use crate::proto::wire::{self, HANDLE_SIZE};
-use crate::transport::tcp::sock::{bind_listener, random_secret, start_connect, writable};
+use crate::transport::boot::{accept_and_poll, dial, read_nb, Conn};
+use crate::transport::tcp::sock::{bind_listener, random_secret, start_connect};
 
 /// Largest QP count a peer may announce (`NCCL_ZIP_IB_QPS` is capped the same).
 pub const MAX_QPS: usize = 16;
@@ -64,6 +65,11 @@ pub struct IbConfig {
     pub handshake_timeout: Duration,
     /// Caps the shared progress workers (`NCCL_ZIP_IO_THREADS`).
     pub io_threads: Option<usize>,
+    /// The highest codec frame format this side writes (`NCCL_ZIP_FORMAT`).
+    pub format: u8,
+    /// The highest codec frame format this side's receive comms decode (its
+    /// listen handle: `codec_glue::highest_decodable`).
+    pub decodes: u8,
 }
 
 impl IbConfig {
@@ -86,16 +92,20 @@ impl IbConfig {
             link_mbps: c.link_mbps,
             handshake_timeout: c.handshake_timeout,
             io_threads: c.io_threads,
+            format: c.format,
+            decodes: crate::codec_glue::highest_decodable(c),
         }
     }
 
-    fn coders(&self) -> Coders {
+    /// The compressors of a send comm that writes codec format `format` at most.
+    fn coders(&self, format: u8) -> Coders {
         let coder = || Coder {
             // One progress thread compresses for the whole comm.
             policy: Policy::new(self.compress, self.link_mbps, 1),
             opts: EncodeOptions {
                 dtype: self.dtype,
                 checksum: self.checksum,
+                format,
                 ..EncodeOptions::default()
             },
         };
@@ -118,11 +128,13 @@ const _: () = assert!(
     "the connect stage area must not overlap the address and secret"
 );
 
-/// What an IB listener publishes: the bootstrap address and the secret.
+/// What an IB listener publishes: the bootstrap address, the secret, and the
+/// highest codec frame format it decodes (as `proto::wire::Handle`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct IbHandle {
     pub addr: SocketAddr,
     pub secret: u64,
+    pub decodes: u8,
 }
 
 const IB_HANDLE: wire::HandleKind = wire::HandleKind {
@@ -138,6 +150,7 @@ impl IbHandle {
         wire::Handle {
             addr: self.addr,
             secret: self.secret,
+            decodes: self.decodes,
         }
         .encode_as(&IB_HANDLE, out)
     }
@@ -147,6 +160,7 @@ impl IbHandle {
         Ok(IbHandle {
             addr: h.addr,
             secret: h.secret,
+            decodes: h.decodes,
         })
     }
 }
@@ -157,23 +171,35 @@ pub struct Boot {
     pub secret: u64,
     pub endpoint: Endpoint,
     pub qps: Vec<QpInfo>,
+    /// The connector's: the codec frame format it writes at most (agreed from
+    /// the handle); the listener's reply echoes it. 0 in an older peer's
+    /// record: `codec_glue::BASE_FORMAT`.
+    pub format: u8,
 }
 
 const BOOT_MAGIC: u32 = u32::from_le_bytes(*b"NZIQ");
 pub const BOOT_HEADER: usize = 32;
 pub const BOOT_QP: usize = 32;
+/// The longest record a peer may send (a later version may append fields).
+pub const BOOT_MAX: usize = 1024;
 
 impl Boot {
     /// Header: magic @0, version @4, nqps @6, secret @8, endpoint addr @16,
-    /// rkey @24; then per QP: qpn @0, lid @4, mtu @8, gid @16..32.
+    /// rkey @24, codec format @28 (u16), record length @30 (u16; 0 in records
+    /// before it: 32 + 32 × nqps); then per QP: qpn @0, lid @4, mtu @8,
+    /// gid @16..32; then what a later version appends (skipped). Bytes 0..16
+    /// keep their meaning in every version.
     pub fn encode(&self) -> Vec<u8> {
-        let mut b = vec![0u8; BOOT_HEADER + BOOT_QP * self.qps.len()];
+        let len = BOOT_HEADER + BOOT_QP * self.qps.len();
+        let mut b = vec![0u8; len];
         b[0..4].copy_from_slice(&BOOT_MAGIC.to_le_bytes());
         b[4..6].copy_from_slice(&IB_VERSION.to_le_bytes());
         b[6..8].copy_from_slice(&(self.qps.len() as u16).to_le_bytes());
         b[8..16].copy_from_slice(&self.secret.to_le_bytes());
         b[16..24].copy_from_slice(&self.endpoint.addr.to_le_bytes());
         b[24..28].copy_from_slice(&self.endpoint.rkey.to_le_bytes());
+        b[28..30].copy_from_slice(&(self.format as u16).to_le_bytes());
+        b[30..32].copy_from_slice(&(len as u16).to_le_bytes());
         for (i, q) in self.qps.iter().enumerate() {
             let o = BOOT_HEADER + i * BOOT_QP;
             b[o..o + 4].copy_from_slice(&q.qpn.to_le_bytes());
@@ -184,40 +210,48 @@ impl Boot {
         b
     }
 
-    /// Checks a header; returns the number of QP records that follow.
-    pub fn header(b: &[u8; BOOT_HEADER], secret: u64) -> Result<usize> {
-        if u32::from_le_bytes(b[0..4].try_into().unwrap()) != BOOT_MAGIC {
+    /// Checks a header for its magic and QP count; returns the record's
+    /// whole length.
+    pub fn length(h: &[u8]) -> Result<usize> {
+        if h.len() < BOOT_HEADER || u32::from_le_bytes(h[0..4].try_into().unwrap()) != BOOT_MAGIC {
             return Err(Error::Remote(
                 "not an nccl-net-zip IB bootstrap record".into(),
             ));
         }
-        let v = u16::from_le_bytes(b[4..6].try_into().unwrap());
-        if v != IB_VERSION {
-            return Err(Error::Remote(format!(
-                "IB bootstrap v{v}, expected v{IB_VERSION}"
-            )));
-        }
-        if u64::from_le_bytes(b[8..16].try_into().unwrap()) != secret {
-            return Err(Error::Remote("IB bootstrap with the wrong secret".into()));
-        }
-        let n = u16::from_le_bytes(b[6..8].try_into().unwrap()) as usize;
+        let n = u16::from_le_bytes(h[6..8].try_into().unwrap()) as usize;
         if n == 0 || n > MAX_QPS {
             return Err(Error::Remote(format!("IB bootstrap with {n} QPs")));
         }
-        Ok(n)
+        let least = BOOT_HEADER + n * BOOT_QP;
+        match u16::from_le_bytes(h[30..32].try_into().unwrap()) as usize {
+            0 => Ok(least),
+            len if (least..=BOOT_MAX).contains(&len) => Ok(len),
+            len => Err(Error::Remote(format!(
+                "IB bootstrap record of {len} bytes with {n} QPs"
+            ))),
+        }
     }
 
+    /// A whole record ([`Boot::length`] bytes), whose sender must know
+    /// `secret`. A peer that knows it but speaks another version is an
+    /// `InvalidUsage` naming both versions.
     pub fn decode(b: &[u8], secret: u64) -> Result<Boot> {
-        let h: &[u8; BOOT_HEADER] = b
-            .get(..BOOT_HEADER)
-            .and_then(|h| h.try_into().ok())
-            .ok_or_else(|| Error::Remote("short IB bootstrap record".into()))?;
-        let n = Self::header(h, secret)?;
-        if b.len() != BOOT_HEADER + n * BOOT_QP {
+        let len = Self::length(b)?;
+        if b.len() != len {
             return Err(Error::Remote(
                 "IB bootstrap record of the wrong length".into(),
             ));
         }
+        if u64::from_le_bytes(b[8..16].try_into().unwrap()) != secret {
+            return Err(Error::Remote("IB bootstrap with the wrong secret".into()));
+        }
+        let v = u16::from_le_bytes(b[4..6].try_into().unwrap());
+        if v != IB_VERSION {
+            return Err(Error::InvalidUsage(format!(
+                "the peer speaks nccl-net-zip IB protocol v{v}, we speak v{IB_VERSION}: install the same plugin on every node"
+            )));
+        }
+        let n = u16::from_le_bytes(b[6..8].try_into().unwrap()) as usize;
         let qps = (0..n)
             .map(|i| {
                 let o = BOOT_HEADER + i * BOOT_QP;
@@ -236,118 +270,42 @@ impl Boot {
                 rkey: u32::from_le_bytes(b[24..28].try_into().unwrap()),
             },
             qps,
+            format: match u16::from_le_bytes(b[28..30].try_into().unwrap()) {
+                0 => crate::codec_glue::BASE_FORMAT,
+                f => u8::try_from(f).unwrap_or(u8::MAX),
+            },
         })
     }
 }
 
-/// A buffer moved over a non-blocking socket in pieces.
-struct Xfer {
-    buf: Vec<u8>,
-    done: usize,
-}
+/// How an IB bootstrap record says its length, for `proto::bootstrap`.
+pub struct BootFraming;
 
-impl Xfer {
-    fn new(buf: Vec<u8>) -> Xfer {
-        Xfer { buf, done: 0 }
+impl Framing for BootFraming {
+    fn prefix_len(&self) -> usize {
+        BOOT_HEADER
     }
 
-    /// Writes what it can; true when all is written.
-    fn write(&mut self, s: &Socket, what: &str) -> Result<bool> {
-        while self.done < self.buf.len() {
-            match s.send_with_flags(&self.buf[self.done..], libc::MSG_NOSIGNAL) {
-                Ok(k) => self.done += k,
-                Err(e) if would_block(&e) => return Ok(false),
-                Err(e) => return Err(Error::io(what.to_string(), e)),
-            }
-        }
-        Ok(true)
-    }
-
-    /// Reads what it can; true when full.
-    fn read(&mut self, mut s: &Socket, what: &str) -> Result<bool> {
-        while self.done < self.buf.len() {
-            match s.read(&mut self.buf[self.done..]) {
-                Ok(0) => {
-                    return Err(Error::Remote(format!(
-                        "{what}: the peer closed the connection"
-                    )))
-                }
-                Ok(k) => self.done += k,
-                Err(e) if would_block(&e) => return Ok(false),
-                Err(e) => return Err(Error::io(what.to_string(), e)),
-            }
-        }
-        Ok(true)
-    }
-}
-
-fn would_block(e: &io::Error) -> bool {
-    matches!(
-        e.kind(),
-        io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
-    )
-}
-
-/// Reads a whole [`Boot`] record in steps.
-struct BootReader {
-    x: Xfer,
-    body: bool,
-}
-
-impl BootReader {
-    fn new() -> BootReader {
-        BootReader {
-            x: Xfer::new(vec![0; BOOT_HEADER]),
-            body: false,
-        }
-    }
-
-    fn read(&mut self, s: &Socket, secret: u64) -> Result<Option<Boot>> {
-        if !self.x.read(s, "IB bootstrap")? {
-            return Ok(None);
-        }
-        if !self.body {
-            let h: &[u8; BOOT_HEADER] = self.x.buf[..].try_into().expect("header");
-            let n = Boot::header(h, secret)?;
-            self.x.buf.resize(BOOT_HEADER + n * BOOT_QP, 0);
-            self.body = true;
-            if !self.x.read(s, "IB bootstrap")? {
-                return Ok(None);
-            }
-        }
-        Boot::decode(&self.x.buf, secret).map(Some)
-    }
-}
-
-fn timed_out(since: Instant, limit: Duration, what: &str) -> Result<()> {
-    if since.elapsed() > limit {
-        Err(Error::Remote(format!(
-            "{what} did not finish within {limit:?} (NCCL_ZIP_HANDSHAKE_TIMEOUT_MS)"
-        )))
-    } else {
-        Ok(())
+    fn total_len(&self, prefix: &[u8]) -> Result<usize> {
+        Boot::length(prefix)
     }
 }
 
 // ---------------------------------------------------------------------------
 // Listen / accept
 
-struct Pending<L: Link> {
-    sock: Socket,
-    peer: SocketAddr,
-    since: Instant,
-    reader: BootReader,
-    /// Once the connector's record is in: our side, built, and the reply.
-    ready: Option<(L, Receiver, Xfer)>,
-}
-
-/// Most half-open bootstrap connections kept at once.
-const MAX_PENDING: usize = 256;
+/// A half-open bootstrap connection, once its record came: our side, built,
+/// while the reply is written.
+type Built<L> = (L, Receiver);
 
 pub struct IbListenComm<O: Opener> {
     listener: Socket,
     handle: IbHandle,
-    pending: Vec<Pending<O::L>>,
+    /// Half-open bootstrap connections (the shared bootstrap).
+    gate: Gate<Conn<Built<O::L>>>,
+    /// Bootstraps done, and mismatched peers' errors, not handed out yet.
+    done: VecDeque<Conn<Built<O::L>>>,
+    errors: VecDeque<Error>,
     opener: Arc<O>,
     cfg: Arc<IbConfig>,
 }
@@ -362,8 +320,11 @@ impl<O: Opener> IbListenComm<O> {
             handle: IbHandle {
                 addr: local,
                 secret,
+                decodes: cfg.decodes,
             },
-            pending: Vec::new(),
+            gate: Gate::new(cfg.handshake_timeout, MAX_HALF_OPEN),
+            done: VecDeque::new(),
+            errors: VecDeque::new(),
             opener,
             cfg,
         })
@@ -375,103 +336,95 @@ impl<O: Opener> IbListenComm<O> {
 
     /// One non-blocking step; a recv comm once a connector's bootstrap is done.
     /// A stranger's or broken connection is dropped with a WARN and does not
-    /// disturb the listener.
+    /// disturb the listener; a peer that knows the secret but is mismatched
+    /// (another version, a codec format not offered) fails `accept`.
     pub fn accept(&mut self) -> Result<Option<IbRecvComm>> {
-        loop {
-            match self.listener.accept() {
-                Ok((sock, addr)) => {
-                    sock.set_nonblocking(true)
-                        .map_err(|e| Error::io("set_nonblocking", e))?;
-                    if self.pending.len() >= MAX_PENDING {
-                        let old = self.pending.remove(0);
-                        warn!("dropping half-open IB bootstrap from {}", old.peer);
-                    }
-                    self.pending.push(Pending {
-                        sock,
-                        peer: addr.as_socket().unwrap_or_else(|| ([0, 0, 0, 0], 0).into()),
-                        since: Instant::now(),
-                        reader: BootReader::new(),
-                        ready: None,
-                    });
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                Err(e)
-                    if e.kind() == io::ErrorKind::Interrupted
-                        || e.kind() == io::ErrorKind::ConnectionAborted => {}
-                Err(e) => return Err(Error::io("accept", e)),
-            }
-        }
-        let mut i = 0;
-        while i < self.pending.len() {
-            match self.step(i) {
-                Ok(false) => i += 1,
-                Ok(true) => {
-                    let p = self.pending.swap_remove(i);
-                    let (fab, recv, _) = p.ready.expect("finished");
-                    info!("IB recv comm from {}: {} QPs", p.peer, fab.nqps());
-                    return IbRecvComm::start(p.sock, p.peer, fab, recv, self.cfg.io_threads)
-                        .map(Some);
-                }
-                Err(e) => {
-                    let p = self.pending.swap_remove(i);
-                    warn!("rejected IB connection from {}: {e}", p.peer);
+        let what = format!("IB bootstrap listener {}", self.handle.addr);
+        // A second pass writes the replies of records that came in the first.
+        for _ in 0..2 {
+            let mut replying = false;
+            for o in accept_and_poll(&self.listener, &mut self.gate, &BootFraming, &what) {
+                match o {
+                    Outcome::Hello {
+                        mut conn,
+                        record,
+                        since,
+                    } => match self.build(&record) {
+                        Ok((built, reply)) => {
+                            conn.built = Some(built);
+                            self.gate.reply(conn, reply, since);
+                            replying = true;
+                        }
+                        Err(e @ Error::InvalidUsage(_)) => self.errors.push_back(
+                            Error::InvalidUsage(format!("IB connection from {}: {e}", conn.peer)),
+                        ),
+                        Err(e) => warn!("{what}: rejected connection from {}: {e}", conn.peer),
+                    },
+                    Outcome::Replied(conn) => self.done.push_back(conn),
+                    Outcome::Dropped(..) => {}
                 }
             }
+            if !replying {
+                break;
+            }
         }
-        Ok(None)
+        if let Some(e) = self.errors.pop_front() {
+            return Err(e);
+        }
+        let Some(conn) = self.done.pop_front() else {
+            return Ok(None);
+        };
+        let (fab, recv) = conn.built.expect("built before the reply");
+        info!("IB recv comm from {}: {} QPs", conn.peer, fab.nqps());
+        IbRecvComm::start(conn.sock, conn.peer, fab, recv, self.cfg.io_threads).map(Some)
     }
 
-    /// Advances pending connection `i`; true when its reply is fully written.
-    fn step(&mut self, i: usize) -> Result<bool> {
+    /// Our side of a connection whose record is `record`: QPs connected,
+    /// receives posted; and our reply.
+    fn build(&self, record: &[u8]) -> Result<(Built<O::L>, Vec<u8>)> {
         let secret = self.handle.secret;
-        let cfg = self.cfg.clone();
-        let p = &mut self.pending[i];
-        if p.ready.is_none() {
-            let Some(boot) = p.reader.read(&p.sock, secret)? else {
-                timed_out(p.since, cfg.handshake_timeout, "IB bootstrap")?;
-                return Ok(false);
-            };
-            let prm = &cfg.params;
-            let mut fab = self
-                .opener
-                .open(boot.qps.len(), prm.sq_depth, prm.rq_depth())?;
-            let mut recv = Receiver::new(&mut fab, prm.clone())?;
-            fab.connect(&boot.qps)?;
-            recv.connect(boot.endpoint);
-            let reply = Boot {
-                secret,
-                endpoint: recv.endpoint(),
-                qps: fab.local_info()?,
-            };
-            p.ready = Some((fab, recv, Xfer::new(reply.encode())));
+        let boot = Boot::decode(record, secret)?;
+        if boot.format > self.handle.decodes {
+            return Err(Error::InvalidUsage(format!(
+                "the connector states codec format v{}, this listener offered v{} at most",
+                boot.format, self.handle.decodes
+            )));
         }
-        let (_, _, x) = p.ready.as_mut().expect("set above");
-        if x.write(&p.sock, "IB bootstrap reply")? {
-            return Ok(true);
-        }
-        timed_out(p.since, cfg.handshake_timeout, "IB bootstrap")?;
-        Ok(false)
+        let prm = &self.cfg.params;
+        let mut fab = self
+            .opener
+            .open(boot.qps.len(), prm.sq_depth, prm.rq_depth())?;
+        let mut recv = Receiver::new(&mut fab, prm.clone())?;
+        fab.connect(&boot.qps)?;
+        recv.connect(boot.endpoint);
+        recv.agree_format(boot.format);
+        let reply = Boot {
+            secret,
+            endpoint: recv.endpoint(),
+            qps: fab.local_info()?,
+            format: boot.format,
+        };
+        Ok(((fab, recv), reply.encode()))
     }
 }
 
 // ---------------------------------------------------------------------------
 // Connect
 
-enum Stage {
-    Connecting,
-    Hello(Xfer),
-    Reply(BootReader),
-}
-
 /// A connect in progress (NCCL keeps its address in the handle's stage area).
+/// Its stages (connect, our record, the listener's reply) are the shared
+/// bootstrap's (`proto::bootstrap::Dialer`).
 pub struct IbConnect<L: Link> {
     sock: Socket,
-    stage: Stage,
+    /// Set once connected (our record needs the QPs' info).
+    dialer: Option<Dialer>,
     peer: SocketAddr,
     secret: u64,
     fab: L,
     sender: Sender,
     io_threads: Option<usize>,
+    /// The codec frame format our sender writes at most (our record says so).
+    format: u8,
 }
 
 impl<L: Link> IbConnect<L> {
@@ -480,16 +433,18 @@ impl<L: Link> IbConnect<L> {
         let p = &cfg.params;
         let nqps = cfg.nqps.clamp(1, MAX_QPS);
         let mut fab = opener.open(nqps, p.sq_depth, p.rq_depth())?;
-        let sender = Sender::new(&mut fab, p.clone(), cfg.coders())?;
+        let format = crate::codec_glue::agree_format(cfg.format, h.decodes);
+        let sender = Sender::new(&mut fab, p.clone(), cfg.coders(format))?;
         let sock = start_connect(h.addr)?;
         Ok(IbConnect {
             sock,
-            stage: Stage::Connecting,
+            dialer: None,
             peer: h.addr,
             secret: h.secret,
             fab,
             sender,
             io_threads: cfg.io_threads,
+            format,
         })
     }
 
@@ -499,49 +454,33 @@ impl<L: Link> IbConnect<L> {
     /// and NCCL calls `connect` again until then or until the job aborts.
     pub fn progress(&mut self) -> Result<bool> {
         let peer = self.peer;
-        let what = format!("IB connect to {peer}");
-        if let Stage::Connecting = self.stage {
-            if !writable(&self.sock).map_err(|e| Error::io("poll", e))? {
-                return Ok(false);
+        let d = match &mut self.dialer {
+            Some(d) => d,
+            None => {
+                let boot = Boot {
+                    secret: self.secret,
+                    endpoint: self.sender.endpoint(),
+                    qps: self.fab.local_info()?,
+                    format: self.format,
+                };
+                self.dialer
+                    .insert(Dialer::new(boot.encode(), Some(Box::new(BootFraming))))
             }
-            if let Some(e) = self
-                .sock
-                .take_error()
-                .map_err(|e| Error::io("getsockopt", e))?
-            {
-                return Err(Error::io(what, e));
-            }
-            let boot = Boot {
-                secret: self.secret,
-                endpoint: self.sender.endpoint(),
-                qps: self.fab.local_info()?,
-            };
-            self.stage = Stage::Hello(Xfer::new(boot.encode()));
-        }
-        if let Stage::Hello(x) = &mut self.stage {
-            if !x.write(&self.sock, "IB bootstrap")? {
-                return Ok(false);
-            }
-            self.stage = Stage::Reply(BootReader::new());
-        }
-        let Stage::Reply(r) = &mut self.stage else {
-            return Err(Error::Internal("IB connect in an impossible stage".into()));
         };
-        match r.read(&self.sock, self.secret)? {
-            None => Ok(false),
-            Some(b) => {
-                if b.qps.len() != self.fab.nqps() {
-                    return Err(Error::Remote(format!(
-                        "{peer} answered with {} QPs, we have {}",
-                        b.qps.len(),
-                        self.fab.nqps()
-                    )));
-                }
-                self.fab.connect(&b.qps)?;
-                self.sender.connect(b.endpoint);
-                Ok(true)
-            }
+        if !dial(&self.sock, d, peer)? {
+            return Ok(false);
         }
+        let b = Boot::decode(d.reply(), self.secret)?;
+        if b.qps.len() != self.fab.nqps() {
+            return Err(Error::Remote(format!(
+                "{peer} answered with {} QPs, we have {}",
+                b.qps.len(),
+                self.fab.nqps()
+            )));
+        }
+        self.fab.connect(&b.qps)?;
+        self.sender.connect(b.endpoint);
+        Ok(true)
     }
 
     /// Turns a finished connect into a send comm.
@@ -852,13 +791,13 @@ impl Control {
         }
         let mut b = [0u8; 4096];
         loop {
-            match (&self.sock).read(&mut b) {
-                Ok(0) => break,
-                Ok(n) => self.inbox.extend_from_slice(&b[..n]),
-                Err(e) if would_block(&e) => return self.parse(),
-                Err(e) => {
+            match read_nb(&self.sock, &mut b, "IB control connection") {
+                Io::Closed => break,
+                Io::Moved(n) => self.inbox.extend_from_slice(&b[..n]),
+                Io::Blocked => return self.parse(),
+                Io::Failed(e) => {
                     self.eof = true;
-                    return Some(PeerNews::Failed(Error::io("IB control connection", e)));
+                    return Some(PeerNews::Failed(e));
                 }
             }
         }

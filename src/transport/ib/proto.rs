@@ -921,6 +921,13 @@ impl Receiver {
         self.peer_fifo = Some(peer);
     }
 
+    /// The codec frame format the sender agreed to write at most (its
+    /// bootstrap record); frames above it fail the comm. Until this is called:
+    /// `codec_glue::BASE_FORMAT`.
+    pub fn agree_format(&mut self, format: u8) {
+        self.decoder = ChunkDecoder::agreed(format);
+    }
+
     pub fn pending(&self) -> usize {
         self.msgs.iter().filter(|m| m.is_some()).count()
     }
@@ -1187,6 +1194,8 @@ impl Receiver {
                 st.region
                     .settled(slot * self.p.stage_bytes + e.stage_off, e.byte_len)
             };
+            // Before either decoder (CPU or GPU lane) sees it.
+            self.decoder.check(frame)?;
             let dst = m.buf + off as u64;
             match &m.dev {
                 None => {

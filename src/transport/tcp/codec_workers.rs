@@ -98,9 +98,15 @@ thread_local! {
     static DECODER: RefCell<Option<ChunkDecoder>> = const { RefCell::new(None) };
 }
 
-/// Runs `f` with this thread's decoder (a codec worker's, kept until it idles).
+/// Runs `f` with this thread's decoder (a codec worker's, kept until it idles),
+/// which takes every format.
 pub fn with_thread_decoder<R>(f: impl FnOnce(&mut ChunkDecoder) -> R) -> R {
-    DECODER.with(|d| f(d.borrow_mut().get_or_insert_with(ChunkDecoder::default)))
+    // Any format: each frame is checked against its connection's agreement
+    // before it gets here (`stream::Frame::decode`).
+    DECODER.with(|d| {
+        f(d.borrow_mut()
+            .get_or_insert_with(|| ChunkDecoder::agreed(u8::MAX)))
+    })
 }
 
 /// A worker's loop: take the next comm with work, run one of its jobs, put the

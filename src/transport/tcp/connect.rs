@@ -1,30 +1,25 @@
 //! Non-blocking, resumable connect. NCCL calls `connect` again and again with the
 //! same handle until it returns a comm; our progress lives in a [`ConnectState`]
-//! whose address we keep in the handle's stage area.
+//! whose address we keep in the handle's stage area. Its stages (connect, then
+//! the inline stream's hello; no reply) are the shared bootstrap's
+//! (`proto::bootstrap::Dialer`).
 
-use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
 use socket2::Socket;
 
 use super::send::SendComm;
-use super::sock::{start_connect, writable};
+use super::sock::start_connect;
 use crate::config::Config;
-use crate::error::{Error, Result};
-use crate::proto::wire::{Handle, Hello, HELLO_SIZE};
-
-enum Stage {
-    Connecting,
-    /// Connected; this many hello bytes written.
-    Hello(usize),
-    Ready,
-}
+use crate::error::Result;
+use crate::proto::bootstrap::Dialer;
+use crate::proto::wire::{Handle, Hello, PeerInfo, HELLO_SIZE};
+use crate::transport::boot::dial;
 
 pub struct ConnectState {
     sock: Socket,
-    stage: Stage,
-    hello: [u8; HELLO_SIZE],
+    dialer: Dialer,
     target: Target,
     link_mbps: u64,
     cfg: Arc<Config>,
@@ -39,6 +34,9 @@ pub struct Target {
     /// Streams of the connection, the inline stream included (the hello's count).
     pub nstreams: u16,
     pub max_chunk: u32,
+    /// The codec frame format this connection writes, at most (agreed from the
+    /// handle: `codec_glue::agree_format`), stated in every stream's hello.
+    pub format: u8,
 }
 
 impl Target {
@@ -51,7 +49,10 @@ impl Target {
             nstreams: self.nstreams,
             max_chunk: self.max_chunk,
         }
-        .encode()
+        .encode_with(PeerInfo {
+            format: self.format as u16,
+            ..PeerInfo::ours()
+        })
     }
 }
 
@@ -66,11 +67,11 @@ impl ConnectState {
             conn_id: rand::random(),
             nstreams: (cfg.nstreams + 1) as u16,
             max_chunk: cfg.max_chunk as u32,
+            format: crate::codec_glue::agree_format(cfg.format, handle.decodes),
         };
         Ok(ConnectState {
             sock: start_connect(handle.addr)?,
-            stage: Stage::Connecting,
-            hello: target.hello(cfg.nstreams),
+            dialer: Dialer::new(target.hello(cfg.nstreams).to_vec(), None),
             target,
             link_mbps,
             cfg,
@@ -80,34 +81,10 @@ impl ConnectState {
     /// Advances the connect as far as it goes without blocking. `Ok(true)` once
     /// the inline stream has sent its hello.
     pub fn progress(&mut self) -> Result<bool> {
-        let peer = self.target.peer;
-        let s = &self.sock;
-        if let Stage::Connecting = self.stage {
-            if !writable(s).map_err(|e| Error::io("poll", e))? {
-                // No deadline of our own: NCCL calls connect again until the peer
-                // accepts or the job aborts (runtime connect, 2.22+, may start
-                // long before the peer accepts). Timeouts apply on the listen
-                // side only.
-                return Ok(false);
-            }
-            if let Some(e) = s.take_error().map_err(|e| Error::io("getsockopt", e))? {
-                return Err(Error::io(format!("connect to {peer}"), e));
-            }
-            self.stage = Stage::Hello(0);
-        }
-        if let Stage::Hello(done) = &mut self.stage {
-            match s.send_with_flags(&self.hello[*done..], libc::MSG_NOSIGNAL) {
-                Ok(k) => *done += k,
-                Err(e)
-                    if e.kind() == io::ErrorKind::WouldBlock
-                        || e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(Error::io(format!("handshake with {peer}"), e)),
-            }
-            if *done == HELLO_SIZE {
-                self.stage = Stage::Ready;
-            }
-        }
-        Ok(matches!(self.stage, Stage::Ready))
+        // No deadline of our own: NCCL calls connect again until the peer
+        // accepts or the job aborts (runtime connect, 2.22+, may start long
+        // before the peer accepts). Timeouts apply on the listen side only.
+        dial(&self.sock, &mut self.dialer, self.target.peer)
     }
 
     /// Turns a finished connect into a send comm.

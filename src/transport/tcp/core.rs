@@ -31,6 +31,8 @@ pub struct RxLimits {
     pub lanes: usize,
     /// The process's buffer budget in bytes, for staging ([`crate::budget`]).
     pub buffer_cap: u64,
+    /// The codec frame format the sender agreed to write at most (its hello).
+    pub format: u8,
 }
 
 pub struct Core {

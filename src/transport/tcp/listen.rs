@@ -19,11 +19,11 @@
 //!
 //! On a shared node anyone can connect to our port. A stranger's connection is
 //! closed (with a WARN) without disturbing the listener or any real peer; a silent
-//! one is dropped after `NCCL_ZIP_HANDSHAKE_TIMEOUT_MS`; at most [`MAX_PENDING`]
-//! half-open connections are kept at once.
+//! one is dropped after `NCCL_ZIP_HANDSHAKE_TIMEOUT_MS`; at most [`MAX_HALF_OPEN`]
+//! half-open connections are kept at once (the shared bootstrap,
+//! `proto::bootstrap`, does the reading, the limit and the deadline).
 
 use std::collections::HashMap;
-use std::io::{self, Read};
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::{Arc, Weak};
@@ -38,24 +38,13 @@ use super::sock::{bind_listener, random_secret};
 use super::workers::{workers, Driven, Next, Registration};
 use crate::config::Config;
 use crate::error::{Error, Result};
-use crate::proto::wire::{Handle, Hello, PeerInfo, HELLO_MAX, HELLO_PREFIX};
-
-/// Most half-open connections we keep at once; beyond that the oldest is dropped.
-const MAX_PENDING: usize = 256;
+use crate::proto::bootstrap::{Gate, Outcome, MAX_HALF_OPEN};
+use crate::proto::wire::{Handle, Hello, HelloFraming, PeerInfo};
+use crate::transport::boot::{accept_and_poll, Conn};
 
 /// The byte a receiver writes on a data stream once it has attached it to its
 /// comm: the sender writes no chunk on a data stream before it reads this.
 pub const STREAM_ACK: u8 = 0xA5;
-
-struct Pending {
-    sock: Socket,
-    peer: SocketAddr,
-    buf: [u8; HELLO_MAX],
-    got: usize,
-    /// The hello's length, once its prefix is in.
-    want: usize,
-    since: Instant,
-}
 
 /// A connection that `accept` has not handed out yet.
 struct Group {
@@ -65,6 +54,8 @@ struct Group {
     early: Vec<(usize, Socket)>,
     nstreams: u16,
     max_chunk: u32,
+    /// The codec frame format the connector writes (its hello).
+    format: u8,
     peer: SocketAddr,
     since: Instant,
 }
@@ -72,6 +63,8 @@ struct Group {
 /// What a listen comm's `accept` picks up.
 #[derive(Default)]
 struct Inbox {
+    /// The highest codec frame format its receive comms decode (its handle).
+    decodes: u8,
     groups: HashMap<u64, Group>,
     /// A peer that knows the secret but speaks another protocol version.
     errors: Vec<Error>,
@@ -87,12 +80,13 @@ pub(super) trait Attach: Send + Sync {
 struct Live {
     nstreams: u16,
     max_chunk: u32,
+    format: u8,
     comm: Weak<dyn Attach>,
 }
 
-#[derive(Default)]
 struct State {
-    pending: Vec<Pending>,
+    /// Connections whose hello has not come yet (the shared bootstrap).
+    pending: Gate<Conn>,
     /// By secret.
     listens: HashMap<u64, Inbox>,
     /// By (secret, connection id).
@@ -121,7 +115,11 @@ fn shared(bind: SocketAddr, cfg: &Config) -> Result<Arc<Shared>> {
         sock,
         addr,
         timeout: cfg.handshake_timeout,
-        state: Mutex::new(State::default()),
+        state: Mutex::new(State {
+            pending: Gate::new(cfg.handshake_timeout, MAX_HALF_OPEN),
+            listens: HashMap::new(),
+            conns: HashMap::new(),
+        }),
     });
     let reg = workers(cfg.io_threads)?.register(s.clone())?;
     info!(
@@ -154,89 +152,18 @@ impl Shared {
     /// half-open.
     fn poll(&self) -> bool {
         let mut st = self.state.lock();
-        loop {
-            match self.sock.accept() {
-                Ok((sock, addr)) => {
-                    let peer = addr.as_socket().unwrap_or_else(|| ([0, 0, 0, 0], 0).into());
-                    if let Err(e) = sock.set_nonblocking(true) {
-                        warn!("dropping connection from {peer}: set_nonblocking: {e}");
-                        continue;
-                    }
-                    if st.pending.len() >= MAX_PENDING {
-                        let old = st.pending.remove(0);
-                        warn!("dropping half-open connection from {} (more than {MAX_PENDING} pending)", old.peer);
-                    }
-                    st.pending.push(Pending {
-                        sock,
-                        peer,
-                        buf: [0; HELLO_MAX],
-                        got: 0,
-                        want: HELLO_PREFIX,
-                        since: Instant::now(),
-                    });
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                Err(e)
-                    if e.kind() == io::ErrorKind::Interrupted
-                        || e.kind() == io::ErrorKind::ConnectionAborted => {}
-                Err(e) => {
-                    // EMFILE and the like: try again later, the others go on.
-                    warn!("accept on {}: {e}", self.addr);
-                    break;
-                }
+        let what = format!("TCP listener {}", self.addr);
+        for o in accept_and_poll(&self.sock, &mut st.pending, &HelloFraming, &what) {
+            if let Outcome::Hello { conn, record, .. } = o {
+                sort(&mut st, conn, &record);
             }
         }
         let timeout = self.timeout;
-        let mut i = 0;
-        while i < st.pending.len() {
-            let p = &mut st.pending[i];
-            let outcome: Option<Result<()>> = match (&p.sock).read(&mut p.buf[p.got..p.want]) {
-                Ok(0) => Some(Err(Error::Remote(
-                    "closed before completing the handshake".into(),
-                ))),
-                Ok(n) => {
-                    p.got += n;
-                    if p.got < p.want {
-                        None
-                    } else if p.want == HELLO_PREFIX {
-                        // The prefix says how long the whole hello is.
-                        match Hello::length(p.buf[..HELLO_PREFIX].try_into().unwrap()) {
-                            Ok(len) => {
-                                p.want = len;
-                                continue; // read the rest now if it is there
-                            }
-                            Err(e) => Some(Err(e)),
-                        }
-                    } else {
-                        Some(Ok(()))
-                    }
-                }
-                Err(e)
-                    if e.kind() == io::ErrorKind::WouldBlock
-                        || e.kind() == io::ErrorKind::Interrupted =>
-                {
-                    (p.since.elapsed() > timeout)
-                        .then(|| Err(Error::Remote(format!("no handshake within {timeout:?}"))))
-                }
-                Err(e) => Some(Err(Error::io("reading a hello", e))),
-            };
-            match outcome {
-                None => i += 1,
-                Some(Err(why)) => {
-                    let p = st.pending.swap_remove(i);
-                    warn!("rejected connection from {}: {why}", p.peer);
-                }
-                Some(Ok(())) => {
-                    let p = st.pending.swap_remove(i);
-                    sort(&mut st, p);
-                }
-            }
-        }
         if st.listens.is_empty() && st.conns.is_empty() && !st.pending.is_empty() {
             // No listen comm and no receive comm left on this address: nothing
             // we wait for can come any more (as when a listen comm of its own was
             // closed, before the listener was shared).
-            for p in st.pending.drain(..) {
+            for p in st.pending.drain() {
                 warn!(
                     "dropping half-open connection from {}: no comm left to connect to",
                     p.peer
@@ -260,9 +187,8 @@ impl Shared {
     }
 }
 
-/// Puts a socket whose whole hello has arrived where it belongs, or drops it.
-fn sort(st: &mut State, p: Pending) {
-    let b = &p.buf[..p.want];
+/// Puts a socket whose whole hello `b` has arrived where it belongs, or drops it.
+fn sort(st: &mut State, p: Conn, b: &[u8]) {
     // Bytes 16..32 are the secret and the connection id in every version.
     let claimed = u64::from_le_bytes(b[16..24].try_into().unwrap());
     let conn_id = u64::from_le_bytes(b[24..32].try_into().unwrap());
@@ -292,7 +218,8 @@ fn sort(st: &mut State, p: Pending) {
         }
     };
     let inline = h.stream + 1 == h.nstreams;
-    if inline && info != PeerInfo::ours() {
+    let format = u8::try_from(info.format).unwrap_or(u8::MAX);
+    if inline && info.plugin != PeerInfo::ours().plugin {
         info!(
             "connection from {} runs {info}, we run {}",
             p.peer,
@@ -306,7 +233,11 @@ fn sort(st: &mut State, p: Pending) {
         )
     };
     if let Some(live) = st.conns.get(&(claimed, h.conn_id)) {
-        if inline || live.nstreams != h.nstreams || live.max_chunk != h.max_chunk {
+        if inline
+            || live.nstreams != h.nstreams
+            || live.max_chunk != h.max_chunk
+            || live.format != format
+        {
             return disagrees();
         }
         match live.comm.upgrade() {
@@ -329,11 +260,20 @@ fn sort(st: &mut State, p: Pending) {
         );
         return;
     };
+    if format > inbox.decodes {
+        // Our peer (it knows the secret) writes a format it was not offered.
+        inbox.errors.push(Error::InvalidUsage(format!(
+            "connection from {} states codec format v{format}, this listener offered v{} at most: a broken or mismatched peer",
+            p.peer, inbox.decodes
+        )));
+        return;
+    }
     let g = inbox.groups.entry(h.conn_id).or_insert_with(|| Group {
         inline: None,
         early: Vec::new(),
         nstreams: h.nstreams,
         max_chunk: h.max_chunk,
+        format,
         peer: p.peer,
         since: Instant::now(),
     });
@@ -343,7 +283,7 @@ fn sort(st: &mut State, p: Pending) {
     } else {
         g.early.iter().any(|(k, _)| *k == idx)
     };
-    if g.nstreams != h.nstreams || g.max_chunk != h.max_chunk || dup {
+    if g.nstreams != h.nstreams || g.max_chunk != h.max_chunk || g.format != format || dup {
         return disagrees();
     }
     if inline {
@@ -364,6 +304,7 @@ impl ListenComm {
     /// listener there, and a fresh secret.
     pub fn bind(addr: SocketAddr, cfg: Arc<Config>) -> Result<ListenComm> {
         let shared = shared(addr, &cfg)?;
+        let decodes = crate::codec_glue::highest_decodable(&cfg);
         let secret = {
             let mut st = shared.state.lock();
             let secret = loop {
@@ -372,13 +313,20 @@ impl ListenComm {
                     break s;
                 }
             };
-            st.listens.insert(secret, Inbox::default());
+            st.listens.insert(
+                secret,
+                Inbox {
+                    decodes,
+                    ..Inbox::default()
+                },
+            );
             secret
         };
         Ok(ListenComm {
             handle: Handle {
                 addr: shared.addr,
                 secret,
+                decodes,
             },
             shared,
             cfg,
@@ -423,6 +371,7 @@ impl ListenComm {
             g.nstreams as usize - 1,
             g.peer,
             g.max_chunk as usize,
+            g.format,
             self.cfg.clone(),
         )?;
         comm.remove = Some(Remove {
@@ -436,6 +385,7 @@ impl ListenComm {
             Live {
                 nstreams: g.nstreams,
                 max_chunk: g.max_chunk,
+                format: g.format,
                 comm: attach.clone(),
             },
         );

@@ -99,7 +99,7 @@ impl Attach for RxStreams {
                 kicker,
                 decoded: Mutex::new(None),
                 state: Mutex::new(Some(RxState {
-                    rx: StreamRx::new(Role::Data, core.peer, self.max_chunk)
+                    rx: StreamRx::new(Role::Data, core.peer, self.max_chunk, self.lim.format)
                         .with_budget(self.lim.buffer_cap),
                     lanes: None,
                 })),
@@ -132,11 +132,13 @@ impl RecvComm {
     /// first messages), whose sender may open up to `nstreams` data streams later
     /// (the listener gives them to the returned [`Attach`]). `max_chunk` is the
     /// sender's (from its hello); it bounds a chunk and an inline message.
+    /// `format`: the codec frame format the sender writes at most (its hello).
     pub(super) fn new(
         inline: Socket,
         nstreams: usize,
         peer: SocketAddr,
         max_chunk: usize,
+        format: u8,
         cfg: Arc<Config>,
     ) -> Result<(RecvComm, Weak<dyn Attach>)> {
         configure_data_socket(&inline, cfg.peer_timeout)
@@ -148,6 +150,7 @@ impl RecvComm {
             max_wire,
             lanes,
             buffer_cap: crate::budget::cap(cfg.buffer_mb),
+            format,
         };
         let core = Core::new(
             nstreams,
@@ -504,7 +507,8 @@ impl RxState {
     /// The inline stream's state (`inline.rs`).
     pub(super) fn inline(peer: SocketAddr, lim: RxLimits) -> RxState {
         RxState {
-            rx: StreamRx::new(Role::Inline, peer, lim.max_chunk).with_budget(lim.buffer_cap),
+            rx: StreamRx::new(Role::Inline, peer, lim.max_chunk, lim.format)
+                .with_budget(lim.buffer_cap),
             lanes: None,
         }
     }

@@ -96,6 +96,7 @@ impl SendComm {
         let opts = EncodeOptions {
             dtype: cfg.dtype,
             checksum: cfg.checksum,
+            format: target.format,
             ..EncodeOptions::default()
         };
         // Host and device chunks run at different codec speeds: one policy each.

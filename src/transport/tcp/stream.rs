@@ -34,7 +34,7 @@
 use std::net::SocketAddr;
 
 use super::pool::Staging;
-use crate::codec_glue::ChunkDecoder;
+use crate::codec_glue::{check_format, ChunkDecoder};
 use crate::error::{Error, Result};
 use crate::proto::slots::{Lookup, Ring, Slot};
 use crate::proto::wire::{ChunkHeader, CHUNK_HEADER_SIZE};
@@ -100,14 +100,19 @@ pub enum Want<'a> {
 pub struct Frame {
     staging: Staging,
     wire_len: usize,
+    /// The codec frame format the sender agreed to write at most.
+    format: u8,
     /// NCCL's host buffer at the chunk's first byte, and the chunk's raw length.
     dst: usize,
     raw_len: usize,
 }
 
 impl Frame {
-    /// Decodes the frame into NCCL's buffer with `dec`.
+    /// Decodes the frame into NCCL's buffer with `dec` (a decoder of any format:
+    /// the frame is checked against its connection's agreement first).
     pub fn decode(&self, dec: &mut ChunkDecoder, stats: &Stats) -> Result<()> {
+        let frame = &self.staging[..self.wire_len];
+        check_format(frame, self.format)?;
         // SAFETY: the posted buffer holds the chunk (`StreamRx::admit`) and is ours
         // until `test` reports the request done, which is after `frame_done`; a
         // comm that closes first waits for its codec jobs (`CommQueue::close`).
@@ -116,7 +121,7 @@ impl Frame {
         } else {
             unsafe { std::slice::from_raw_parts_mut(self.dst as *mut u8, self.raw_len) }
         };
-        dec.decode(&self.staging[..self.wire_len], dst, stats)
+        dec.decode(frame, dst, stats)
     }
 }
 
@@ -177,12 +182,15 @@ pub struct StreamRx {
     staging: Staging,
     /// The process's buffer budget in bytes ([`crate::budget`]).
     buffer_cap: u64,
+    /// The codec frame format the sender agreed to write at most (its hello).
+    format: u8,
 }
 
 impl StreamRx {
     /// `max_chunk`: the sender's chunk size from its hello (it bounds an inline
-    /// message and a device chunk); `peer` names the sender in errors.
-    pub fn new(role: Role, peer: SocketAddr, max_chunk: usize) -> StreamRx {
+    /// message and a device chunk); `peer` names the sender in errors; `format`:
+    /// the codec frame format the sender agreed to write at most (its hello).
+    pub fn new(role: Role, peer: SocketAddr, max_chunk: usize, format: u8) -> StreamRx {
         StreamRx {
             role,
             peer,
@@ -194,6 +202,7 @@ impl StreamRx {
             cur: None,
             staging: Default::default(),
             buffer_cap: u64::MAX,
+            format,
         }
     }
 
@@ -304,13 +313,19 @@ impl StreamRx {
             }));
         }
         match c.dest {
-            Dest::Device(dst) => Ok(Want::Device(DeviceChunk {
-                seq: c.h.seq,
-                wire: &self.staging[..wire],
-                compressed: c.h.compressed(),
-                dst,
-                raw_len: c.h.raw_len as usize,
-            })),
+            Dest::Device(dst) => {
+                if c.h.compressed() {
+                    // The GPU lane decodes it: refuse a format not agreed first.
+                    check_format(&self.staging[..wire], self.format)?;
+                }
+                Ok(Want::Device(DeviceChunk {
+                    seq: c.h.seq,
+                    wire: &self.staging[..wire],
+                    compressed: c.h.compressed(),
+                    dst,
+                    raw_len: c.h.raw_len as usize,
+                }))
+            }
             Dest::Frame(_) => Ok(Want::Decode),
             // A chunk with no payload (an empty message) is complete as it is.
             Dest::Host(_) => {
@@ -358,6 +373,7 @@ impl StreamRx {
         Ok(Frame {
             staging: std::mem::take(&mut self.staging),
             wire_len: c.h.wire_len as usize,
+            format: self.format,
             dst,
             raw_len: c.h.raw_len as usize,
         })
@@ -386,7 +402,7 @@ impl StreamRx {
     /// this frame alone.)
     pub fn decode_here(&mut self, ring: &Ring, stats: &Stats) -> Result<()> {
         let frame = self.take_frame()?;
-        let r = frame.decode(&mut ChunkDecoder::default(), stats);
+        let r = frame.decode(&mut ChunkDecoder::agreed(u8::MAX), stats);
         self.frame_done(frame, r, ring, stats)
     }
 
