@@ -239,7 +239,9 @@ NZC_HD void store_chunk(u8* d, const u8* v, u32 cnt) {
         return;
     }
 #endif
-    for (u32 i = 0; i < cnt; i++) d[i] = v[i];
+NZC_UNROLL
+    for (u32 i = 0; i < 16; i++)
+        if (i < cnt) d[i] = v[i];
 }
 
 // ---- cooperative building blocks ---------------------------------------------------
@@ -1197,8 +1199,10 @@ NZC_HD u32 decode_block_v2(X& x, Smem& s, const u8* blk, u32 size, u8* out, u32 
             x.rounds(c1 - c0, [&](u64 c) {
                 const u32 a0 = (c0 + (u32)c) * 16 > lo ? (c0 + (u32)c) * 16 : lo;
                 const u32 a1 = (c0 + (u32)c) * 16 + 16 < hi ? (c0 + (u32)c) * 16 + 16 : hi;
+                // constant indices: b stays in registers
                 u8 b[16];
-                for (u32 q = a0; q < a1; q++) b[q - a0] = (u8)byte_at(q);
+NZC_UNROLL
+                for (u32 i = 0; i < 16; i++) b[i] = a0 + i < a1 ? (u8)byte_at(a0 + i) : 0;
                 store_chunk(out + a0, b, a1 - a0);
             });
         if (j1 == ns) break;
@@ -1288,7 +1292,8 @@ NZC_HD void encode_jobs(X& x, Smem& s, const EncJob* jobs, u32 njobs, u32 smem_l
 }
 
 // VERS (VERS_*) selects the frame versions the launch accepts: nzc_decode takes
-// both, nzc_decode_v2 only version 2 (its machine code holds no v1 decoder).
+// version 1, nzc_decode_v2 version 2 (each kernel's code holds one decoder); the
+// host harness's fuzzing entry takes both.
 template <u32 VERS = VERS_ALL, class X>
 NZC_HD void decode_jobs(X& x, Smem& s, const DecJob* jobs, u32 njobs, u32 smem_log2) {
     for (u32 j = 0; j < njobs; j++) {

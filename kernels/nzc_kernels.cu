@@ -163,9 +163,20 @@ extern "C" __global__ void __launch_bounds__(256) nzc_decode(const DecJob* jobs,
     Smem s;
     smem_carve(smem_raw, smem_log2, &s);
     DevExec x(&s);
-    decode_jobs(x, s, jobs, njobs, smem_log2);
+    decode_jobs<VERS_1>(x, s, jobs, njobs, smem_log2);
 }
 
 // Shared-memory bytes a launch needs for blocks up to 2^block_log2 (host wrappers call
 // the same formula through src/gpu; exported for tests on the device).
+// Frames of format 2 only; nzc_decode takes format 1 only (each rejects the other's
+// frames with ST_HEADER): the caller knows the format its peer writes, and each
+// kernel's machine code holds one decoder (registers, scripts/sass_check.sh).
+extern "C" __global__ void __launch_bounds__(256) nzc_decode_v2(const DecJob* jobs, u32 njobs, u32 smem_log2) {
+    extern __shared__ __align__(16) u8 smem_raw[];
+    Smem s;
+    smem_carve(smem_raw, smem_log2, &s);
+    DevExec x(&s);
+    decode_jobs<VERS_2>(x, s, jobs, njobs, smem_log2);
+}
+
 extern "C" __global__ void nzc_smem_bytes(u32 block_log2, u64* out) { *out = smem_bytes(block_log2); }

@@ -18,9 +18,9 @@
 //
 // Usage: nzc_host SCRIPT  (one command per line, one result line per command)
 //   enc IN OUT HINT CHECKSUM BLOCK_LOG2   -> "ok FRAME_LEN" | "err STATUS"
-//   dec IN OUT DST_CAP                    -> "ok RAW_LEN"   | "err STATUS"  (frames of
-//                                            version 1 or 2, as nzc_decode)
-//   dec2 IN OUT DST_CAP                   -> as dec, version 2 only (nzc_decode_v2)
+//   dec IN OUT DST_CAP                    -> "ok RAW_LEN"   | "err STATUS"  (version 1
+//                                            frames, as nzc_decode)
+//   dec2 IN OUT DST_CAP                   -> as dec, version 2 frames (nzc_decode_v2)
 //   penc IN OUT HINT CHECKSUM BLOCK_LOG2 CTAS JOBS SEED
 //                                         -> as enc; CTAS threads run one launch of
 //                                            JOBS copies of the job, which must agree
@@ -314,8 +314,9 @@ static void dec_core(const u8* s, u64 frame_len, u8* d, u64 cap, JobResult* res)
     }
 }
 
-// For a fuzzer linked with this file (NZC_HOST_NO_MAIN): the kernels' decoder on
-// arbitrary bytes. Returns the status (0: ok, `*out_len` bytes written), or
+// For a fuzzer linked with this file (NZC_HOST_NO_MAIN): the kernels' decoders
+// (the frame's version byte picks nzc_decode's or nzc_decode_v2's) on arbitrary
+// bytes. Returns the status (0: ok, `*out_len` bytes written), or
 // 0xFFFFFFFF if the job never finished.
 extern "C" u32 nzc_host_decode(const u8* frame, u64 frame_len, u8* dst, u64 cap, u64* out_len) {
     JobResult res;
@@ -498,7 +499,7 @@ int main(int argc, char** argv) {
         if (sscanf(line, "penc %4095s %4095s %llu %llu %llu %llu %llu %llu", a, b, &c, &d, &e, &g, &h, &k) == 8) {
             cmd_penc(a, b, (u32)c, (u32)d, (u32)e, (u32)g, (u32)h, (u64)k);
         } else if (sscanf(line, "pdec %4095s %4095s %llu %llu %llu %llu", a, b, &c, &d, &e, &g) == 6) {
-            cmd_pdec<VERS_ALL>(a, b, c, (u32)d, (u32)e, (u64)g);
+            cmd_pdec<VERS_1>(a, b, c, (u32)d, (u32)e, (u64)g);
         } else if (sscanf(line, "pdec2 %4095s %4095s %llu %llu %llu %llu", a, b, &c, &d, &e, &g) == 6) {
             cmd_pdec<VERS_2>(a, b, c, (u32)d, (u32)e, (u64)g);
         } else if (strncmp(line, "race", 4) == 0) {
@@ -506,7 +507,7 @@ int main(int argc, char** argv) {
         } else if (sscanf(line, "enc %4095s %4095s %llu %llu %llu", a, b, &c, &d, &e) == 5) {
             cmd_enc(a, b, (u32)c, (u32)d, (u32)e);
         } else if (sscanf(line, "dec %4095s %4095s %llu", a, b, &c) == 3) {
-            cmd_dec<VERS_ALL>(a, b, c);
+            cmd_dec<VERS_1>(a, b, c);
         } else if (sscanf(line, "dec2 %4095s %4095s %llu", a, b, &c) == 3) {
             cmd_dec<VERS_2>(a, b, c);
         } else if (sscanf(line, "smem %llu", &c) == 1) {
