@@ -299,8 +299,10 @@ NZC_HD void crc_init(X& x, Smem& s) {
 // every part is part_len bytes except the last, which ends at total_len.
 template <class X>
 NZC_HD void crc_tree(X& x, Smem& s, u32* arr, u64 count, u64 part_len, u64 total_len) {
-    for (u64 step = 1; step < count; step *= 2) {
-        x.par((count + 2 * step - 1) / (2 * step), [&](u64 u) {
+    // step = 2^sh: shifts, not a 64-bit division (a subroutine call on the device)
+    for (u32 sh = 0; ((u64)1 << sh) < count; sh++) {
+        const u64 step = (u64)1 << sh;
+        x.par((count + 2 * step - 1) >> (sh + 1), [&](u64 u) {
             u64 i = u * 2 * step, r = i + step;
             if (r >= count) return;
             u64 rend = (r + step) * part_len;
@@ -310,12 +312,13 @@ NZC_HD void crc_tree(X& x, Smem& s, u32* arr, u64 count, u64 part_len, u64 total
     }
 }
 
-// CRC32C of p[0..len) (len >= 1); crc_init must have run.
+// CRC32C of p[0..len) (1 <= len <= 2^MAX_BLOCK_LOG2: one block); crc_init must
+// have run.
 template <class X>
-NZC_HD u32 block_crc(X& x, Smem& s, const u8* p, u64 len) {
-    u64 part = (len + CRC_PARTS - 1) / CRC_PARTS;
-    part = (part + 63) & ~(u64)63;
-    u64 parts = (len + part - 1) / part;
+NZC_HD u32 block_crc(X& x, Smem& s, const u8* p, u32 len) {
+    u32 part = (len + CRC_PARTS - 1) / CRC_PARTS;
+    part = (part + 63) & ~63u;
+    const u32 parts = (len + part - 1) / part;  // 32-bit: no division subroutine
     x.par(parts, [&](u64 i) {
         u64 o = i * part;
         u64 l = len - o < part ? len - o : part;
@@ -1062,14 +1065,16 @@ NZC_HD u32 decode_block_v2(X& x, Smem& s, const u8* blk, u32 size, u8* out, u32 
     const u32 nlo = ti.w == 4 ? !(flags & V2_NO_LO1) + !(flags & V2_NO_LO0) : 0;
     const u64 planes_at = p;
     p += (u64)P * (1 + nlo);
-    const u64 sbytes = ((u64)total_bits + 7) / 8;
+    const u32 sbytes = (u32)(((u64)total_bits + 7) / 8);
     const u64 stream_at = p;
     if (p + sbytes + t != size) return ST_BLOCK;
     const u64 tail_at = p + sbytes;
     if ((total_bits & 7) && (blk[tail_at - 1] >> (total_bits & 7))) return ST_BLOCK;
-    const u8* p1p = blk + planes_at;
-    const u8* lo1p = ti.w == 4 && !(flags & V2_NO_LO1) ? p1p + P : (const u8*)0;
-    const u8* lo0p = ti.w == 4 && !(flags & V2_NO_LO0) ? p1p + (u64)P * (lo1p ? 2 : 1) : (const u8*)0;
+    // planes: plane1 at pl[0..P), then lo1 and lo0 where present (u32 offsets keep
+    // the decode loop's live registers down)
+    const u8* pl = blk + planes_at;
+    const bool has_lo1 = ti.w == 4 && !(flags & V2_NO_LO1), has_lo0 = ti.w == 4 && !(flags & V2_NO_LO0);
+    const u32 lo1o = P, lo0o = has_lo1 ? 2 * P : P;
     const u8* sp = blk + stream_at;
     // code lengths, canonical words, 12-bit decode table
     x.par(NSYM, [&](u64 sy) {
@@ -1111,16 +1116,17 @@ NZC_HD u32 decode_block_v2(X& x, Smem& s, const u8* blk, u32 size, u8* out, u32 
         x.par(j1 - j0, [&](u64 gi) {
             const u32 j = j0 + (u32)gi;
             const u32 nj = K - j * ss < ss ? K - j * ss : ss;
-            u64 bit = v.bit0[j];
-            const u64 end = bit + v.nbits[j];
+            // 32-bit positions: a block's stream has < 2^32 bits (total_bits is a u32)
+            u32 bit = v.bit0[j];
+            const u64 end = (u64)bit + v.nbits[j];
             u32 pp = v.p0[j];
             const u32 pend = pp + nj - v.zeros[j];
-            u8* o = s.keys + (u64)gi * stride;
+            u8* o = s.keys + gi * stride;
             // Bit buffer: stream bits [bit, bit + have), zero past the stream's end;
             // refilled a byte at a time to >= 57 bits when fewer than 32 remain (an
             // element takes at most 12 + 8 or 12 + 5 + 3 bits).
-            u64 buf = 0, rp = bit >> 3;
-            u32 have = 0;
+            u64 buf = 0;
+            u32 rp = bit >> 3, have = 0;
             while (have <= 56) {
                 buf |= (u64)(rp < sbytes ? sp[rp] : 0) << have;
                 rp++;
@@ -1157,15 +1163,15 @@ NZC_HD u32 decode_block_v2(X& x, Smem& s, const u8* blk, u32 size, u8* out, u32 
                         bad = 1;
                         break;
                     }
-                    const u32 lo = (lo1p ? (u32)lo1p[pp] << 8 : 0u) | (lo0p ? (u32)lo0p[pp] : 0u);
-                    el = join_elem(dt, make_key(dt, e, xb), p1p[pp], lo);
+                    const u32 lo = (has_lo1 ? (u32)pl[lo1o + pp] << 8 : 0u) | (has_lo0 ? (u32)pl[lo0o + pp] : 0u);
+                    el = join_elem(dt, make_key(dt, e, xb), pl[pp], lo);
                     pp++;
                 }
-                bit += len;
-                if (bit > end) {
+                if ((u64)bit + len > end) {
                     bad = 1;
                     break;
                 }
+                bit += len;
                 buf >>= len;
                 have -= len;
                 if (ti.w == 2) {
@@ -1212,7 +1218,7 @@ NZC_UNROLL
 
 // Decodes work item b of a parsed frame. Returns ST_*.
 template <u32 VERS = VERS_ALL, class X>
-NZC_HD u32 decode_item(X& x, Smem& s, const DecJob& job, const DecFrame& f, u32 b) {
+NZC_HD u32 decode_item(X& x, Smem& s, const DecJob& job, const DecFrame f, u32 b) {
     const u8* src = (const u8*)job.src;
     u8* dst = (u8*)job.dst;
     if (f.status != ST_OK) return f.status;
@@ -1237,7 +1243,7 @@ NZC_HD u32 decode_item(X& x, Smem& s, const DecJob& job, const DecFrame& f, u32 
 }
 
 template <class X>
-NZC_HD void decode_finish(X& x, Smem& s, const DecJob& job, const DecFrame& f, u32 err) {
+NZC_HD void decode_finish(X& x, Smem& s, const DecJob& job, const DecFrame f, u32 err) {
     u32 st = err;
     if (st == ST_OK && (f.flags & FLAG_CHECKSUM)) {
         u32 crc = 0;
