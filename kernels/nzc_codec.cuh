@@ -97,6 +97,14 @@ struct Smem {
                      // warp reads 32 codes of one symbol: 32 consecutive bytes)
     u32* sc;         // NSCAL scalars (broadcast slots)
     u64* sc64;       // NSCAL 64-bit scalars
+    // v2 decoder (V2Smem): its per-block arrays, and the staging buffer of decoded
+    // elements. smem_carve points them into v1-only regions (lanebits, laneoff,
+    // keys); smem_carve_v2 (nzc_decode_v2) gives them their own, staging sized
+    // so that every sub-segment of a 64 KiB block decodes at once.
+    u32* v2a;        // 4 x B/512
+    u32* v2b;        // B/512 + 2 x B/2048
+    u8* stage;
+    u32 stage_bytes;
 };
 NZC_HD u32 nseg_max(u32 block_log2) { return ((1u << block_log2) / 2 + SEG_ELEMS - 1) / SEG_ELEMS; }
 
@@ -124,11 +132,53 @@ NZC_HD u64 smem_carve(u8* base, u32 block_log2, Smem* s) {
     NZC_CARVE(keys, u8, DEC_GROUP_SEGS * KEY_STRIDE)
     NZC_CARVE(codelen, u8, NSYM * NCODES)
 #undef NZC_CARVE
+    s->v2a = (u32*)s->lanebits;  // B/32 bytes
+    s->v2b = (u32*)s->laneoff;   // B/32 bytes
+    s->stage = s->keys;
+    s->stage_bytes = DEC_GROUP_SEGS * KEY_STRIDE;
     return o;
 }
 NZC_HD u64 smem_bytes(u32 block_log2) {
     Smem s;
     return smem_carve((u8*)0, block_log2, &s);
+}
+
+// Staging of the v2 decoder in nzc_decode_v2: the kept elements of up to 64 KiB
+// (all of a 64 KiB block) with V2_PAD bytes after each sub-segment (>= 256 bf16
+// values, 512 bytes).
+NZC_HD u32 v2_stage_bytes(u32 block_log2) {
+    const u32 b = block_log2 < 16 ? 1u << block_log2 : 1u << 16;
+    return b + b / 128;
+}
+// nzc_decode_v2's carve: what the frame checks, the CRC and the v2 decoder use;
+// the v1-only regions are absent (null).
+NZC_HD u64 smem_carve_v2(u8* base, u32 block_log2, Smem* s) {
+    u64 o = 0;
+    const u64 B = (u64)1 << block_log2;
+#define NZC_CARVE(field, type, count)            \
+    s->field = (type*)(base + o);                \
+    o = align16(o + (u64)sizeof(type) * (count));
+    NZC_CARVE(sc64, u64, NSCAL)
+    NZC_CARVE(sc, u32, NSCAL)
+    NZC_CARVE(lut, u32, DEC_TABLE)
+    NZC_CARVE(crc_tab, u32, 256)
+    NZC_CARVE(crc_x2n, u32, 32)
+    NZC_CARVE(crc_part, u32, CRC_PARTS)
+    NZC_CARVE(codelen, u8, NSYM * NCODES)
+    NZC_CARVE(v2a, u32, 4 * B / 512)
+    NZC_CARVE(v2b, u32, B / 512 + 2 * B / 2048)
+    NZC_CARVE(stage, u8, v2_stage_bytes(block_log2))
+#undef NZC_CARVE
+    s->stage_bytes = v2_stage_bytes(block_log2);
+    s->hist = s->nz = s->seglen = s->segoff = 0;
+    s->cost = 0;
+    s->lanebits = s->laneoff = 0;
+    s->keys = 0;
+    return o;
+}
+NZC_HD u64 smem_bytes_v2(u32 block_log2) {
+    Smem s;
+    return smem_carve_v2((u8*)0, block_log2, &s);
 }
 
 // Scalar slots in Smem::sc / sc64.
@@ -855,10 +905,9 @@ enum : u32 {
     V2_NO_LO1 = 32,
     V2_BYTECODE = 64,
     LINE = 64,
-    // Decoded elements of a group of sub-segments are staged in Smem::keys
-    // (DEC_GROUP_SEGS x KEY_STRIDE bytes), one sub-segment every SS*W + 4 bytes:
-    // the decoding threads' stores then fall in different banks.
-    V2_STAGE = DEC_GROUP_SEGS * KEY_STRIDE,
+    // Decoded elements of a group of sub-segments are staged in Smem::stage, one
+    // sub-segment every SS*W + 4 bytes: the decoding threads' stores then fall in
+    // different banks.
     V2_PAD = 4,
 };
 // v2 decode-table entry: bits 0..5 code length, 8..16 exponent of a d symbol,
@@ -883,12 +932,12 @@ struct V2Smem {
 NZC_HD V2Smem v2_view(const Smem& s, u32 block_log2) {
     const u32 cap = (1u << block_log2) / 512, words = (1u << block_log2) / 2048;
     V2Smem v;
-    u32* a = (u32*)s.lanebits;
+    u32* a = s.v2a;
     v.bit0 = a;
     v.nbits = a + cap;
     v.p0 = a + 2 * cap;
     v.zeros = a + 3 * cap;
-    u32* b = (u32*)s.laneoff;
+    u32* b = s.v2b;
     v.line0 = b;
     v.elided = b + cap;
     v.before = b + cap + words;
@@ -920,7 +969,8 @@ NZC_HD u32 packed_entry(const u8* p, u32 nbytes, u32 j, u32 w) {
 // write within out[0..L), in ascending rounds (head, grid, tail).
 //
 // Sub-segments are decoded one thread each, a group at a time (as many as
-// V2_STAGE holds: 63 of 256 bf16 values, 31 of 512), each from its own first bit
+// Smem::stage holds: in nzc_decode_v2 all of a 64 KiB block, 64 of 512 bf16
+// values; in the v1 carve 63 of 256, 31 of 512), each from its own first bit
 // (the prefix of the stored index) and first plane element, into the staging
 // buffer; then the group's span of the block (the lines from its first kept line
 // to the next group's, elided ones included) is written in 16-byte rounds.
@@ -1108,7 +1158,7 @@ NZC_HD u32 decode_block_v2(X& x, Smem& s, const u8* blk, u32 size, u8* out, u32 
             if (r % lps == 0 && r / lps < ns) v.line0[r / lps] = (u32)l;
         });
     }
-    const u32 stride = ssw + V2_PAD, gmax = V2_STAGE / stride;
+    const u32 stride = ssw + V2_PAD, gmax = s.stage_bytes / stride;
     const u32 emask = (1u << ti.ebits) - 1;
     x.one([&]() { s.sc[SC_ERR] = ST_OK; });
     for (u32 j0 = 0; j0 == 0 || j0 < ns; j0 += gmax) {
@@ -1121,7 +1171,7 @@ NZC_HD u32 decode_block_v2(X& x, Smem& s, const u8* blk, u32 size, u8* out, u32 
             const u64 end = (u64)bit + v.nbits[j];
             u32 pp = v.p0[j];
             const u32 pend = pp + nj - v.zeros[j];
-            u8* o = s.keys + gi * stride;
+            u8* o = s.stage + gi * stride;
             // Bit buffer: stream bits [bit, bit + have), zero past the stream's end;
             // refilled a byte at a time to >= 57 bits when fewer than 32 remain (an
             // element takes at most 12 + 8 or 12 + 5 + 3 bits).
@@ -1198,7 +1248,7 @@ NZC_HD u32 decode_block_v2(X& x, Smem& s, const u8* blk, u32 size, u8* out, u32 
                 kb = g - LINE * (v.before[l >> 5] + popc32(wd & ((1u << (l & 31)) - 1)));
             }
             const u32 r = kb - kb0;
-            return s.keys[(r >> (8 + ssl + wl)) * stride + (r & (ssw - 1))];
+            return s.stage[(r >> (8 + ssl + wl)) * stride + (r & (ssw - 1))];
         };
         const u32 c0 = lo / 16, c1 = (hi + 15) / 16;
         if (hi > lo)

@@ -174,7 +174,7 @@ extern "C" __global__ void __launch_bounds__(256) nzc_decode(const DecJob* jobs,
 extern "C" __global__ void __launch_bounds__(256) nzc_decode_v2(const DecJob* jobs, u32 njobs, u32 smem_log2) {
     extern __shared__ __align__(16) u8 smem_raw[];
     Smem s;
-    smem_carve(smem_raw, smem_log2, &s);
+    smem_carve_v2(smem_raw, smem_log2, &s);  // dynamic shared memory: smem_bytes_v2
     DevExec x(&s);
     decode_jobs<VERS_2>(x, s, jobs, njobs, smem_log2);
 }

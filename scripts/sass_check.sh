@@ -42,14 +42,15 @@ cuobjdump -elf "$W/k.cubin" >"$W/k.elf"
 # The launch's dynamic shared memory (smem_bytes(16), the default 64 KiB blocks),
 # from the same formula the kernels use, via the host harness.
 g++ -std=c++17 -O1 -pthread kernels/host/harness.cpp -o "$W/h"
-echo "smem 16" >"$W/s.txt"
-SMEM=$("$W/h" "$W/s.txt" | awk '{print $2}')
+printf 'smem 16\nsmem2 16\n' >"$W/s.txt"
+SMEM=$("$W/h" "$W/s.txt" | awk 'NR == 1 {print $2}')
+SMEM2=$("$W/h" "$W/s.txt" | awk 'NR == 2 {print $2}')  # nzc_decode_v2's carve
 NVCC_V=$("$NVCC" --version | sed -n 's/.*release \([0-9.]*\).*/\1/p')
 DIS_V=$(cuobjdump --version | sed -n 's/.*release \([0-9.]*\).*/\1/p')
 
 # Per function: ptxas figures, then SASS counts. Subroutines are attributed to the
 # kernel whose listing contains them (cuobjdump prints them inside it).
-awk -v smem="$SMEM" -v arch="$ARCH" '
+awk -v smem="$SMEM" -v smem2="$SMEM2" -v arch="$ARCH" '
   FNR == 1 { file++ }
   file == 1 && /Compiling entry function/ { match($0, /'"'"'[^'"'"']*'"'"'/); f = substr($0, RSTART + 1, RLENGTH - 2); order[++nf] = f }
   file == 1 && /bytes stack frame/ { split($0, a, " "); stack[f] = a[1]; spill[f] = a[5] + a[9] }
@@ -69,14 +70,14 @@ awk -v smem="$SMEM" -v arch="$ARCH" '
     match($0, /__cuda_sm[0-9]+_[a-z0-9_]+/); sub_name = substr($0, RSTART, RLENGTH); subs[sub_name]++
   }
   END {
-    printf "| kernel (%s) | registers | stack B | spill B | LDL/STL | CALL | 1-2 B loads | 4-16 B loads | 1-2 B stores | 4-16 B stores | fences | barriers | SASS instr | CTAs/SM (256 thr, %d B smem) |\n", arch, smem
+    printf "| kernel (%s) | registers | stack B | spill B | LDL/STL | CALL | 1-2 B loads | 4-16 B loads | 1-2 B stores | 4-16 B stores | fences | barriers | SASS instr | CTAs/SM (256 thr, %d B smem; _v2: %d B) |\n", arch, smem, smem2
     print "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
     for (i = 1; i <= nf; i++) {
       f = order[i]; r = regs[f]
       # 65536 registers per SM, allocated per warp in units of 256; 8 warps per CTA;
       # 2048 threads; 228 KiB of shared memory (sm_90/sm_100), 1 KiB reserved per CTA.
       rw = int((r * 32 + 255) / 256) * 256; byreg = rw ? int(65536 / (rw * 8)) : 8
-      bysm = int(233472 / (smem + 1024)); occ = byreg < 8 ? byreg : 8; if (f != "nzc_smem_bytes" && bysm < occ) occ = bysm
+      sm = f ~ /_v2$/ ? smem2 : smem; bysm = int(233472 / (sm + 1024)); occ = byreg < 8 ? byreg : 8; if (f != "nzc_smem_bytes" && bysm < occ) occ = bysm
       printf "| %s | %d | %d | %d | %d | %d | %d | %d | %d | %d | %d | %d | %d | %d |\n", f, r, stack[f], spill[f], local[f], calls[f], narrow[f], wide[f], snarrow[f], swide[f], fence[f], bar[f], ins[f], occ
     }
     n = 0; for (s in subs) { printf "subroutine: %s\n", s; n++ }

@@ -312,6 +312,19 @@ fn code_table_matches_codec_crate() {
 }
 
 #[test]
+fn smem_formula_v2_matches_kernels() {
+    let lines: Vec<String> = (12..=20).map(|l| format!("smem2 {l}")).collect();
+    let dir = work_dir();
+    for (l, r) in (12..=20u32).zip(run_script(&dir, &lines)) {
+        assert_eq!(
+            r,
+            format!("ok {}", nccl_net_zip::gpu::abi::smem_bytes_v2(l)),
+            "block_log2 {l}"
+        );
+    }
+}
+
+#[test]
 fn smem_formula_matches_kernels() {
     let lines: Vec<String> = (12..=20).map(|l| format!("smem {l}")).collect();
     let dir = work_dir();
@@ -750,7 +763,7 @@ fn concurrent_decode_of_corrupt_frames_matches_sequential_under_tsan() {
 
 // ---- the format v2 decoder (issue 19, item 1) -------------------------------------
 // `dec2`/`pdec2` run decode_jobs<VERS_2> (the body of nzc_decode_v2), `dec`/`pdec`
-// decode_jobs<VERS_ALL> (nzc_decode). The CPU decoder (codec/src/v2.rs) is the oracle.
+// decode_jobs<VERS_1> (nzc_decode). The CPU decoder (codec/src/v2.rs) is the oracle.
 
 /// A seeded input with what v2 codes specially: all-zero 64-byte lines and longer
 /// zero rows, scattered exact zeros, a misaligned non-float prefix, -0.0 and NaNs.
@@ -776,7 +789,11 @@ fn gen_sparse(rng: &mut impl Rng, n: usize, w: usize) -> Vec<u8> {
             };
             if w == 4 {
                 // fp32 holding bf16 values (low planes omitted) half of the time
-                let b = if p_zero > 0.5 { bits & 0xFFFF_0000 } else { bits };
+                let b = if p_zero > 0.5 {
+                    bits & 0xFFFF_0000
+                } else {
+                    bits
+                };
                 v.extend(b.to_le_bytes());
             } else {
                 v.extend(((bits >> 16) as u16).to_le_bytes());
@@ -804,10 +821,15 @@ fn v2_sweep(seed: u64, count: usize) -> Vec<EncCase> {
         .into_iter()
         .map(|c| EncCase {
             input: c.input,
-            opts: EncodeOptions { format: 2, ..c.opts },
+            opts: EncodeOptions {
+                format: 2,
+                ..c.opts
+            },
         })
         .collect();
-    let sizes = [0usize, 1, 3, 17, 63, 64, 65, 127, 129, 4095, 4097, 8083, 12345, 65537, 70001, 262147];
+    let sizes = [
+        0usize, 1, 3, 17, 63, 64, 65, 127, 129, 4095, 4097, 8083, 12345, 65537, 70001, 262147,
+    ];
     while cases.len() < count {
         let n = if cases.len() < count / 2 + sizes.len() {
             sizes[cases.len() - count / 2]
@@ -815,8 +837,13 @@ fn v2_sweep(seed: u64, count: usize) -> Vec<EncCase> {
             rng.gen_range(64..400_000)
         };
         let w = [2usize, 2, 4][rng.gen_range(0..3)];
-        let hint = [DtypeHint::Auto, DtypeHint::Auto, DtypeHint::Bf16, DtypeHint::Fp16, DtypeHint::Fp32]
-            [rng.gen_range(0..5)];
+        let hint = [
+            DtypeHint::Auto,
+            DtypeHint::Auto,
+            DtypeHint::Bf16,
+            DtypeHint::Fp16,
+            DtypeHint::Fp32,
+        ][rng.gen_range(0..5)];
         let bl = [12u8, 13, 16, 16, 17, 20][rng.gen_range(0..6)];
         cases.push(EncCase {
             input: gen_sparse(&mut rng, n, w),
@@ -834,11 +861,18 @@ fn v2_frozen_vectors_decode_byte_for_byte() {
         .iter()
         .map(|(v, opts)| {
             // the vector is still what the CPU encoder writes
-            assert!(cpu_frame(v.input, opts) == v.frame, "vector {}: CPU frame differs", v.name);
+            assert!(
+                cpu_frame(v.input, opts) == v.frame,
+                "vector {}: CPU frame differs",
+                v.name
+            );
             (v.frame.to_vec(), v.input.len())
         })
         .collect();
-    for ((v, _), r) in man.iter().zip(harness_decode_op(&frames, Launch::Seq, "dec2")) {
+    for ((v, _), r) in man
+        .iter()
+        .zip(harness_decode_op(&frames, Launch::Seq, "dec2"))
+    {
         assert_eq!(r.as_deref().ok(), Some(v.input), "vector {}", v.name);
     }
     // each kernel rejects the other format's frames (ST_HEADER)
@@ -846,13 +880,22 @@ fn v2_frozen_vectors_decode_byte_for_byte() {
         .iter()
         .map(|(v, _)| (v.frame.to_vec(), v.input.len()))
         .collect();
-    for (i, r) in harness_decode_op(&v1, Launch::Seq, "dec2").into_iter().enumerate() {
+    for (i, r) in harness_decode_op(&v1, Launch::Seq, "dec2")
+        .into_iter()
+        .enumerate()
+    {
         assert_eq!(r, Err("err 2".to_string()), "v1 vector {i} through dec2");
     }
-    for (i, r) in harness_decode_op(&frames, Launch::Seq, "dec").into_iter().enumerate() {
+    for (i, r) in harness_decode_op(&frames, Launch::Seq, "dec")
+        .into_iter()
+        .enumerate()
+    {
         assert_eq!(r, Err("err 2".to_string()), "v2 vector {i} through dec");
     }
-    eprintln!("kernels_host: {} v2 frozen vectors decoded byte for byte", man.len());
+    eprintln!(
+        "kernels_host: {} v2 frozen vectors decoded byte for byte",
+        man.len()
+    );
 }
 
 #[test]
@@ -877,7 +920,10 @@ fn v2_sweep_decodes_cpu_frames() {
             r.err()
         );
     }
-    eprintln!("kernels_host: {} v2 sweep frames ({total} bytes) decoded byte for byte", cases.len());
+    eprintln!(
+        "kernels_host: {} v2 sweep frames ({total} bytes) decoded byte for byte",
+        cases.len()
+    );
 }
 
 /// Small v2 frames (coded blocks with lines, Z, explicit codes, phases; fp16; fp32
@@ -905,7 +951,11 @@ fn v2_corrupt_frames() -> Vec<(Vec<u8>, usize)> {
         }
         frames.push((f, input.len()));
     }
-    for (n, w, ck, bl) in [(70001, 2, true, 12u8), (50000, 4, false, 14), (200000, 2, false, 16)] {
+    for (n, w, ck, bl) in [
+        (70001, 2, true, 12u8),
+        (50000, 4, false, 14),
+        (200000, 2, false, 16),
+    ] {
         let input = gen_sparse(&mut rng, n, w);
         let f = cpu_frame(&input, &v2_opts(DtypeHint::Auto, ck, bl));
         for t in 0..60 {
@@ -922,7 +972,11 @@ fn v2_corrupt_frames() -> Vec<(Vec<u8>, usize)> {
                     rng.fill_bytes(&mut g[p..e]);
                 }
             }
-            let cap = if t % 7 == 0 { n - 1 } else { n + rng.gen_range(0..100) };
+            let cap = if t % 7 == 0 {
+                n - 1
+            } else {
+                n + rng.gen_range(0..100)
+            };
             frames.push((g, cap));
         }
     }
@@ -954,12 +1008,25 @@ fn v2_corrupt_frames_rejected_like_cpu_without_oob() {
 #[test]
 fn v2_concurrent_decode_under_tsan_and_asan() {
     let man = frozen::manifest_v2();
-    let vec_frames: Vec<(Vec<u8>, usize)> =
-        man.iter().map(|(v, _)| (v.frame.to_vec(), v.input.len())).collect();
+    let vec_frames: Vec<(Vec<u8>, usize)> = man
+        .iter()
+        .map(|(v, _)| (v.frame.to_vec(), v.input.len()))
+        .collect();
     for seed in [1u64, 1000] {
-        let launch = Launch::Conc { san: San::Thread, seed };
-        for ((v, _), r) in man.iter().zip(harness_decode_op(&vec_frames, launch, "dec2")) {
-            assert_eq!(r.as_deref().ok(), Some(v.input), "vector {} (seed {seed})", v.name);
+        let launch = Launch::Conc {
+            san: San::Thread,
+            seed,
+        };
+        for ((v, _), r) in man
+            .iter()
+            .zip(harness_decode_op(&vec_frames, launch, "dec2"))
+        {
+            assert_eq!(
+                r.as_deref().ok(),
+                Some(v.input),
+                "vector {} (seed {seed})",
+                v.name
+            );
         }
     }
     let cases = v2_sweep(0x0002_C0C0, 24);
@@ -969,14 +1036,29 @@ fn v2_concurrent_decode_under_tsan_and_asan() {
         .collect();
     for san in [San::Thread, San::Address] {
         let launch = Launch::Conc { san, seed: 78 };
-        for (i, (r, c)) in harness_decode_op(&frames, launch, "dec2").into_iter().zip(&cases).enumerate() {
-            assert!(r.as_deref().ok() == Some(&c.input[..]), "{san:?} case {i}: {:?}", r.err());
+        for (i, (r, c)) in harness_decode_op(&frames, launch, "dec2")
+            .into_iter()
+            .zip(&cases)
+            .enumerate()
+        {
+            assert!(
+                r.as_deref().ok() == Some(&c.input[..]),
+                "{san:?} case {i}: {:?}",
+                r.err()
+            );
         }
     }
     // corrupted frames: the same decisions and bytes as the sequential decoder
     let bad: Vec<(Vec<u8>, usize)> = v2_corrupt_frames().into_iter().step_by(7).collect();
     let seq = harness_decode_op(&bad, Launch::Seq, "dec2");
-    let conc = harness_decode_op(&bad, Launch::Conc { san: San::Thread, seed: 6 }, "dec2");
+    let conc = harness_decode_op(
+        &bad,
+        Launch::Conc {
+            san: San::Thread,
+            seed: 6,
+        },
+        "dec2",
+    );
     let rejected = same_decisions(seq.into_iter().zip(conc), "sequential", "concurrent");
     eprintln!(
         "kernels_host: v2 through concurrent launches: {} vectors twice and {} sweep cases (TSan, ASan), {} corrupted frames ({rejected} rejected by both)",

@@ -29,6 +29,7 @@
 //   race                                  -> a deliberate data race (checks that
 //                                            the sanitizer reports one)
 //   smem BLOCK_LOG2                       -> "ok BYTES"
+//   smem2 BLOCK_LOG2                      -> "ok BYTES" (nzc_decode_v2's carve)
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -200,16 +201,22 @@ struct ConcExec {
     }
 };
 
+// One CTA's shared memory, carved as nzc_decode_v2 does (v2) or as the other
+// kernels do.
 struct Cta {
     std::vector<u8> raw;
     Smem s;
-    explicit Cta(u32 log2) {
-        u64 bytes = smem_bytes(log2);
+    bool v2;
+    explicit Cta(u32 log2, bool v2_carve = false) : v2(v2_carve) {
+        u64 bytes = v2 ? smem_bytes_v2(log2) : smem_bytes(log2);
         raw.assign(bytes, 0xA5);
     }
     void fresh(u32 log2) {
         memset(raw.data(), 0xA5, raw.size());
-        smem_carve(raw.data(), log2, &s);
+        if (v2)
+            smem_carve_v2(raw.data(), log2, &s);
+        else
+            smem_carve(raw.data(), log2, &s);
     }
 };
 
@@ -299,7 +306,7 @@ static void dec_core(const u8* s, u64 frame_len, u8* d, u64 cap, JobResult* res)
     job.reserved = 0;
     HostExec x;
     const u32 log2 = MAX_BLOCK_LOG2;  // a launch sized for any frame
-    Cta cta(log2);
+    Cta cta(log2, VERS == VERS_2);
     JobState* st = (JobState*)ws.data();
     u32 items = 1;
     for (u32 b = 0; b < items; b++) {
@@ -348,11 +355,11 @@ static int cmd_dec(const char* in, const char* out, u64 cap) {
 
 // Runs `ctas` CTA threads over one launch; each gets fresh poisoned shared memory.
 template <class Body>
-static void launch(u32 ctas, u32 log2, u64 seed, Body body) {
+static void launch(u32 ctas, u32 log2, u64 seed, Body body, bool v2_carve = false) {
     std::vector<std::thread> ts;
     for (u32 c = 0; c < ctas; c++)
         ts.emplace_back([=]() {
-            Cta cta(log2);
+            Cta cta(log2, v2_carve);
             cta.fresh(log2);
             ConcExec x(seed * 1000003ull + c + 1);
             body(x, cta.s);
@@ -439,7 +446,7 @@ static int cmd_pdec(const char* in, const char* out, u64 cap, u32 ctas, u32 njob
     }
     const DecJob* jp = jobs.data();
     const u32 log2 = MAX_BLOCK_LOG2;  // a launch sized for any frame
-    launch(ctas, log2, seed, [&](ConcExec& x, Smem& s) { decode_jobs<VERS>(x, s, jp, njobs, log2); });
+    launch(ctas, log2, seed, [&](ConcExec& x, Smem& s) { decode_jobs<VERS>(x, s, jp, njobs, log2); }, VERS == VERS_2);
     int rc = 0;
     for (u32 j = 0; j < njobs && !rc; j++) {
         if (!res[j].done) rc = printf("err unfinished\n");
@@ -498,18 +505,20 @@ int main(int argc, char** argv) {
         unsigned long long c = 0, d = 0, e = 0, g = 0, h = 0, k = 0;
         if (sscanf(line, "penc %4095s %4095s %llu %llu %llu %llu %llu %llu", a, b, &c, &d, &e, &g, &h, &k) == 8) {
             cmd_penc(a, b, (u32)c, (u32)d, (u32)e, (u32)g, (u32)h, (u64)k);
+        } else if (sscanf(line, "pdec2 %4095s %4095s %llu %llu %llu %llu", a, b, &c, &d, &e, &g) == 6) {
+            cmd_pdec<VERS_2>(a, b, c, (u32)d, (u32)e, (u64)g);  // "X2" before "X" (sscanf)
         } else if (sscanf(line, "pdec %4095s %4095s %llu %llu %llu %llu", a, b, &c, &d, &e, &g) == 6) {
             cmd_pdec<VERS_1>(a, b, c, (u32)d, (u32)e, (u64)g);
-        } else if (sscanf(line, "pdec2 %4095s %4095s %llu %llu %llu %llu", a, b, &c, &d, &e, &g) == 6) {
-            cmd_pdec<VERS_2>(a, b, c, (u32)d, (u32)e, (u64)g);
         } else if (strncmp(line, "race", 4) == 0) {
             cmd_race();
         } else if (sscanf(line, "enc %4095s %4095s %llu %llu %llu", a, b, &c, &d, &e) == 5) {
             cmd_enc(a, b, (u32)c, (u32)d, (u32)e);
-        } else if (sscanf(line, "dec %4095s %4095s %llu", a, b, &c) == 3) {
-            cmd_dec<VERS_1>(a, b, c);
         } else if (sscanf(line, "dec2 %4095s %4095s %llu", a, b, &c) == 3) {
             cmd_dec<VERS_2>(a, b, c);
+        } else if (sscanf(line, "dec %4095s %4095s %llu", a, b, &c) == 3) {
+            cmd_dec<VERS_1>(a, b, c);
+        } else if (sscanf(line, "smem2 %llu", &c) == 1) {  // before "smem": it matches "smem2 N" too
+            printf("ok %llu\n", (unsigned long long)smem_bytes_v2((u32)c));
         } else if (sscanf(line, "smem %llu", &c) == 1) {
             printf("ok %llu\n", (unsigned long long)smem_bytes((u32)c));
         } else if (sscanf(line, "%15s", cmd) == 1) {
