@@ -1316,7 +1316,7 @@ NZC_HD void decode_finish(X& x, Smem& s, const DecJob& job, const DecFrame f, u3
 // Besides the primitives listed at the top, the executor provides
 //   x.claim(counter)  fetch-and-add on a job's claim counter, uniform result
 //   x.bcast(f)        f() on one thread, its u32 result in every thread
-//   X::ld32(p)        a load of a word other CTAs write (volatile on the device)
+//   X::ld32(p)        an acquire load of a word other CTAs write (ld.acquire.gpu on the device)
 //   X::xchg32(p, v), X::cas32(p, old, v)   atomics on such words
 template <class X>
 NZC_HD void encode_jobs(X& x, Smem& s, const EncJob* jobs, u32 njobs, u32 smem_log2) {

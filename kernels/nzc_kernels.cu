@@ -88,13 +88,23 @@ struct DevExec {
     __device__ u32 claim(u32* counter) {
         return bcast([&]() -> u32 { return atomicAdd(counter, 1u); });
     }
-    __device__ static u32 ld32(const u32* p) { return *(const volatile u32*)p; }
+    // Acquire loads of words other CTAs publish (the host executor's
+    // __ATOMIC_ACQUIRE): what the publisher wrote before its release is visible.
+    __device__ static u32 ld32(const u32* p) {
+        u32 v;
+        asm volatile("ld.acquire.gpu.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+        return v;
+    }
+    __device__ static u64 ld64_acquire(const u64* p) {
+        u64 v;
+        asm volatile("ld.acquire.gpu.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+        return v;
+    }
     __device__ static u32 xchg32(u32* p, u32 v) { return atomicExch(p, v); }
     __device__ static u32 cas32(u32* p, u32 old, u32 v) { return atomicCAS(p, old, v); }
     // Decoupled look-back: publishes block b's size, returns the exclusive prefix.
     __device__ u64 lookback(u64* scan, u32 b, u64 size) {
         if (threadIdx.x == 0) {
-            volatile u64* vs = scan;
             u64 excl = 0;
             if (b == 0) {
                 atomicExch((unsigned long long*)&scan[0], (unsigned long long)(SCAN_INC | size));
@@ -103,7 +113,7 @@ struct DevExec {
                 for (int p = (int)b - 1; p >= 0; p--) {
                     u64 v;
                     do {
-                        v = vs[p];
+                        v = ld64_acquire(&scan[p]);
                     } while ((v & ~SCAN_VAL) == 0);
                     excl += v & SCAN_VAL;
                     if ((v & ~SCAN_VAL) == SCAN_INC) break;
