@@ -963,6 +963,83 @@ NZC_HD u32 packed_entry(const u8* p, u32 nbytes, u32 j, u32 w) {
     return (v >> (bit & 7)) & ((1u << w) - 1);
 }
 
+// A sub-segment's bounds: stream bits [bit, end), plane elements [pp, pend), n values.
+struct V2Lane {
+    u32 bit;
+    u64 end;
+    u32 pp, pend, n;
+};
+// The planes: plane1 at p1[0..P), lo1 at p1 + lo1o, lo0 at p1 + lo0o where present
+// (u32 offsets keep the decode loop's live registers down).
+struct V2Planes {
+    const u8* p1;
+    bool has_lo1, has_lo0;
+    u32 lo1o, lo0o;
+};
+
+// Decodes one sub-segment (V2.3 "Stream", "Element value") of dtype DT into o (W
+// bytes per value); false unless its values end exactly at `end` and use exactly
+// its plane elements. Reads the stream only below sbytes (zero beyond).
+template <u32 DT>
+NZC_HD bool v2_subseg(const u32* lut, const u8* sp, u32 sbytes, V2Lane ln, bool z, const V2Planes& pw, u8* o) {
+    const TypeInfo ti = type_info(DT);
+    const u32 emask = (1u << ti.ebits) - 1;
+    // 32-bit positions: a block's stream has < 2^32 bits (total_bits is a u32)
+    u32 bit = ln.bit, pp = ln.pp;
+    // Bit buffer: stream bits [bit, bit + have), zero past the stream's end;
+    // refilled a byte at a time to >= 57 bits when fewer than 32 remain (an
+    // element takes at most 12 + 8 or 12 + 5 + 3 bits).
+    u64 buf = 0;
+    u32 rp = bit >> 3, have = 0;
+    while (have <= 56) {
+        buf |= (u64)(rp < sbytes ? sp[rp] : 0) << have;
+        rp++;
+        have += 8;
+    }
+    buf >>= bit & 7;
+    have -= bit & 7;
+    for (u32 i = 0; i < ln.n; i++) {
+        if (have < 32) {
+            while (have <= 56) {
+                buf |= (u64)(rp < sbytes ? sp[rp] : 0) << have;
+                rp++;
+                have += 8;
+            }
+        }
+        const u32 ent = lut[buf & (DEC_TABLE - 1)];
+        u32 len = ent & 31, e = (ent >> 8) & 0xFF, el = 0;
+        if (ent & E2_INVALID) return false;
+        if (ent & E2_ESC) {
+            e = (u32)(buf >> len) & emask;
+            len += ti.ebits;
+        }
+        if (!(z && (ent & E2_ZERO))) {
+            u32 xb = 0;
+            if (ti.xbits) {
+                xb = (u32)(buf >> len) & 7;
+                len += ti.xbits;
+            }
+            if (pp >= ln.pend) return false;
+            u32 lo = 0;
+            if (DT == DT_FP32) {
+                lo = (pw.has_lo1 ? (u32)pw.p1[pw.lo1o + pp] << 8 : 0u) | (pw.has_lo0 ? (u32)pw.p1[pw.lo0o + pp] : 0u);
+            }
+            el = join_elem(DT, make_key(DT, e, xb), pw.p1[pp], lo);
+            pp++;
+        }
+        if ((u64)bit + len > ln.end) return false;
+        bit += len;
+        buf >>= len;
+        have -= len;
+        if (ti.w == 2) {
+            *(u16*)(o + 2 * i) = (u16)el;
+        } else {
+            *(u32*)(o + 4 * i) = el;
+        }
+    }
+    return bit == ln.end && pp == ln.pend;
+}
+
 // Decodes one version-2 block of `size` (>= 1) bytes at blk into out[0..L); the
 // launch's shared memory is sized for blocks of 2^block_log2 >= L bytes. Rejects
 // exactly what codec/src/v2.rs rejects; every read is within blk[0..size), every
@@ -1120,11 +1197,12 @@ NZC_HD u32 decode_block_v2(X& x, Smem& s, const u8* blk, u32 size, u8* out, u32 
     if (p + sbytes + t != size) return ST_BLOCK;
     const u64 tail_at = p + sbytes;
     if ((total_bits & 7) && (blk[tail_at - 1] >> (total_bits & 7))) return ST_BLOCK;
-    // planes: plane1 at pl[0..P), then lo1 and lo0 where present (u32 offsets keep
-    // the decode loop's live registers down)
-    const u8* pl = blk + planes_at;
-    const bool has_lo1 = ti.w == 4 && !(flags & V2_NO_LO1), has_lo0 = ti.w == 4 && !(flags & V2_NO_LO0);
-    const u32 lo1o = P, lo0o = has_lo1 ? 2 * P : P;
+    V2Planes pw;
+    pw.p1 = blk + planes_at;
+    pw.has_lo1 = ti.w == 4 && !(flags & V2_NO_LO1);
+    pw.has_lo0 = ti.w == 4 && !(flags & V2_NO_LO0);
+    pw.lo1o = P;
+    pw.lo0o = pw.has_lo1 ? 2 * P : P;
     const u8* sp = blk + stream_at;
     // code lengths, canonical words, 12-bit decode table
     x.par(NSYM, [&](u64 sy) {
@@ -1159,78 +1237,20 @@ NZC_HD u32 decode_block_v2(X& x, Smem& s, const u8* blk, u32 size, u8* out, u32 
         });
     }
     const u32 stride = ssw + V2_PAD, gmax = s.stage_bytes / stride;
-    const u32 emask = (1u << ti.ebits) - 1;
     x.one([&]() { s.sc[SC_ERR] = ST_OK; });
     for (u32 j0 = 0; j0 == 0 || j0 < ns; j0 += gmax) {
         const u32 j1 = ns - j0 < gmax ? ns : j0 + gmax;
         x.par(j1 - j0, [&](u64 gi) {
             const u32 j = j0 + (u32)gi;
             const u32 nj = K - j * ss < ss ? K - j * ss : ss;
-            // 32-bit positions: a block's stream has < 2^32 bits (total_bits is a u32)
-            u32 bit = v.bit0[j];
-            const u64 end = (u64)bit + v.nbits[j];
-            u32 pp = v.p0[j];
-            const u32 pend = pp + nj - v.zeros[j];
+            const u32 pp = v.p0[j];
+            const V2Lane ln = {v.bit0[j], (u64)v.bit0[j] + v.nbits[j], pp, pp + nj - v.zeros[j], nj};
             u8* o = s.stage + gi * stride;
-            // Bit buffer: stream bits [bit, bit + have), zero past the stream's end;
-            // refilled a byte at a time to >= 57 bits when fewer than 32 remain (an
-            // element takes at most 12 + 8 or 12 + 5 + 3 bits).
-            u64 buf = 0;
-            u32 rp = bit >> 3, have = 0;
-            while (have <= 56) {
-                buf |= (u64)(rp < sbytes ? sp[rp] : 0) << have;
-                rp++;
-                have += 8;
-            }
-            buf >>= bit & 7;
-            have -= bit & 7;
-            u32 bad = 0;
-            for (u32 i = 0; i < nj; i++) {
-                if (have < 32) {
-                    while (have <= 56) {
-                        buf |= (u64)(rp < sbytes ? sp[rp] : 0) << have;
-                        rp++;
-                        have += 8;
-                    }
-                }
-                const u32 ent = s.lut[buf & (DEC_TABLE - 1)];
-                u32 len = ent & 31, e = (ent >> 8) & 0xFF, el = 0;
-                if (ent & E2_INVALID) {
-                    bad = 1;
-                    break;
-                }
-                if (ent & E2_ESC) {
-                    e = (u32)(buf >> len) & emask;
-                    len += ti.ebits;
-                }
-                if (!(z && (ent & E2_ZERO))) {
-                    u32 xb = 0;
-                    if (ti.xbits) {
-                        xb = (u32)(buf >> len) & 7;
-                        len += ti.xbits;
-                    }
-                    if (pp >= pend) {
-                        bad = 1;
-                        break;
-                    }
-                    const u32 lo = (has_lo1 ? (u32)pl[lo1o + pp] << 8 : 0u) | (has_lo0 ? (u32)pl[lo0o + pp] : 0u);
-                    el = join_elem(dt, make_key(dt, e, xb), pl[pp], lo);
-                    pp++;
-                }
-                if ((u64)bit + len > end) {
-                    bad = 1;
-                    break;
-                }
-                bit += len;
-                buf >>= len;
-                have -= len;
-                if (ti.w == 2) {
-                    *(u16*)(o + 2 * i) = (u16)el;
-                } else {
-                    *(u32*)(o + 4 * i) = el;
-                }
-            }
-            if (bad || bit != end || pp != pend) X::or32(&s.sc[SC_ERR], ST_STREAM);
+            // the dtype as a template argument: no per-value branches on it
+            const bool ok = dt == DT_BF16   ? v2_subseg<DT_BF16>(s.lut, sp, sbytes, ln, z, pw, o)
+                            : dt == DT_FP16 ? v2_subseg<DT_FP16>(s.lut, sp, sbytes, ln, z, pw, o)
+                                            : v2_subseg<DT_FP32>(s.lut, sp, sbytes, ln, z, pw, o);
+            if (!ok) X::or32(&s.sc[SC_ERR], ST_STREAM);
         });
         if (s.sc[SC_ERR]) return ST_STREAM;
         // this group's span of the block, ascending

@@ -62,11 +62,18 @@ fn differential(frame: &[u8], cap: usize) {
 
 fn mutated_v2(sel: u8, data: &[u8]) {
     let (flips, src) = match data {
-        [f0, f1, f2, f3, f4, f5, f6, f7, rest @ ..] => ([*f0, *f1, *f2, *f3, *f4, *f5, *f6, *f7], rest),
+        [f0, f1, f2, f3, f4, f5, f6, f7, rest @ ..] => {
+            ([*f0, *f1, *f2, *f3, *f4, *f5, *f6, *f7], rest)
+        }
         _ => return,
     };
     let opts = EncodeOptions {
-        dtype: [DtypeHint::Auto, DtypeHint::Bf16, DtypeHint::Fp16, DtypeHint::Fp32][(sel & 3) as usize],
+        dtype: [
+            DtypeHint::Auto,
+            DtypeHint::Bf16,
+            DtypeHint::Fp16,
+            DtypeHint::Fp32,
+        ][(sel & 3) as usize],
         checksum: sel & 4 != 0,
         block_log2: 12 + ((sel >> 3) & 3),
         format: 2,
@@ -83,7 +90,11 @@ fn mutated_v2(sel: u8, data: &[u8]) {
         frame[pos / 8] ^= 1 << (pos % 8);
     }
     // bit 5: a destination one byte short
-    let cap = if sel & 0x20 != 0 { src.len().saturating_sub(1) } else { src.len() };
+    let cap = if sel & 0x20 != 0 {
+        src.len().saturating_sub(1)
+    } else {
+        src.len()
+    };
     differential(&frame, cap);
 }
 
