@@ -326,8 +326,7 @@ impl GpuCodec {
             batch,
             jobs.len(),
             items,
-            smem_log2,
-            abi::smem_bytes(smem_log2),
+            (smem_log2, abi::smem_bytes(smem_log2)),
         )
     }
 
@@ -403,8 +402,7 @@ impl GpuCodec {
             batch,
             jobs.len(),
             items,
-            self.decode_block_log2,
-            smem,
+            (self.decode_block_log2, smem),
         )
     }
 
@@ -420,8 +418,9 @@ impl GpuCodec {
         batch: &mut GpuBatch,
         njobs: usize,
         items: u64,
-        smem_log2: u32,
-        smem_bytes: u64,
+        // (block_log2 the launch is sized for, its dynamic shared memory: the
+        // kernel's carve, `abi::smem_bytes` or `abi::smem_bytes_v2`)
+        (smem_log2, smem_bytes): (u32, u64),
     ) -> Result<(), GpuError> {
         use cudarc::driver::sys;
         self.ctx.bind_to_thread()?;
