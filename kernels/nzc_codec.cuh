@@ -97,6 +97,14 @@ struct Smem {
                      // warp reads 32 codes of one symbol: 32 consecutive bytes)
     u32* sc;         // NSCAL scalars (broadcast slots)
     u64* sc64;       // NSCAL 64-bit scalars
+    // v2 decoder (V2Smem): its per-block arrays, and the staging buffer of decoded
+    // elements. smem_carve points them into v1-only regions (lanebits, laneoff,
+    // keys); smem_carve_v2 (nzc_decode_v2) gives them their own, staging sized
+    // so that every sub-segment of a 64 KiB block decodes at once.
+    u32* v2a;        // 4 x B/512
+    u32* v2b;        // B/512 + 2 x B/2048
+    u8* stage;
+    u32 stage_bytes;
 };
 NZC_HD u32 nseg_max(u32 block_log2) { return ((1u << block_log2) / 2 + SEG_ELEMS - 1) / SEG_ELEMS; }
 
@@ -124,11 +132,53 @@ NZC_HD u64 smem_carve(u8* base, u32 block_log2, Smem* s) {
     NZC_CARVE(keys, u8, DEC_GROUP_SEGS * KEY_STRIDE)
     NZC_CARVE(codelen, u8, NSYM * NCODES)
 #undef NZC_CARVE
+    s->v2a = (u32*)s->lanebits;  // B/32 bytes
+    s->v2b = (u32*)s->laneoff;   // B/32 bytes
+    s->stage = s->keys;
+    s->stage_bytes = DEC_GROUP_SEGS * KEY_STRIDE;
     return o;
 }
 NZC_HD u64 smem_bytes(u32 block_log2) {
     Smem s;
     return smem_carve((u8*)0, block_log2, &s);
+}
+
+// Staging of the v2 decoder in nzc_decode_v2: the kept elements of up to 64 KiB
+// (all of a 64 KiB block) with V2_PAD bytes after each sub-segment (>= 256 bf16
+// values, 512 bytes).
+NZC_HD u32 v2_stage_bytes(u32 block_log2) {
+    const u32 b = block_log2 < 16 ? 1u << block_log2 : 1u << 16;
+    return b + b / 128;
+}
+// nzc_decode_v2's carve: what the frame checks, the CRC and the v2 decoder use;
+// the v1-only regions are absent (null).
+NZC_HD u64 smem_carve_v2(u8* base, u32 block_log2, Smem* s) {
+    u64 o = 0;
+    const u64 B = (u64)1 << block_log2;
+#define NZC_CARVE(field, type, count)            \
+    s->field = (type*)(base + o);                \
+    o = align16(o + (u64)sizeof(type) * (count));
+    NZC_CARVE(sc64, u64, NSCAL)
+    NZC_CARVE(sc, u32, NSCAL)
+    NZC_CARVE(lut, u32, DEC_TABLE)
+    NZC_CARVE(crc_tab, u32, 256)
+    NZC_CARVE(crc_x2n, u32, 32)
+    NZC_CARVE(crc_part, u32, CRC_PARTS)
+    NZC_CARVE(codelen, u8, NSYM * NCODES)
+    NZC_CARVE(v2a, u32, 4 * B / 512)
+    NZC_CARVE(v2b, u32, B / 512 + 2 * B / 2048)
+    NZC_CARVE(stage, u8, v2_stage_bytes(block_log2))
+#undef NZC_CARVE
+    s->stage_bytes = v2_stage_bytes(block_log2);
+    s->hist = s->nz = s->seglen = s->segoff = 0;
+    s->cost = 0;
+    s->lanebits = s->laneoff = 0;
+    s->keys = 0;
+    return o;
+}
+NZC_HD u64 smem_bytes_v2(u32 block_log2) {
+    Smem s;
+    return smem_carve_v2((u8*)0, block_log2, &s);
 }
 
 // Scalar slots in Smem::sc / sc64.
@@ -146,13 +196,15 @@ enum : u32 {
 };
 
 // ---- small pure helpers ---------------------------------------------------------
-// Canonical code word of symbol s in code k, bit-reversed for LSB-first writing.
-NZC_HD u32 canon_word(u32 k, u32 s) {
+// Canonical code word of symbol s under the code lengths len(t) (0 = unused),
+// bit-reversed for LSB-first writing (FORMAT.md §5; v2's explicit codes, V2.4).
+template <class Len>
+NZC_HD u32 canon_word_by(Len len_of, u32 s) {
     u32 code = 0, prev_len = 0;
     bool first = true;
     for (u32 len = 1; len <= MAXLEN; len++) {
         for (u32 t = 0; t < NSYM; t++) {
-            if (CODE_LENGTHS[k][t] != len) continue;
+            if (len_of(t) != len) continue;
             if (first) {
                 code = 0;
                 first = false;
@@ -168,6 +220,11 @@ NZC_HD u32 canon_word(u32 k, u32 s) {
         }
     }
     return 0;
+}
+
+// Canonical code word of symbol s in static code k.
+NZC_HD u32 canon_word(u32 k, u32 s) {
+    return canon_word_by([&](u32 t) -> u32 { return CODE_LENGTHS[k][t]; }, s);
 }
 
 // Encode-table entry for a key: code word (+ escape payload, + fp16 extra bits) in
@@ -232,7 +289,9 @@ NZC_HD void store_chunk(u8* d, const u8* v, u32 cnt) {
         return;
     }
 #endif
-    for (u32 i = 0; i < cnt; i++) d[i] = v[i];
+NZC_UNROLL
+    for (u32 i = 0; i < 16; i++)
+        if (i < cnt) d[i] = v[i];
 }
 
 // ---- cooperative building blocks ---------------------------------------------------
@@ -290,8 +349,10 @@ NZC_HD void crc_init(X& x, Smem& s) {
 // every part is part_len bytes except the last, which ends at total_len.
 template <class X>
 NZC_HD void crc_tree(X& x, Smem& s, u32* arr, u64 count, u64 part_len, u64 total_len) {
-    for (u64 step = 1; step < count; step *= 2) {
-        x.par((count + 2 * step - 1) / (2 * step), [&](u64 u) {
+    // step = 2^sh: shifts, not a 64-bit division (a subroutine call on the device)
+    for (u32 sh = 0; ((u64)1 << sh) < count; sh++) {
+        const u64 step = (u64)1 << sh;
+        x.par((count + 2 * step - 1) >> (sh + 1), [&](u64 u) {
             u64 i = u * 2 * step, r = i + step;
             if (r >= count) return;
             u64 rend = (r + step) * part_len;
@@ -301,12 +362,13 @@ NZC_HD void crc_tree(X& x, Smem& s, u32* arr, u64 count, u64 part_len, u64 total
     }
 }
 
-// CRC32C of p[0..len) (len >= 1); crc_init must have run.
+// CRC32C of p[0..len) (1 <= len <= 2^MAX_BLOCK_LOG2: one block); crc_init must
+// have run.
 template <class X>
-NZC_HD u32 block_crc(X& x, Smem& s, const u8* p, u64 len) {
-    u64 part = (len + CRC_PARTS - 1) / CRC_PARTS;
-    part = (part + 63) & ~(u64)63;
-    u64 parts = (len + part - 1) / part;
+NZC_HD u32 block_crc(X& x, Smem& s, const u8* p, u32 len) {
+    u32 part = (len + CRC_PARTS - 1) / CRC_PARTS;
+    part = (part + 63) & ~63u;
+    const u32 parts = (len + part - 1) / part;  // 32-bit: no division subroutine
     x.par(parts, [&](u64 i) {
         u64 o = i * part;
         u64 l = len - o < part ? len - o : part;
@@ -646,21 +708,28 @@ NZC_HD void encode_finish(X& x, Smem& s, const EncJob& job, const FramePlan& fp)
 // ---- decoder ------------------------------------------------------------------------
 struct DecFrame {
     u32 status;      // ST_OK or why the frame is rejected before any block
+    u32 version;     // 1 or 2 (FORMAT.md §2, V2.1)
     u32 flags, dt, block_log2;
     u64 n, nb;       // uncompressed length; blocks (stored frames: B-sized copy items)
     u32 crc;
 };
 
-// Header, length and block-table checks (FORMAT.md §2, §3, §7). Reads at most
-// 24 + 4*nb bytes, each checked against src_len.
+// Which frame versions a decoder accepts (bit v-1 for version v).
+enum : u32 { VERS_1 = 1, VERS_2 = 2, VERS_ALL = 3 };
+
+// Header, length and block-table checks (FORMAT.md §2, §3, §7; V2.1: version 2
+// has the same header, flags, dtypes and table). Reads at most 24 + 4*nb bytes,
+// each checked against src_len.
 template <class X>
-NZC_HD DecFrame parse_frame(X& x, const u8* src, u64 src_len, u64 dst_cap) {
+NZC_HD DecFrame parse_frame(X& x, const u8* src, u64 src_len, u64 dst_cap, u32 versions = VERS_ALL) {
     DecFrame f;
-    f.flags = f.dt = f.block_log2 = f.crc = 0;
+    f.version = f.flags = f.dt = f.block_log2 = f.crc = 0;
     f.n = f.nb = 0;
     f.status = ST_HEADER;
     if (src_len < HEADER_LEN) return f;
-    if (src[0] != 'N' || src[1] != 'Z' || src[2] != 'C' || src[3] != 'F' || src[4] != 1) return f;
+    if (src[0] != 'N' || src[1] != 'Z' || src[2] != 'C' || src[3] != 'F') return f;
+    f.version = src[4];
+    if (f.version < 1 || f.version > 2 || !(versions & (1u << (f.version - 1)))) return f;
     if (crc32c_bitwise(src, 20) != ld_u32(src + 20)) return f;
     f.flags = src[5];
     f.dt = src[6];
@@ -688,22 +757,31 @@ NZC_HD DecFrame parse_frame(X& x, const u8* src, u64 src_len, u64 dst_cap) {
     return f;
 }
 
+// RAW and FILL blocks (both versions). Returns false for a coded mode.
+template <class X>
+NZC_HD bool decode_plain(X& x, const u8* blk, u32 size, u8* out, u32 L, u32* st) {
+    const u32 mode = blk[0];
+    if (mode == MODE_RAW) {
+        *st = (u64)size == 1 + (u64)L ? (u32)ST_OK : (u32)ST_BLOCK;
+        if (*st == ST_OK) copy_rounds(x, out, blk + 1, L);
+        return true;
+    }
+    if (mode == MODE_FILL) {
+        *st = size == 2 ? (u32)ST_OK : (u32)ST_BLOCK;
+        if (*st == ST_OK) fill_rounds(x, out, blk[1], L);
+        return true;
+    }
+    return false;
+}
+
 // Decodes one block (FORMAT.md §3-§4) of `size` bytes at blk into out[0..L).
 // Every read is within blk[0..size); every write within out[0..L), ascending rounds.
 template <class X>
 NZC_HD u32 decode_block(X& x, Smem& s, const u8* blk, u32 size, u8* out, u32 L) {
     if (size == 0) return ST_BLOCK;
+    u32 st = ST_OK;
+    if (decode_plain(x, blk, size, out, L, &st)) return st;
     const u32 mode = blk[0];
-    if (mode == MODE_RAW) {
-        if ((u64)size != 1 + (u64)L) return ST_BLOCK;
-        copy_rounds(x, out, blk + 1, L);
-        return ST_OK;
-    }
-    if (mode == MODE_FILL) {
-        if (size != 2) return ST_BLOCK;
-        fill_rounds(x, out, blk[1], L);
-        return ST_OK;
-    }
     if (mode != MODE_BF16 && mode != MODE_FP16 && mode != MODE_FP32) return ST_BLOCK;
     const u32 dt = dtype_of_mode(mode);
     const TypeInfo ti = type_info(dt);
@@ -817,9 +895,400 @@ NZC_HD u32 decode_block(X& x, Smem& s, const u8* blk, u32 size, u8* out, u32 L) 
     return ST_OK;
 }
 
-// Decodes work item b of a parsed frame. Returns ST_*.
+// ---- decoder, format version 2 (FORMAT.md V2.2-V2.4, V2.8) ---------------------------
+enum : u32 {
+    V2_Z = 1,
+    V2_LINES = 2,
+    V2_COL = 4,
+    V2_EXPLICIT = 8,
+    V2_NO_LO0 = 16,
+    V2_NO_LO1 = 32,
+    V2_BYTECODE = 64,
+    LINE = 64,
+    // Decoded elements of a group of sub-segments are staged in Smem::stage, one
+    // sub-segment every SS*W + 4 bytes: the decoding threads' stores then fall in
+    // different banks.
+    V2_PAD = 4,
+};
+// v2 decode-table entry: bits 0..5 code length, 8..16 exponent of a d symbol,
+// then the kind (as codec/src/v2.rs); an unused or d < 1 symbol is invalid.
+enum : u32 { E2_ESC = 1u << 16, E2_ZERO = 1u << 17, E2_INVALID = 1u << 18 };
+// Scalar slots of the v2 decoder (Smem::sc).
+enum : u32 { SC2_BAD = 16, SC2_NE = 17, SC2_BITS = 18, SC2_ZSUM = 19 };
+
+// The v2 decoder's per-block arrays, carved out of the regions only the v1 coder
+// uses (lanebits, laneoff: B/32 bytes each for a launch sized for B = 2^log2 >=
+// the frame's block size): NS <= B/512 sub-segments (K <= B/2 elements, SS >=
+// 256), B/64 lines = B/2048 bitmap words.
+struct V2Smem {
+    u32* bit0;    // [NS] first stream bit of sub-segment j
+    u32* nbits;   // [NS] its length in bits
+    u32* p0;      // [NS] its first plane element
+    u32* zeros;   // [NS] its ZERO count
+    u32* line0;   // [NS] the grid line where its first kept element lies
+    u32* elided;  // [B/2048] elided lines, bit l % 32 of word l / 32
+    u32* before;  // [B/2048] elided lines in the words before w
+};
+NZC_HD V2Smem v2_view(const Smem& s, u32 block_log2) {
+    const u32 cap = (1u << block_log2) / 512, words = (1u << block_log2) / 2048;
+    V2Smem v;
+    u32* a = s.v2a;
+    v.bit0 = a;
+    v.nbits = a + cap;
+    v.p0 = a + 2 * cap;
+    v.zeros = a + 3 * cap;
+    u32* b = s.v2b;
+    v.line0 = b;
+    v.elided = b + cap;
+    v.before = b + cap + words;
+    return v;
+}
+
+NZC_HD u32 popc32(u32 v) {
+#if defined(__CUDA_ARCH__)
+    return __popc(v);
+#else
+    return (u32)__builtin_popcount(v);
+#endif
+}
+
+// Entry j of a packed index of w-bit entries (V2.3 "index": LSB-first) whose
+// nbytes bytes are at p.
+NZC_HD u32 packed_entry(const u8* p, u32 nbytes, u32 j, u32 w) {
+    if (w == 0) return 0;
+    const u32 bit = j * w, q = bit >> 3;
+    u32 v = 0;
+    for (u32 i = 0; i < 3; i++)
+        if (q + i < nbytes) v |= (u32)p[q + i] << (8 * i);
+    return (v >> (bit & 7)) & ((1u << w) - 1);
+}
+
+// A sub-segment's bounds: stream bits [bit, end), plane elements [pp, pend), n values.
+struct V2Lane {
+    u32 bit;
+    u64 end;
+    u32 pp, pend, n;
+};
+// The planes: plane1 at p1[0..P), lo1 at p1 + lo1o, lo0 at p1 + lo0o where present
+// (u32 offsets keep the decode loop's live registers down).
+struct V2Planes {
+    const u8* p1;
+    bool has_lo1, has_lo0;
+    u32 lo1o, lo0o;
+};
+
+// Decodes one sub-segment (V2.3 "Stream", "Element value") of dtype DT into o (W
+// bytes per value); false unless its values end exactly at `end` and use exactly
+// its plane elements. Reads the stream only below sbytes (zero beyond).
+template <u32 DT>
+NZC_HD bool v2_subseg(const u32* lut, const u8* sp, u32 sbytes, V2Lane ln, bool z, const V2Planes& pw, u8* o) {
+    const TypeInfo ti = type_info(DT);
+    const u32 emask = (1u << ti.ebits) - 1;
+    // 32-bit positions: a block's stream has < 2^32 bits (total_bits is a u32)
+    u32 bit = ln.bit, pp = ln.pp;
+    // Bit buffer: stream bits [bit, bit + have), zero past the stream's end;
+    // refilled a byte at a time to >= 57 bits when fewer than 32 remain (an
+    // element takes at most 12 + 8 or 12 + 5 + 3 bits).
+    u64 buf = 0;
+    u32 rp = bit >> 3, have = 0;
+    while (have <= 56) {
+        buf |= (u64)(rp < sbytes ? sp[rp] : 0) << have;
+        rp++;
+        have += 8;
+    }
+    buf >>= bit & 7;
+    have -= bit & 7;
+    for (u32 i = 0; i < ln.n; i++) {
+        if (have < 32) {
+            while (have <= 56) {
+                buf |= (u64)(rp < sbytes ? sp[rp] : 0) << have;
+                rp++;
+                have += 8;
+            }
+        }
+        const u32 ent = lut[buf & (DEC_TABLE - 1)];
+        u32 len = ent & 31, e = (ent >> 8) & 0xFF, el = 0;
+        if (ent & E2_INVALID) return false;
+        if (ent & E2_ESC) {
+            e = (u32)(buf >> len) & emask;
+            len += ti.ebits;
+        }
+        if (!(z && (ent & E2_ZERO))) {
+            u32 xb = 0;
+            if (ti.xbits) {
+                xb = (u32)(buf >> len) & 7;
+                len += ti.xbits;
+            }
+            if (pp >= ln.pend) return false;
+            u32 lo = 0;
+            if (DT == DT_FP32) {
+                lo = (pw.has_lo1 ? (u32)pw.p1[pw.lo1o + pp] << 8 : 0u) | (pw.has_lo0 ? (u32)pw.p1[pw.lo0o + pp] : 0u);
+            }
+            el = join_elem(DT, make_key(DT, e, xb), pw.p1[pp], lo);
+            pp++;
+        }
+        if ((u64)bit + len > ln.end) return false;
+        bit += len;
+        buf >>= len;
+        have -= len;
+        if (ti.w == 2) {
+            *(u16*)(o + 2 * i) = (u16)el;
+        } else {
+            *(u32*)(o + 4 * i) = el;
+        }
+    }
+    return bit == ln.end && pp == ln.pend;
+}
+
+// Decodes one version-2 block of `size` (>= 1) bytes at blk into out[0..L); the
+// launch's shared memory is sized for blocks of 2^block_log2 >= L bytes. Rejects
+// exactly what codec/src/v2.rs rejects; every read is within blk[0..size), every
+// write within out[0..L), in ascending rounds (head, grid, tail).
+//
+// Sub-segments are decoded one thread each, a group at a time (as many as
+// Smem::stage holds: in nzc_decode_v2 all of a 64 KiB block, 64 of 512 bf16
+// values; in the v1 carve 63 of 256, 31 of 512), each from its own first bit
+// (the prefix of the stored index) and first plane element, into the staging
+// buffer; then the group's span of the block (the lines from its first kept line
+// to the next group's, elided ones included) is written in 16-byte rounds.
 template <class X>
-NZC_HD u32 decode_item(X& x, Smem& s, const DecJob& job, const DecFrame& f, u32 b) {
+NZC_HD u32 decode_block_v2(X& x, Smem& s, const u8* blk, u32 size, u8* out, u32 L, u32 block_log2) {
+    if (size == 0) return ST_BLOCK;
+    u32 st = ST_OK;
+    if (decode_plain(x, blk, size, out, L, &st)) return st;
+    const u32 mode = blk[0];
+    if (mode != MODE_BF16 && mode != MODE_FP16 && mode != MODE_FP32) return ST_BLOCK;
+    const u32 dt = dtype_of_mode(mode);
+    const TypeInfo ti = type_info(dt);
+    const u32 wl = ti.w == 4 ? 2 : 1;  // log2 W
+    // fixed fields (every thread parses them: uniform values, no barrier)
+    if (size < 8) return ST_BLOCK;
+    const u32 flags = blk[1], k = blk[2], a = blk[3], grid = blk[4], iw = blk[5], base = ld_u16(blk + 6);
+    if (flags & (V2_COL | V2_BYTECODE | 0x80)) return ST_BLOCK;
+    if (ti.w != 4 && (flags & (V2_NO_LO0 | V2_NO_LO1))) return ST_BLOCK;
+    if (a < 1 || a > ti.emax) return ST_BLOCK;
+    const u32 phi = grid & 3, ssl = (grid >> 4) & 3;
+    if ((grid & 0xCC) || ssl == 3 || phi >= ti.w) return ST_BLOCK;
+    if (iw > 16) return ST_BLOCK;
+    const bool z = (flags & V2_Z) != 0, lines = (flags & V2_LINES) != 0;
+    const u32 ss = 256u << ssl, ssw = ss << wl;
+    u64 p = 8;
+    u32 zw = 0, zbase = 0;
+    if (z) {
+        if (p + 3 > size) return ST_BLOCK;
+        zw = blk[8];
+        zbase = ld_u16(blk + 9);
+        p += 3;
+        if (zw > 16) return ST_BLOCK;
+    }
+    u64 lens_at = 0;  // explicit lengths' offset; 0: static code k
+    if (flags & V2_EXPLICIT) {
+        if (k != 0 || p + 13 > size) return ST_BLOCK;
+        lens_at = p;
+        p += 13;
+        u32 kraft = 0;
+        for (u32 sy = 0; sy < NSYM; sy++) {
+            const u32 l = (blk[lens_at + sy / 2] >> (4 * (sy % 2))) & 15;
+            if (l > MAXLEN) return ST_BLOCK;
+            if (l) kraft += 1u << (MAXLEN - l);
+        }
+        if (kraft != 1u << MAXLEN) return ST_BLOCK;
+    } else if (k >= NCODES) {
+        return ST_BLOCK;
+    }
+    if (L < phi) return ST_BLOCK;
+    const u32 m = (L - phi) >> wl, t = (L - phi) & (ti.w - 1), gbytes = m << wl;
+    const u32 nl = (gbytes + LINE - 1) / LINE, nw = (nl + 31) / 32;
+    const V2Smem v = v2_view(s, block_log2);
+    // elided lines: bitmap, rank per word, count
+    x.par(nw, [&](u64 i) { v.elided[i] = 0; });
+    x.one([&]() { s.sc[SC2_BAD] = 0; });
+    if (lines) {
+        if (p + 1 > size) return ST_BLOCK;
+        const u32 form = blk[p++];
+        if (form == 0) {
+            const u32 nbm = (nl + 7) / 8;
+            if (p + nbm > size) return ST_BLOCK;
+            const u8* bm = blk + p;
+            p += nbm;
+            x.par(nw, [&](u64 i) {
+                u32 wd = 0;
+                for (u32 q = 0; q < 4; q++)
+                    if (4 * i + q < nbm) wd |= (u32)bm[4 * i + q] << (8 * q);
+                const u32 valid = nl - 32 * (u32)i >= 32 ? 0xFFFFFFFFu : (1u << (nl - 32 * (u32)i)) - 1;
+                if (wd & ~valid) X::or32(&s.sc[SC2_BAD], 1);
+                v.elided[i] = wd & valid;
+            });
+        } else if (form == 1) {
+            if (p + 2 > size) return ST_BLOCK;
+            const u32 count = ld_u16(blk + p);
+            p += 2;
+            if (p + 4 * (u64)count > size) return ST_BLOCK;
+            const u8* runs = blk + p;
+            p += 4 * (u64)count;
+            x.par(count, [&](u64 r) {
+                const u32 first = ld_u16(runs + 4 * r), len = ld_u16(runs + 4 * r + 2);
+                bool ok = len >= 1 && first + len <= nl;
+                if (r > 0) ok = ok && first > ld_u16(runs + 4 * r - 4) + ld_u16(runs + 4 * r - 2);
+                if (!ok) {
+                    X::or32(&s.sc[SC2_BAD], 1);
+                    return;
+                }
+                for (u32 l = first; l < first + len;) {
+                    const u32 bit = l & 31, nb = first + len - l < 32 - bit ? first + len - l : 32 - bit;
+                    X::or32(&v.elided[l >> 5], (nb == 32 ? 0xFFFFFFFFu : (1u << nb) - 1) << bit);
+                    l += nb;
+                }
+            });
+        } else {
+            return ST_BLOCK;
+        }
+        if (s.sc[SC2_BAD]) return ST_BLOCK;
+    }
+    x.one([&]() {
+        u32 acc = 0;
+        for (u32 i = 0; i < nw; i++) {
+            v.before[i] = acc;
+            acc += popc32(v.elided[i]);
+        }
+        s.sc[SC2_NE] = acc;
+    });
+    const u32 ne = s.sc[SC2_NE];
+    if (lines && ne == 0) return ST_BLOCK;
+    // elided bytes: whole lines, but the grid's last line may be short
+    const bool last_elided = nl && ((v.elided[(nl - 1) >> 5] >> ((nl - 1) & 31)) & 1);
+    const u32 eb = ne * LINE - (last_elided && (gbytes & (LINE - 1)) ? LINE - (gbytes & (LINE - 1)) : 0);
+    const u32 K = (gbytes - eb) >> wl, ns = (K + ss - 1) >> (8 + ssl);
+    // head, index, zero index
+    if (p + phi > size) return ST_BLOCK;
+    const u64 head_at = p;
+    p += phi;
+    const u32 ib = (ns * iw + 7) / 8, zb = z ? (ns * zw + 7) / 8 : 0;
+    if (p + ib + zb > size) return ST_BLOCK;
+    const u8* ix = blk + p;
+    const u8* zx = blk + p + ib;
+    if ((ns * iw) & 7 && (ix[ib - 1] >> ((ns * iw) & 7))) return ST_BLOCK;
+    if (z && (ns * zw) & 7 && (zx[zb - 1] >> ((ns * zw) & 7))) return ST_BLOCK;
+    p += ib + zb;
+    x.par(ns, [&](u64 j) {
+        const u32 nj = K - (u32)j * ss < ss ? K - (u32)j * ss : ss;
+        v.nbits[j] = base + packed_entry(ix, ib, (u32)j, iw);
+        v.zeros[j] = z ? zbase + packed_entry(zx, zb, (u32)j, zw) : 0;
+        if (v.zeros[j] > nj) X::or32(&s.sc[SC2_BAD], 1);
+    });
+    if (s.sc[SC2_BAD]) return ST_BLOCK;
+    x.one([&]() {
+        u32 bits = 0, zs = 0;
+        for (u32 j = 0; j < ns; j++) {
+            v.bit0[j] = bits;
+            v.p0[j] = j * ss - zs;
+            bits += v.nbits[j];
+            zs += v.zeros[j];
+        }
+        s.sc[SC2_BITS] = bits;
+        s.sc[SC2_ZSUM] = zs;
+    });
+    const u32 total_bits = s.sc[SC2_BITS], P = K - s.sc[SC2_ZSUM];
+    const u32 nlo = ti.w == 4 ? !(flags & V2_NO_LO1) + !(flags & V2_NO_LO0) : 0;
+    const u64 planes_at = p;
+    p += (u64)P * (1 + nlo);
+    const u32 sbytes = (u32)(((u64)total_bits + 7) / 8);
+    const u64 stream_at = p;
+    if (p + sbytes + t != size) return ST_BLOCK;
+    const u64 tail_at = p + sbytes;
+    if ((total_bits & 7) && (blk[tail_at - 1] >> (total_bits & 7))) return ST_BLOCK;
+    V2Planes pw;
+    pw.p1 = blk + planes_at;
+    pw.has_lo1 = ti.w == 4 && !(flags & V2_NO_LO1);
+    pw.has_lo0 = ti.w == 4 && !(flags & V2_NO_LO0);
+    pw.lo1o = P;
+    pw.lo0o = pw.has_lo1 ? 2 * P : P;
+    const u8* sp = blk + stream_at;
+    // code lengths, canonical words, 12-bit decode table
+    x.par(NSYM, [&](u64 sy) {
+        s.codelen[sy] = lens_at ? (blk[lens_at + sy / 2] >> (4 * (sy % 2))) & 15 : CODE_LENGTHS[k][sy];
+    });
+    x.par(NSYM, [&](u64 sy) {
+        s.sc[SC_WORDS + sy] = canon_word_by([&](u32 q) -> u32 { return s.codelen[q]; }, (u32)sy);
+    });
+    x.par(DEC_TABLE, [&](u64 idx) {
+        u32 ent = E2_INVALID;
+        for (u32 sy = 0; sy < NSYM; sy++) {
+            const u32 len = s.codelen[sy];
+            if (len && (idx & ((1u << len) - 1)) == s.sc[SC_WORDS + sy]) {
+                ent = len | (sy == SYM_ZERO  ? (u32)E2_ZERO
+                             : sy == SYM_ESC ? (u32)E2_ESC
+                             : sy < a        ? (a - sy) << 8
+                                             : (u32)E2_INVALID);
+                break;
+            }
+        }
+        s.lut[idx] = ent;
+    });
+    // the grid line of each sub-segment's first kept element (SS*W/64 kept lines each)
+    const u32 lps = ssw / LINE;
+    if (!lines) {
+        x.par(ns, [&](u64 j) { v.line0[j] = (u32)j * lps; });
+    } else {
+        x.par(nl, [&](u64 l) {
+            if ((v.elided[l >> 5] >> (l & 31)) & 1) return;
+            const u32 r = (u32)l - v.before[l >> 5] - popc32(v.elided[l >> 5] & ((1u << (l & 31)) - 1));
+            if (r % lps == 0 && r / lps < ns) v.line0[r / lps] = (u32)l;
+        });
+    }
+    const u32 stride = ssw + V2_PAD, gmax = s.stage_bytes / stride;
+    x.one([&]() { s.sc[SC_ERR] = ST_OK; });
+    for (u32 j0 = 0; j0 == 0 || j0 < ns; j0 += gmax) {
+        const u32 j1 = ns - j0 < gmax ? ns : j0 + gmax;
+        x.par(j1 - j0, [&](u64 gi) {
+            const u32 j = j0 + (u32)gi;
+            const u32 nj = K - j * ss < ss ? K - j * ss : ss;
+            const u32 pp = v.p0[j];
+            const V2Lane ln = {v.bit0[j], (u64)v.bit0[j] + v.nbits[j], pp, pp + nj - v.zeros[j], nj};
+            u8* o = s.stage + gi * stride;
+            // the dtype as a template argument: no per-value branches on it
+            const bool ok = dt == DT_BF16   ? v2_subseg<DT_BF16>(s.lut, sp, sbytes, ln, z, pw, o)
+                            : dt == DT_FP16 ? v2_subseg<DT_FP16>(s.lut, sp, sbytes, ln, z, pw, o)
+                                            : v2_subseg<DT_FP32>(s.lut, sp, sbytes, ln, z, pw, o);
+            if (!ok) X::or32(&s.sc[SC_ERR], ST_STREAM);
+        });
+        if (s.sc[SC_ERR]) return ST_STREAM;
+        // this group's span of the block, ascending
+        const u32 lo = j0 == 0 ? 0 : phi + LINE * v.line0[j0];
+        const u32 hi = j1 == ns ? L : phi + LINE * v.line0[j1];
+        const u32 kb0 = j0 * ssw;  // first kept byte of the group
+        auto byte_at = [&](u32 q) -> u32 {
+            if (q < phi) return blk[head_at + q];
+            const u32 g = q - phi;
+            if (g >= gbytes) return blk[tail_at + (g - gbytes)];
+            u32 kb = g;
+            if (lines) {
+                const u32 l = g / LINE, wd = v.elided[l >> 5];
+                if ((wd >> (l & 31)) & 1) return 0;
+                kb = g - LINE * (v.before[l >> 5] + popc32(wd & ((1u << (l & 31)) - 1)));
+            }
+            const u32 r = kb - kb0;
+            return s.stage[(r >> (8 + ssl + wl)) * stride + (r & (ssw - 1))];
+        };
+        const u32 c0 = lo / 16, c1 = (hi + 15) / 16;
+        if (hi > lo)
+            x.rounds(c1 - c0, [&](u64 c) {
+                const u32 a0 = (c0 + (u32)c) * 16 > lo ? (c0 + (u32)c) * 16 : lo;
+                const u32 a1 = (c0 + (u32)c) * 16 + 16 < hi ? (c0 + (u32)c) * 16 + 16 : hi;
+                // constant indices: b stays in registers
+                u8 b[16];
+NZC_UNROLL
+                for (u32 i = 0; i < 16; i++) b[i] = a0 + i < a1 ? (u8)byte_at(a0 + i) : 0;
+                store_chunk(out + a0, b, a1 - a0);
+            });
+        if (j1 == ns) break;
+    }
+    return ST_OK;
+}
+
+// Decodes work item b of a parsed frame. Returns ST_*.
+template <u32 VERS = VERS_ALL, class X>
+NZC_HD u32 decode_item(X& x, Smem& s, const DecJob& job, const DecFrame f, u32 b) {
     const u8* src = (const u8*)job.src;
     u8* dst = (u8*)job.dst;
     if (f.status != ST_OK) return f.status;
@@ -835,14 +1304,16 @@ NZC_HD u32 decode_item(X& x, Smem& s, const DecJob& job, const DecFrame& f, u32 
                         x.sum64(b, S64_B, [&](u64 i) -> u64 { return ld_u32(src + HEADER_LEN + 4 * i); });
         const u32 size = ld_u32(src + HEADER_LEN + 4 * (u64)b);
         // parse_frame checked that all blocks end within src_len
-        st = decode_block(x, s, src + pos, size, dst + o, L);
+        st = (VERS & VERS_2) && f.version == 2 ? decode_block_v2(x, s, src + pos, size, dst + o, L, f.block_log2)
+             : (VERS & VERS_1)                  ? decode_block(x, s, src + pos, size, dst + o, L)
+                                                : (u32)ST_HEADER;
     }
     if (st == ST_OK && (f.flags & FLAG_CHECKSUM)) ws_crc(job.ws, f.nb)[b] = block_crc(x, s, dst + o, L);
     return st;
 }
 
 template <class X>
-NZC_HD void decode_finish(X& x, Smem& s, const DecJob& job, const DecFrame& f, u32 err) {
+NZC_HD void decode_finish(X& x, Smem& s, const DecJob& job, const DecFrame f, u32 err) {
     u32 st = err;
     if (st == ST_OK && (f.flags & FLAG_CHECKSUM)) {
         u32 crc = 0;
@@ -865,7 +1336,7 @@ NZC_HD void decode_finish(X& x, Smem& s, const DecJob& job, const DecFrame& f, u
 // Besides the primitives listed at the top, the executor provides
 //   x.claim(counter)  fetch-and-add on a job's claim counter, uniform result
 //   x.bcast(f)        f() on one thread, its u32 result in every thread
-//   X::ld32(p)        a load of a word other CTAs write (volatile on the device)
+//   X::ld32(p)        an acquire load of a word other CTAs write (ld.acquire.gpu on the device)
 //   X::xchg32(p, v), X::cas32(p, old, v)   atomics on such words
 template <class X>
 NZC_HD void encode_jobs(X& x, Smem& s, const EncJob* jobs, u32 njobs, u32 smem_log2) {
@@ -896,7 +1367,10 @@ NZC_HD void encode_jobs(X& x, Smem& s, const EncJob* jobs, u32 njobs, u32 smem_l
     }
 }
 
-template <class X>
+// VERS (VERS_*) selects the frame versions the launch accepts: nzc_decode takes
+// version 1, nzc_decode_v2 version 2 (each kernel's code holds one decoder); the
+// host harness's fuzzing entry takes both.
+template <u32 VERS = VERS_ALL, class X>
 NZC_HD void decode_jobs(X& x, Smem& s, const DecJob* jobs, u32 njobs, u32 smem_log2) {
     for (u32 j = 0; j < njobs; j++) {
         const DecJob job = jobs[j];
@@ -907,7 +1381,7 @@ NZC_HD void decode_jobs(X& x, Smem& s, const DecJob* jobs, u32 njobs, u32 smem_l
             return known != 0 && X::ld32(&st->claim) >= known - 1;
         }) != 0;
         if (skip) continue;
-        DecFrame f = parse_frame(x, (const u8*)job.src, job.src_len, job.dst_cap);
+        DecFrame f = parse_frame(x, (const u8*)job.src, job.src_len, job.dst_cap, VERS);
         if (f.status == ST_OK && f.nb > job.ws_blocks) f.status = ST_BAD_ARGS;
         if (f.status == ST_OK && f.block_log2 > smem_log2) f.status = ST_BAD_ARGS;
         const u32 items = f.status != ST_OK ? 1 : (f.nb ? (u32)f.nb : 1);
@@ -920,7 +1394,7 @@ NZC_HD void decode_jobs(X& x, Smem& s, const DecJob* jobs, u32 njobs, u32 smem_l
                 crc_init(x, s);
                 crc_ready = true;
             }
-            const u32 r = decode_item(x, s, job, f, item);
+            const u32 r = decode_item<VERS>(x, s, job, f, item);
             if (r != ST_OK) x.bcast([&]() -> u32 { return X::cas32(&st->err, 0u, r); });
             if (x.finish(st, items)) {
                 const u32 err = x.bcast([&]() -> u32 { return X::ld32(&st->err); });

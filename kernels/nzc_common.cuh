@@ -17,6 +17,14 @@ typedef unsigned long long uintptr_t;
 #include <stdint.h>
 #endif
 
+// Full unrolling of a constant-trip loop (array indices become constants: registers,
+// not local memory); g++ leaves it to -O.
+#if defined(__CUDACC__)
+#define NZC_UNROLL _Pragma("unroll")
+#else
+#define NZC_UNROLL
+#endif
+
 #if defined(__CUDACC__)
 #define NZC_HD __host__ __device__ __forceinline__
 #define NZC_TABLE static __constant__ const

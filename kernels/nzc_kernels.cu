@@ -88,13 +88,23 @@ struct DevExec {
     __device__ u32 claim(u32* counter) {
         return bcast([&]() -> u32 { return atomicAdd(counter, 1u); });
     }
-    __device__ static u32 ld32(const u32* p) { return *(const volatile u32*)p; }
+    // Acquire loads of words other CTAs publish (the host executor's
+    // __ATOMIC_ACQUIRE): what the publisher wrote before its release is visible.
+    __device__ static u32 ld32(const u32* p) {
+        u32 v;
+        asm volatile("ld.acquire.gpu.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+        return v;
+    }
+    __device__ static u64 ld64_acquire(const u64* p) {
+        u64 v;
+        asm volatile("ld.acquire.gpu.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+        return v;
+    }
     __device__ static u32 xchg32(u32* p, u32 v) { return atomicExch(p, v); }
     __device__ static u32 cas32(u32* p, u32 old, u32 v) { return atomicCAS(p, old, v); }
     // Decoupled look-back: publishes block b's size, returns the exclusive prefix.
     __device__ u64 lookback(u64* scan, u32 b, u64 size) {
         if (threadIdx.x == 0) {
-            volatile u64* vs = scan;
             u64 excl = 0;
             if (b == 0) {
                 atomicExch((unsigned long long*)&scan[0], (unsigned long long)(SCAN_INC | size));
@@ -103,7 +113,7 @@ struct DevExec {
                 for (int p = (int)b - 1; p >= 0; p--) {
                     u64 v;
                     do {
-                        v = vs[p];
+                        v = ld64_acquire(&scan[p]);
                     } while ((v & ~SCAN_VAL) == 0);
                     excl += v & SCAN_VAL;
                     if ((v & ~SCAN_VAL) == SCAN_INC) break;
@@ -163,9 +173,20 @@ extern "C" __global__ void __launch_bounds__(256) nzc_decode(const DecJob* jobs,
     Smem s;
     smem_carve(smem_raw, smem_log2, &s);
     DevExec x(&s);
-    decode_jobs(x, s, jobs, njobs, smem_log2);
+    decode_jobs<VERS_1>(x, s, jobs, njobs, smem_log2);
 }
 
 // Shared-memory bytes a launch needs for blocks up to 2^block_log2 (host wrappers call
 // the same formula through src/gpu; exported for tests on the device).
+// Frames of format 2 only; nzc_decode takes format 1 only (each rejects the other's
+// frames with ST_HEADER): the caller knows the format its peer writes, and each
+// kernel's machine code holds one decoder (registers, scripts/sass_check.sh).
+extern "C" __global__ void __launch_bounds__(256) nzc_decode_v2(const DecJob* jobs, u32 njobs, u32 smem_log2) {
+    extern __shared__ __align__(16) u8 smem_raw[];
+    Smem s;
+    smem_carve_v2(smem_raw, smem_log2, &s);  // dynamic shared memory: smem_bytes_v2
+    DevExec x(&s);
+    decode_jobs<VERS_2>(x, s, jobs, njobs, smem_log2);
+}
+
 extern "C" __global__ void nzc_smem_bytes(u32 block_log2, u64* out) { *out = smem_bytes(block_log2); }

@@ -17,10 +17,17 @@ mkdir -p corpus/decode corpus/decode_v2 corpus/roundtrip corpus/kernel_decode ar
 for f in ../tests/vectors/*.nzf; do
     # 2 leading bytes choose the destination size (0xFFFF * 32 bytes: big enough)
     { printf '\xff\xff'; cat "$f"; } > "corpus/decode/seed-$(basename "$f")"
-    cp "corpus/decode/seed-$(basename "$f")" corpus/kernel_decode/
+    # kernel_decode: a first byte below 0x80 means "a frame follows" (0x7FFF * 32: 1 MiB)
+    { printf '\x7f\xff'; cat "$f"; } > "corpus/kernel_decode/seed-$(basename "$f")"
 done
 for f in ../tests/vectors/v2/*.nzf; do
     { printf '\xff\xff'; cat "$f"; } > "corpus/decode/seed-v2-$(basename "$f")"
+    { printf '\x7f\xff'; cat "$f"; } > "corpus/kernel_decode/seed-v2-$(basename "$f")"
+done
+for f in ../tests/vectors/v2/*.in; do
+    # kernel_decode, first byte >= 0x80: compress as v2 (low bits: hint, checksum,
+    # block size), then flip bits (next 8 bytes), as decode_v2
+    head -c 30000 "$f" | { printf '\x84\x12\x34\x00\x00\x00\x00\x00\x00'; cat; } > "corpus/kernel_decode/seed-in-$(basename "$f")"
 done
 for f in ../tests/vectors/v2/*.in; do
     # byte 0: dtype hint and block size; bytes 1..8: bit positions to flip

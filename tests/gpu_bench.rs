@@ -68,8 +68,18 @@ fn gpu_bench() {
         (1 << 20, 8, capped, 50),
     ];
     println!(
-        "{:>10} {:>8} {:>4} {:>7} {:>10} {:>9} {:>10} {:>9} {:>8}",
-        "msg", "inflight", "SMs", "ratio", "enc GB/s", "enc HBM%", "dec GB/s", "dec HBM%", "enc us"
+        "{:>10} {:>8} {:>4} {:>7} {:>10} {:>9} {:>10} {:>9} {:>8} {:>11} {:>8}",
+        "msg",
+        "inflight",
+        "SMs",
+        "ratio",
+        "enc GB/s",
+        "enc HBM%",
+        "dec GB/s",
+        "dec HBM%",
+        "enc us",
+        "v2 dec GB/s",
+        "v2 ratio"
     );
     for (n, inflight, sms, iters) in cases {
         g.set_sms(sms);
@@ -142,12 +152,57 @@ fn gpu_bench() {
         let mut back = vec![0u8; n];
         outs[0].read(0, &mut back).unwrap();
         assert!(back == input, "decode mismatch at {n}");
+        // format 2 (nzc_decode_v2) on the CPU encoder's v2 frame of the same input:
+        // docs/GPU.md "The v2 decoder as built" predicts it
+        let v2_opts = EncodeOptions {
+            dtype: DtypeHint::Auto,
+            checksum: false,
+            block_log2: 16,
+            format: 2,
+        };
+        let mut f2 = vec![0u8; max_compressed_size(n)];
+        let f2len = compress(&input, &mut f2, &v2_opts).unwrap();
+        f2.truncate(f2len);
+        let frames2: Vec<DeviceBuffer> = (0..inflight)
+            .map(|_| {
+                let b = DeviceBuffer::new(g.context(), f2len).unwrap();
+                b.write(0, &f2).unwrap();
+                b
+            })
+            .collect();
+        let djobs2: Vec<DecodeJob> = (0..inflight)
+            .map(|k| DecodeJob {
+                src: frames2[k].ptr(),
+                src_len: f2len as u64,
+                dst: outs[k].ptr(),
+                dst_cap: n as u64,
+            })
+            .collect();
+        let mut dec2_t = Vec::new();
+        for it in 0..iters + 2 {
+            let t0 = Instant::now();
+            // SAFETY: as above.
+            unsafe { g.decode_batch_format(&stream, &mut batch, &djobs2, 2) }.unwrap();
+            let r = wait_or_exit(
+                &batch,
+                &format!("v2 decode of {n} B x {inflight}, iteration {it}"),
+            );
+            let dt = t0.elapsed().as_secs_f64();
+            assert_eq!(*r[0].as_ref().unwrap(), n as u64);
+            if it >= 2 {
+                dec2_t.push(dt);
+            }
+        }
+        stream.synchronize().unwrap();
+        outs[0].read(0, &mut back).unwrap();
+        assert!(back == input, "v2 decode mismatch at {n}");
         let bytes = (n * inflight) as f64;
         let (te, td) = (median(enc_t), median(dec_t));
+        let td2 = median(dec2_t);
         let ratio = n as f64 / flen as f64;
         let traffic = bytes + bytes / ratio; // read input + write frame (and vice versa)
         println!(
-            "{:>10} {:>8} {:>4} {:>7.3} {:>10.2} {:>8.1}% {:>10.2} {:>8.1}% {:>8.1}",
+            "{:>10} {:>8} {:>4} {:>7.3} {:>10.2} {:>8.1}% {:>10.2} {:>8.1}% {:>8.1} {:>11.2} {:>8.3}",
             n,
             inflight,
             g.sms(),
@@ -156,7 +211,9 @@ fn gpu_bench() {
             100.0 * traffic / te / 1e9 / hbm,
             bytes / td / 1e9,
             100.0 * traffic / td / 1e9 / hbm,
-            te * 1e6
+            te * 1e6,
+            bytes / td2 / 1e9,
+            n as f64 / f2len as f64
         );
     }
 }

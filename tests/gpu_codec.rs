@@ -117,8 +117,17 @@ fn gpu_encode(g: &GpuCodec, cases: &[Case]) -> Vec<Result<Vec<u8>, Status>> {
     out
 }
 
-/// Decodes (frame, dst_cap) pairs on the GPU.
+/// Decodes (frame, dst_cap) pairs on the GPU (format 1: `nzc_decode`).
 fn gpu_decode(g: &GpuCodec, frames: &[(Vec<u8>, usize)]) -> Vec<Result<Vec<u8>, Status>> {
+    gpu_decode_format(g, frames, 1)
+}
+
+/// Decodes (frame, dst_cap) pairs of frame `format` on the GPU.
+fn gpu_decode_format(
+    g: &GpuCodec,
+    frames: &[(Vec<u8>, usize)],
+    format: u8,
+) -> Vec<Result<Vec<u8>, Status>> {
     let stream = g.context().default_stream();
     let maxcap = frames.iter().map(|f| f.1).max().unwrap_or(0) as u64;
     let mut batch = g.new_batch(8, maxcap.max(1)).unwrap();
@@ -144,7 +153,7 @@ fn gpu_decode(g: &GpuCodec, frames: &[(Vec<u8>, usize)]) -> Vec<Result<Vec<u8>, 
             })
             .collect();
         // SAFETY: buffers live until wait() returns below.
-        unsafe { g.decode_batch(&stream, &mut batch, &jobs) }.unwrap();
+        unsafe { g.decode_batch_format(&stream, &mut batch, &jobs, format) }.unwrap();
         let res = wait_or_exit(
             &batch,
             &format!(
@@ -368,6 +377,86 @@ fn gpu_corrupt_frames_rejected_like_cpu() {
             (Err(_), Err(_)) => {}
             _ => panic!(
                 "frame {i}: CPU {:?} vs GPU {:?}",
+                cpu.map(|v| v.len()),
+                r.map(|v| v.len())
+            ),
+        }
+    }
+}
+
+/// Format 2 (`nzc_decode_v2`): the 20 frozen v2 vectors, the sweep's inputs as v2
+/// CPU frames, and corrupted v2 frames decided as the CPU decides; each kernel
+/// rejects the other format's frames.
+#[test]
+fn gpu_decode_v2_matches_cpu() {
+    let Some(g) = codec() else { return };
+    let man = frozen::manifest_v2();
+    let frames: Vec<(Vec<u8>, usize)> = man
+        .iter()
+        .map(|(v, _)| (v.frame.to_vec(), v.input.len()))
+        .collect();
+    for ((v, _), r) in man.iter().zip(gpu_decode_format(&g, &frames, 2)) {
+        assert_eq!(r.as_deref().ok(), Some(v.input), "v2 vector {}", v.name);
+    }
+    for (r, (f, _)) in gpu_decode_format(&g, &frames, 1).into_iter().zip(&frames) {
+        assert!(
+            r.is_err() || f.len() < 24,
+            "format-1 kernel accepted a v2 frame"
+        );
+    }
+    let cases: Vec<Case> = random_cases(0x2_6E0, 24)
+        .into_iter()
+        .map(|c| Case {
+            opts: EncodeOptions {
+                format: 2,
+                ..c.opts
+            },
+            ..c
+        })
+        .collect();
+    let dec: Vec<(Vec<u8>, usize)> = cases
+        .iter()
+        .map(|c| (cpu_frame(c), c.input.len()))
+        .collect();
+    for (i, (r, c)) in gpu_decode_format(&g, &dec, 2)
+        .into_iter()
+        .zip(&cases)
+        .enumerate()
+    {
+        assert!(
+            r.as_deref().ok() == Some(&c.input[..]),
+            "v2 case {i}: {:?}",
+            r.err()
+        );
+    }
+    let mut rng = rand::rngs::StdRng::seed_from_u64(0xC0FFEE2);
+    let mut bad = Vec::new();
+    for (f0, n) in dec.iter().take(8) {
+        for t in 0..24 {
+            let mut f = f0.clone();
+            match t % 3 {
+                0 => {
+                    let p = rng.gen_range(24.min(f.len() - 1)..f.len());
+                    f[p] ^= 1 << rng.gen_range(0..8);
+                }
+                1 => f.truncate(rng.gen_range(0..f.len())),
+                _ => {
+                    let p = rng.gen_range(24.min(f.len() - 1)..f.len());
+                    let e = (p + rng.gen_range(1..32)).min(f.len());
+                    rng.fill_bytes(&mut f[p..e]);
+                }
+            }
+            bad.push((f, (*n).max(1)));
+        }
+    }
+    for (i, ((f, cap), r)) in bad.iter().zip(gpu_decode_format(&g, &bad, 2)).enumerate() {
+        let mut out = vec![0u8; *cap];
+        let cpu = decompress(f, &mut out).map(|n| out[..n].to_vec());
+        match (&cpu, &r) {
+            (Ok(a), Ok(b)) => assert_eq!(a, b, "v2 frame {i}"),
+            (Err(_), Err(_)) => {}
+            _ => panic!(
+                "v2 frame {i}: CPU {:?} vs GPU {:?}",
                 cpu.map(|v| v.len()),
                 r.map(|v| v.len())
             ),

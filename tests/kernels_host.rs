@@ -243,6 +243,15 @@ fn harness_decode_with(
     frames: &[(Vec<u8>, usize)],
     launch: Launch,
 ) -> Vec<Result<Vec<u8>, String>> {
+    harness_decode_op(frames, launch, "dec")
+}
+
+/// `op`: "dec" (nzc_decode: version-1 frames) or "dec2" (nzc_decode_v2: version 2).
+fn harness_decode_op(
+    frames: &[(Vec<u8>, usize)],
+    launch: Launch,
+    op: &str,
+) -> Vec<Result<Vec<u8>, String>> {
     let dir = work_dir();
     let mut lines = Vec::new();
     for (i, (f, cap)) in frames.iter().enumerate() {
@@ -254,7 +263,7 @@ fn harness_decode_with(
             dir.join(format!("d{i}.out")).display(),
             cap
         );
-        lines.push(launch.cmd("dec", i, args));
+        lines.push(launch.cmd(op, i, args));
     }
     let out = run_script_on(launch.bin(), &dir, &lines)
         .iter()
@@ -298,6 +307,19 @@ fn code_table_matches_codec_crate() {
             &row[..],
             &nccl_zip_codec::codes::CODE_LENGTHS[k][..],
             "code {k}"
+        );
+    }
+}
+
+#[test]
+fn smem_formula_v2_matches_kernels() {
+    let lines: Vec<String> = (12..=20).map(|l| format!("smem2 {l}")).collect();
+    let dir = work_dir();
+    for (l, r) in (12..=20u32).zip(run_script(&dir, &lines)) {
+        assert_eq!(
+            r,
+            format!("ok {}", nccl_net_zip::gpu::abi::smem_bytes_v2(l)),
+            "block_log2 {l}"
         );
     }
 }
@@ -736,5 +758,312 @@ fn concurrent_decode_of_corrupt_frames_matches_sequential_under_tsan() {
     eprintln!(
         "kernels_host: {} corrupted frames through concurrent launches under TSan, {rejected} rejected by both",
         frames.len()
+    );
+}
+
+// ---- the format v2 decoder (issue 19, item 1) -------------------------------------
+// `dec2`/`pdec2` run decode_jobs<VERS_2> (the body of nzc_decode_v2), `dec`/`pdec`
+// decode_jobs<VERS_1> (nzc_decode). The CPU decoder (codec/src/v2.rs) is the oracle.
+
+/// A seeded input with what v2 codes specially: all-zero 64-byte lines and longer
+/// zero rows, scattered exact zeros, a misaligned non-float prefix, -0.0 and NaNs.
+fn gen_sparse(rng: &mut impl Rng, n: usize, w: usize) -> Vec<u8> {
+    let prefix = rng.gen_range(0..4usize).min(n);
+    let mut v: Vec<u8> = (0..prefix).map(|_| rng.gen()).collect();
+    let sigma = 10f64.powf(rng.gen_range(-4.0..1.0));
+    let p_zero = [0.0, 0.3, 0.7][rng.gen_range(0..3)];
+    let row = 64 * rng.gen_range(1..64usize);
+    while v.len() < n {
+        if rng.gen_bool(0.15) {
+            v.extend(std::iter::repeat_n(0u8, row));
+            continue;
+        }
+        for _ in 0..row / w {
+            let x = gauss(rng) * sigma;
+            let bits: u32 = if rng.gen_bool(p_zero) {
+                0
+            } else if rng.gen_bool(0.002) {
+                [0x8000_0000u32, 0x7FC0_0001, 0xFF80_0000, 1][rng.gen_range(0..4)]
+            } else {
+                (x as f32).to_bits()
+            };
+            if w == 4 {
+                // fp32 holding bf16 values (low planes omitted) half of the time
+                let b = if p_zero > 0.5 {
+                    bits & 0xFFFF_0000
+                } else {
+                    bits
+                };
+                v.extend(b.to_le_bytes());
+            } else {
+                v.extend(((bits >> 16) as u16).to_le_bytes());
+            }
+        }
+    }
+    v.truncate(n);
+    v
+}
+
+fn v2_opts(dtype: DtypeHint, checksum: bool, block_log2: u8) -> EncodeOptions {
+    EncodeOptions {
+        dtype,
+        checksum,
+        block_log2,
+        format: 2,
+    }
+}
+
+/// The sweep: sizes 0, odd and misaligned, every hint, block sizes 4 KiB-1 MiB,
+/// dense (sweep_cases' kinds) and sparse inputs, all as format-2 CPU frames.
+fn v2_sweep(seed: u64, count: usize) -> Vec<EncCase> {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let mut cases: Vec<EncCase> = sweep_cases(seed, count / 2)
+        .into_iter()
+        .map(|c| EncCase {
+            input: c.input,
+            opts: EncodeOptions {
+                format: 2,
+                ..c.opts
+            },
+        })
+        .collect();
+    let sizes = [
+        0usize, 1, 3, 17, 63, 64, 65, 127, 129, 4095, 4097, 8083, 12345, 65537, 70001, 262147,
+    ];
+    while cases.len() < count {
+        let n = if cases.len() < count / 2 + sizes.len() {
+            sizes[cases.len() - count / 2]
+        } else {
+            rng.gen_range(64..400_000)
+        };
+        let w = [2usize, 2, 4][rng.gen_range(0..3)];
+        let hint = [
+            DtypeHint::Auto,
+            DtypeHint::Auto,
+            DtypeHint::Bf16,
+            DtypeHint::Fp16,
+            DtypeHint::Fp32,
+        ][rng.gen_range(0..5)];
+        let bl = [12u8, 13, 16, 16, 17, 20][rng.gen_range(0..6)];
+        cases.push(EncCase {
+            input: gen_sparse(&mut rng, n, w),
+            opts: v2_opts(hint, rng.gen_bool(0.3), bl),
+        });
+    }
+    cases
+}
+
+#[test]
+fn v2_frozen_vectors_decode_byte_for_byte() {
+    let man = frozen::manifest_v2();
+    assert_eq!(man.len(), 20, "codec/tests/vectors/v2 holds 20 vectors");
+    let frames: Vec<(Vec<u8>, usize)> = man
+        .iter()
+        .map(|(v, opts)| {
+            // the vector is still what the CPU encoder writes
+            assert!(
+                cpu_frame(v.input, opts) == v.frame,
+                "vector {}: CPU frame differs",
+                v.name
+            );
+            (v.frame.to_vec(), v.input.len())
+        })
+        .collect();
+    for ((v, _), r) in man
+        .iter()
+        .zip(harness_decode_op(&frames, Launch::Seq, "dec2"))
+    {
+        assert_eq!(r.as_deref().ok(), Some(v.input), "vector {}", v.name);
+    }
+    // each kernel rejects the other format's frames (ST_HEADER)
+    let v1: Vec<(Vec<u8>, usize)> = frozen::manifest()
+        .iter()
+        .map(|(v, _)| (v.frame.to_vec(), v.input.len()))
+        .collect();
+    for (i, r) in harness_decode_op(&v1, Launch::Seq, "dec2")
+        .into_iter()
+        .enumerate()
+    {
+        assert_eq!(r, Err("err 2".to_string()), "v1 vector {i} through dec2");
+    }
+    for (i, r) in harness_decode_op(&frames, Launch::Seq, "dec")
+        .into_iter()
+        .enumerate()
+    {
+        assert_eq!(r, Err("err 2".to_string()), "v2 vector {i} through dec");
+    }
+    eprintln!(
+        "kernels_host: {} v2 frozen vectors decoded byte for byte",
+        man.len()
+    );
+}
+
+#[test]
+fn v2_sweep_decodes_cpu_frames() {
+    let cases = v2_sweep(0x0002_5EED, 64);
+    let frames: Vec<(Vec<u8>, usize)> = cases
+        .iter()
+        .map(|c| (cpu_frame(&c.input, &c.opts), c.input.len()))
+        .collect();
+    let mut total = 0;
+    for (i, (r, c)) in harness_decode_op(&frames, Launch::Seq, "dec2")
+        .into_iter()
+        .zip(&cases)
+        .enumerate()
+    {
+        total += c.input.len();
+        assert!(
+            r.as_deref().ok() == Some(&c.input[..]),
+            "case {i}: n={} opts={:?}: {:?}",
+            c.input.len(),
+            c.opts,
+            r.err()
+        );
+    }
+    eprintln!(
+        "kernels_host: {} v2 sweep frames ({total} bytes) decoded byte for byte",
+        cases.len()
+    );
+}
+
+/// Small v2 frames (coded blocks with lines, Z, explicit codes, phases; fp16; fp32
+/// with omitted planes; checksum on and off), each cut at every length and flipped
+/// at every bit after the header, plus larger frames corrupted at random.
+fn v2_corrupt_frames() -> Vec<(Vec<u8>, usize)> {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(0xBAD_0002);
+    let mut frames = Vec::new();
+    let small = [
+        (gen_sparse(&mut rng, 700, 2), DtypeHint::Bf16, false),
+        (gen_sparse(&mut rng, 900, 4), DtypeHint::Fp32, true),
+        (gen_input(&mut rng, 1, 500), DtypeHint::Fp16, false),
+        (gen_sparse(&mut rng, 1200, 2), DtypeHint::Auto, true),
+    ];
+    for (input, hint, ck) in &small {
+        let f = cpu_frame(input, &v2_opts(*hint, *ck, 12));
+        assert_eq!(f[4], 2);
+        for cut in 0..f.len() {
+            frames.push((f[..cut].to_vec(), input.len()));
+        }
+        for bit in 8 * 24..8 * f.len() {
+            let mut g = f.clone();
+            g[bit / 8] ^= 1 << (bit % 8);
+            frames.push((g, input.len()));
+        }
+        frames.push((f, input.len()));
+    }
+    for (n, w, ck, bl) in [
+        (70001, 2, true, 12u8),
+        (50000, 4, false, 14),
+        (200000, 2, false, 16),
+    ] {
+        let input = gen_sparse(&mut rng, n, w);
+        let f = cpu_frame(&input, &v2_opts(DtypeHint::Auto, ck, bl));
+        for t in 0..60 {
+            let mut g = f.clone();
+            match t % 3 {
+                0 => {
+                    let p = rng.gen_range(24..g.len());
+                    g[p] ^= 1 << rng.gen_range(0..8);
+                }
+                1 => g.truncate(rng.gen_range(0..f.len())),
+                _ => {
+                    let p = rng.gen_range(24..g.len());
+                    let e = (p + rng.gen_range(1..32)).min(g.len());
+                    rng.fill_bytes(&mut g[p..e]);
+                }
+            }
+            let cap = if t % 7 == 0 {
+                n - 1
+            } else {
+                n + rng.gen_range(0..100)
+            };
+            frames.push((g, cap));
+        }
+    }
+    frames
+}
+
+#[test]
+fn v2_corrupt_frames_rejected_like_cpu_without_oob() {
+    let frames = v2_corrupt_frames();
+    let res = harness_decode_op(&frames, Launch::Seq, "dec2");
+    let cpu = frames.iter().map(|(f, cap)| {
+        let mut out = vec![0u8; *cap];
+        decompress(f, &mut out).map(|n| out[..n].to_vec())
+    });
+    let rejected = same_decisions(cpu.zip(res), "CPU", "harness");
+    // flips of plane bytes in frames without a checksum decode (to other bytes,
+    // as on the CPU); everything else is rejected
+    assert!(
+        rejected > frames.len() / 2,
+        "only {rejected} of {} corrupted v2 frames rejected",
+        frames.len()
+    );
+    eprintln!(
+        "kernels_host: {} corrupted v2 frames, {rejected} rejected, decisions identical to the CPU decoder",
+        frames.len()
+    );
+}
+
+#[test]
+fn v2_concurrent_decode_under_tsan_and_asan() {
+    let man = frozen::manifest_v2();
+    let vec_frames: Vec<(Vec<u8>, usize)> = man
+        .iter()
+        .map(|(v, _)| (v.frame.to_vec(), v.input.len()))
+        .collect();
+    for seed in [1u64, 1000] {
+        let launch = Launch::Conc {
+            san: San::Thread,
+            seed,
+        };
+        for ((v, _), r) in man
+            .iter()
+            .zip(harness_decode_op(&vec_frames, launch, "dec2"))
+        {
+            assert_eq!(
+                r.as_deref().ok(),
+                Some(v.input),
+                "vector {} (seed {seed})",
+                v.name
+            );
+        }
+    }
+    let cases = v2_sweep(0x0002_C0C0, 24);
+    let frames: Vec<(Vec<u8>, usize)> = cases
+        .iter()
+        .map(|c| (cpu_frame(&c.input, &c.opts), c.input.len()))
+        .collect();
+    for san in [San::Thread, San::Address] {
+        let launch = Launch::Conc { san, seed: 78 };
+        for (i, (r, c)) in harness_decode_op(&frames, launch, "dec2")
+            .into_iter()
+            .zip(&cases)
+            .enumerate()
+        {
+            assert!(
+                r.as_deref().ok() == Some(&c.input[..]),
+                "{san:?} case {i}: {:?}",
+                r.err()
+            );
+        }
+    }
+    // corrupted frames: the same decisions and bytes as the sequential decoder
+    let bad: Vec<(Vec<u8>, usize)> = v2_corrupt_frames().into_iter().step_by(7).collect();
+    let seq = harness_decode_op(&bad, Launch::Seq, "dec2");
+    let conc = harness_decode_op(
+        &bad,
+        Launch::Conc {
+            san: San::Thread,
+            seed: 6,
+        },
+        "dec2",
+    );
+    let rejected = same_decisions(seq.into_iter().zip(conc), "sequential", "concurrent");
+    eprintln!(
+        "kernels_host: v2 through concurrent launches: {} vectors twice and {} sweep cases (TSan, ASan), {} corrupted frames ({rejected} rejected by both)",
+        man.len(),
+        cases.len(),
+        bad.len()
     );
 }

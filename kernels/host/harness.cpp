@@ -18,14 +18,18 @@
 //
 // Usage: nzc_host SCRIPT  (one command per line, one result line per command)
 //   enc IN OUT HINT CHECKSUM BLOCK_LOG2   -> "ok FRAME_LEN" | "err STATUS"
-//   dec IN OUT DST_CAP                    -> "ok RAW_LEN"   | "err STATUS"
+//   dec IN OUT DST_CAP                    -> "ok RAW_LEN"   | "err STATUS"  (version 1
+//                                            frames, as nzc_decode)
+//   dec2 IN OUT DST_CAP                   -> as dec, version 2 frames (nzc_decode_v2)
 //   penc IN OUT HINT CHECKSUM BLOCK_LOG2 CTAS JOBS SEED
 //                                         -> as enc; CTAS threads run one launch of
 //                                            JOBS copies of the job, which must agree
 //   pdec IN OUT DST_CAP CTAS JOBS SEED    -> as dec, concurrently
+//   pdec2 IN OUT DST_CAP CTAS JOBS SEED   -> as dec2, concurrently
 //   race                                  -> a deliberate data race (checks that
 //                                            the sanitizer reports one)
 //   smem BLOCK_LOG2                       -> "ok BYTES"
+//   smem2 BLOCK_LOG2                      -> "ok BYTES" (nzc_decode_v2's carve)
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -197,16 +201,22 @@ struct ConcExec {
     }
 };
 
+// One CTA's shared memory, carved as nzc_decode_v2 does (v2) or as the other
+// kernels do.
 struct Cta {
     std::vector<u8> raw;
     Smem s;
-    explicit Cta(u32 log2) {
-        u64 bytes = smem_bytes(log2);
+    bool v2;
+    explicit Cta(u32 log2, bool v2_carve = false) : v2(v2_carve) {
+        u64 bytes = v2 ? smem_bytes_v2(log2) : smem_bytes(log2);
         raw.assign(bytes, 0xA5);
     }
     void fresh(u32 log2) {
         memset(raw.data(), 0xA5, raw.size());
-        smem_carve(raw.data(), log2, &s);
+        if (v2)
+            smem_carve_v2(raw.data(), log2, &s);
+        else
+            smem_carve(raw.data(), log2, &s);
     }
 };
 
@@ -278,7 +288,9 @@ static int cmd_enc(const char* in, const char* out, u32 hint, u32 cks, u32 log2)
 }
 
 // Decodes `frame` into `d` (cap bytes) with the sequential executor, shared
-// memory poisoned before every work item; fills `res`.
+// memory poisoned before every work item; fills `res`. VERS: the frame versions
+// accepted (decode_jobs' template argument).
+template <u32 VERS = VERS_ALL>
 static void dec_core(const u8* s, u64 frame_len, u8* d, u64 cap, JobResult* res) {
     const u64 ws_blocks = (cap + 4095) / 4096;
     std::vector<u8> ws(ws_bytes(ws_blocks), 0);
@@ -294,23 +306,24 @@ static void dec_core(const u8* s, u64 frame_len, u8* d, u64 cap, JobResult* res)
     job.reserved = 0;
     HostExec x;
     const u32 log2 = MAX_BLOCK_LOG2;  // a launch sized for any frame
-    Cta cta(log2);
+    Cta cta(log2, VERS == VERS_2);
     JobState* st = (JobState*)ws.data();
     u32 items = 1;
     for (u32 b = 0; b < items; b++) {
         cta.fresh(log2);
-        DecFrame f = parse_frame(x, s, frame_len, cap);
+        DecFrame f = parse_frame(x, s, frame_len, cap, VERS);
         if (f.status == ST_OK && f.nb > ws_blocks) f.status = ST_BAD_ARGS;
         items = f.status != ST_OK ? 1 : (f.nb ? (u32)f.nb : 1);
         if (f.status == ST_OK && (f.flags & FLAG_CHECKSUM)) crc_init(x, cta.s);
-        u32 r = decode_item(x, cta.s, job, f, b);
+        u32 r = decode_item<VERS>(x, cta.s, job, f, b);
         if (r && !st->err) st->err = r;
         if (x.finish(st, items)) decode_finish(x, cta.s, job, f, st->err);
     }
 }
 
-// For a fuzzer linked with this file (NZC_HOST_NO_MAIN): the kernels' decoder on
-// arbitrary bytes. Returns the status (0: ok, `*out_len` bytes written), or
+// For a fuzzer linked with this file (NZC_HOST_NO_MAIN): the kernels' decoders
+// (the frame's version byte picks nzc_decode's or nzc_decode_v2's) on arbitrary
+// bytes. Returns the status (0: ok, `*out_len` bytes written), or
 // 0xFFFFFFFF if the job never finished.
 extern "C" u32 nzc_host_decode(const u8* frame, u64 frame_len, u8* dst, u64 cap, u64* out_len) {
     JobResult res;
@@ -319,6 +332,7 @@ extern "C" u32 nzc_host_decode(const u8* frame, u64 frame_len, u8* dst, u64 cap,
     return res.done ? res.status : 0xFFFFFFFFu;
 }
 
+template <u32 VERS>
 static int cmd_dec(const char* in, const char* out, u64 cap) {
     std::vector<u8> frame;
     if (!read_file(in, frame)) return printf("err io\n"), 0;
@@ -326,7 +340,7 @@ static int cmd_dec(const char* in, const char* out, u64 cap) {
     u8* d = (u8*)malloc(cap ? cap : 1);
     memset(d, 0xEE, cap ? cap : 1);
     JobResult res;
-    dec_core(s, frame.size(), d, cap, &res);
+    dec_core<VERS>(s, frame.size(), d, cap, &res);
     if (!res.done) return printf("err unfinished\n"), 0;
     if (res.status) {
         printf("err %u\n", res.status);
@@ -341,11 +355,11 @@ static int cmd_dec(const char* in, const char* out, u64 cap) {
 
 // Runs `ctas` CTA threads over one launch; each gets fresh poisoned shared memory.
 template <class Body>
-static void launch(u32 ctas, u32 log2, u64 seed, Body body) {
+static void launch(u32 ctas, u32 log2, u64 seed, Body body, bool v2_carve = false) {
     std::vector<std::thread> ts;
     for (u32 c = 0; c < ctas; c++)
         ts.emplace_back([=]() {
-            Cta cta(log2);
+            Cta cta(log2, v2_carve);
             cta.fresh(log2);
             ConcExec x(seed * 1000003ull + c + 1);
             body(x, cta.s);
@@ -404,6 +418,7 @@ static int cmd_penc(const char* in, const char* out, u32 hint, u32 cks, u32 log2
     return 0;
 }
 
+template <u32 VERS>
 static int cmd_pdec(const char* in, const char* out, u64 cap, u32 ctas, u32 njobs, u64 seed) {
     std::vector<u8> frame;
     if (!read_file(in, frame)) return printf("err io\n"), 0;
@@ -431,7 +446,7 @@ static int cmd_pdec(const char* in, const char* out, u64 cap, u32 ctas, u32 njob
     }
     const DecJob* jp = jobs.data();
     const u32 log2 = MAX_BLOCK_LOG2;  // a launch sized for any frame
-    launch(ctas, log2, seed, [&](ConcExec& x, Smem& s) { decode_jobs(x, s, jp, njobs, log2); });
+    launch(ctas, log2, seed, [&](ConcExec& x, Smem& s) { decode_jobs<VERS>(x, s, jp, njobs, log2); }, VERS == VERS_2);
     int rc = 0;
     for (u32 j = 0; j < njobs && !rc; j++) {
         if (!res[j].done) rc = printf("err unfinished\n");
@@ -490,14 +505,20 @@ int main(int argc, char** argv) {
         unsigned long long c = 0, d = 0, e = 0, g = 0, h = 0, k = 0;
         if (sscanf(line, "penc %4095s %4095s %llu %llu %llu %llu %llu %llu", a, b, &c, &d, &e, &g, &h, &k) == 8) {
             cmd_penc(a, b, (u32)c, (u32)d, (u32)e, (u32)g, (u32)h, (u64)k);
+        } else if (sscanf(line, "pdec2 %4095s %4095s %llu %llu %llu %llu", a, b, &c, &d, &e, &g) == 6) {
+            cmd_pdec<VERS_2>(a, b, c, (u32)d, (u32)e, (u64)g);  // "X2" before "X" (sscanf)
         } else if (sscanf(line, "pdec %4095s %4095s %llu %llu %llu %llu", a, b, &c, &d, &e, &g) == 6) {
-            cmd_pdec(a, b, c, (u32)d, (u32)e, (u64)g);
+            cmd_pdec<VERS_1>(a, b, c, (u32)d, (u32)e, (u64)g);
         } else if (strncmp(line, "race", 4) == 0) {
             cmd_race();
         } else if (sscanf(line, "enc %4095s %4095s %llu %llu %llu", a, b, &c, &d, &e) == 5) {
             cmd_enc(a, b, (u32)c, (u32)d, (u32)e);
+        } else if (sscanf(line, "dec2 %4095s %4095s %llu", a, b, &c) == 3) {
+            cmd_dec<VERS_2>(a, b, c);
         } else if (sscanf(line, "dec %4095s %4095s %llu", a, b, &c) == 3) {
-            cmd_dec(a, b, c);
+            cmd_dec<VERS_1>(a, b, c);
+        } else if (sscanf(line, "smem2 %llu", &c) == 1) {  // before "smem": it matches "smem2 N" too
+            printf("ok %llu\n", (unsigned long long)smem_bytes_v2((u32)c));
         } else if (sscanf(line, "smem %llu", &c) == 1) {
             printf("ok %llu\n", (unsigned long long)smem_bytes((u32)c));
         } else if (sscanf(line, "%15s", cmd) == 1) {

@@ -113,6 +113,29 @@ pub const fn smem_bytes(block_log2: u32) -> u64 {
     o
 }
 
+/// Dynamic shared memory of one `nzc_decode_v2` CTA for blocks up to
+/// `2^block_log2` bytes (the same carve as `nzc::smem_carve_v2`): the v2
+/// decoder's arrays and a staging buffer for the kept elements of up to 64 KiB.
+pub const fn smem_bytes_v2(block_log2: u32) -> u64 {
+    const fn a16(v: u64) -> u64 {
+        (v + 15) & !15
+    }
+    let b = 1u64 << block_log2;
+    let stage = if block_log2 < 16 { b } else { 1 << 16 };
+    let mut o = 0;
+    o = a16(o + 8 * 64); // sc64
+    o = a16(o + 4 * 64); // sc
+    o = a16(o + 4 * 4096); // lut
+    o = a16(o + 4 * 256); // crc_tab
+    o = a16(o + 4 * 32); // crc_x2n
+    o = a16(o + 4 * 256); // crc_part
+    o = a16(o + 26 * 32); // codelen
+    o = a16(o + 4 * 4 * b / 512); // v2a: bit0, nbits, p0, zeros
+    o = a16(o + 4 * (b / 512 + 2 * b / 2048)); // v2b: line0, elided, before
+    o = a16(o + stage + stage / 128); // stage
+    o
+}
+
 /// Encoder hint code (`HINT_*`) for a codec dtype hint.
 pub fn hint_code(h: nccl_zip_codec::DtypeHint) -> u32 {
     use nccl_zip_codec::DtypeHint as H;

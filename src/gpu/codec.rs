@@ -81,6 +81,8 @@ pub struct GpuCodec {
     ctx: Arc<CudaContext>,
     encode_fn: CudaFunction,
     decode_fn: CudaFunction,
+    /// `nzc_decode_v2`: frames of format 2 (docs/FORMAT.md "Version 2") only.
+    decode_v2_fn: CudaFunction,
     info: DeviceInfo,
     source: KernelSource,
     sms: u32,
@@ -151,13 +153,18 @@ impl GpuCodec {
         // Programming Guide, "Lazy Loading").
         let encode_fn = module.load_function("nzc_encode").map_err(dc)?;
         let decode_fn = module.load_function("nzc_decode").map_err(dc)?;
+        let decode_v2_fn = module.load_function("nzc_decode_v2").map_err(dc)?;
         // Load both kernels now, not lazily at their first launch
         // (CUDA_MODULE_LOADING=LAZY is the default since CUDA 12.2): a lazy load
         // may wait for the device, which would wait on NCCL kernels that wait on
         // this plugin. Drivers >= 12.4 can say so: cuFuncLoad, then cuFuncIsLoaded
         // must read LOADED, else the kernels count as unavailable (lanes then copy
         // and the CPU codec runs: slower, never stuck).
-        for (name, f) in [("nzc_encode", &encode_fn), ("nzc_decode", &decode_fn)] {
+        for (name, f) in [
+            ("nzc_encode", &encode_fn),
+            ("nzc_decode", &decode_fn),
+            ("nzc_decode_v2", &decode_v2_fn),
+        ] {
             // SAFETY: a function handle of a module that stays loaded. A driver
             // older than 12.4 lacks the calls: cudarc panics, `guarded` (our
             // caller) would turn that into "unavailable", so probe them separately.
@@ -192,6 +199,11 @@ impl GpuCodec {
         let smem = abi::smem_bytes(max_block_log2) as i32;
         encode_fn.set_attribute(MAXSMEM, smem).map_err(dc)?;
         decode_fn.set_attribute(MAXSMEM, smem).map_err(dc)?;
+        // nzc_decode_v2's carve needs less than the others' at every block size
+        // from 64 KiB up, and more below (its staging); set what its largest uses.
+        decode_v2_fn
+            .set_attribute(MAXSMEM, abi::smem_bytes_v2(max_block_log2) as i32)
+            .map_err(dc)?;
         let cfg = crate::config::current();
         let sms = cfg.gpu_sms.clamp(1, info.sm_count.max(1));
         let decode_block_log2 = cfg.gpu_decode_block_log2.clamp(12, max_block_log2);
@@ -207,6 +219,7 @@ impl GpuCodec {
             ctx,
             encode_fn,
             decode_fn,
+            decode_v2_fn,
             info,
             source,
             sms,
@@ -310,10 +323,18 @@ impl GpuCodec {
                 }),
             );
         }
-        self.launch(stream, &self.encode_fn, batch, jobs.len(), items, smem_log2)
+        self.launch(
+            stream,
+            &self.encode_fn,
+            batch,
+            jobs.len(),
+            items,
+            (smem_log2, abi::smem_bytes(smem_log2)),
+        )
     }
 
-    /// Launches one kernel that decompresses all `jobs` (asynchronous on `stream`).
+    /// Launches one kernel that decompresses all `jobs`, frames of format 1 (the wire
+    /// default), asynchronous on `stream`.
     ///
     /// # Safety
     /// As [`GpuCodec::encode_batch`].
@@ -323,6 +344,37 @@ impl GpuCodec {
         batch: &mut GpuBatch,
         jobs: &[DecodeJob],
     ) -> Result<(), GpuError> {
+        // SAFETY: the caller's obligations are decode_batch_format's.
+        unsafe { self.decode_batch_format(stream, batch, jobs, 1) }
+    }
+
+    /// [`GpuCodec::decode_batch`] for frames of `format` (1 or 2: the version byte
+    /// of docs/FORMAT.md §2, V2.1): one kernel per format (`nzc_decode`,
+    /// `nzc_decode_v2`), each rejecting the other's frames as `Status::Header`.
+    /// The format is what the peer writes (negotiated at connection setup); other
+    /// values are `InvalidJob`.
+    ///
+    /// # Safety
+    /// As [`GpuCodec::encode_batch`].
+    pub unsafe fn decode_batch_format(
+        &self,
+        stream: &CudaStream,
+        batch: &mut GpuBatch,
+        jobs: &[DecodeJob],
+        format: u8,
+    ) -> Result<(), GpuError> {
+        let (f, smem) = match format {
+            1 => (&self.decode_fn, abi::smem_bytes(self.decode_block_log2)),
+            2 => (
+                &self.decode_v2_fn,
+                abi::smem_bytes_v2(self.decode_block_log2),
+            ),
+            _ => {
+                return Err(GpuError::InvalidJob(format!(
+                    "frame format {format} (the kernels decode 1 and 2)"
+                )))
+            }
+        };
         batch.begin(jobs.len())?;
         let mut items = 0u64;
         for (i, j) in jobs.iter().enumerate() {
@@ -349,11 +401,11 @@ impl GpuCodec {
         }
         self.launch(
             stream,
-            &self.decode_fn,
+            f,
             batch,
             jobs.len(),
             items,
-            self.decode_block_log2,
+            (self.decode_block_log2, smem),
         )
     }
 
@@ -369,7 +421,9 @@ impl GpuCodec {
         batch: &mut GpuBatch,
         njobs: usize,
         items: u64,
-        smem_log2: u32,
+        // (block_log2 the launch is sized for, its dynamic shared memory: the
+        // kernel's carve, `abi::smem_bytes` or `abi::smem_bytes_v2`)
+        (smem_log2, smem_bytes): (u32, u64),
     ) -> Result<(), GpuError> {
         use cudarc::driver::sys;
         self.ctx.bind_to_thread()?;
@@ -385,7 +439,7 @@ impl GpuCodec {
         let cfg = LaunchConfig {
             grid_dim: (self.grid_for(items), 1, 1),
             block_dim: (abi::THREADS, 1, 1),
-            shared_mem_bytes: abi::smem_bytes(smem_log2) as u32,
+            shared_mem_bytes: smem_bytes as u32,
         };
         let (jobs_ptr, nj, sl) = (batch.desc_dev.ptr(), njobs as u32, smem_log2);
         let mut b = stream.launch_builder(f);

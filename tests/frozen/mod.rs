@@ -15,11 +15,11 @@ pub struct Vector {
 }
 
 macro_rules! embed_vectors {
-    ($($name:literal),* $(,)?) => {
+    ($dir:literal: $($name:literal),* $(,)?) => {
         &[$(Vector {
             name: $name,
-            input: include_bytes!(concat!(env!("CARGO_MANIFEST_DIR"), "/codec/tests/vectors/", $name, ".in")),
-            frame: include_bytes!(concat!(env!("CARGO_MANIFEST_DIR"), "/codec/tests/vectors/", $name, ".nzf")),
+            input: include_bytes!(concat!(env!("CARGO_MANIFEST_DIR"), "/codec/tests/vectors/", $dir, $name, ".in")),
+            frame: include_bytes!(concat!(env!("CARGO_MANIFEST_DIR"), "/codec/tests/vectors/", $dir, $name, ".nzf")),
         }),*]
     };
 }
@@ -33,6 +33,7 @@ pub const MANIFEST: &str = include_str!(concat!(
 /// Every vector MANIFEST.txt lists (checked by [`manifest`]: a vector added there
 /// but not here fails every test that reads the vectors, naming it).
 pub static VECTORS: &[Vector] = embed_vectors!(
+    "":
     "bf16_gauss_0.02_70001",
     "bf16_gauss_1_b12",
     "fp16_gauss_0.5",
@@ -50,9 +51,53 @@ pub static VECTORS: &[Vector] = embed_vectors!(
     "empty",
 );
 
+/// codec/tests/vectors/v2/MANIFEST.txt (format 2) as it was at build time.
+pub const MANIFEST_V2: &str = include_str!(concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/codec/tests/vectors/v2/MANIFEST.txt"
+));
+
+/// Every vector of format 2 that MANIFEST_V2 lists.
+pub static VECTORS_V2: &[Vector] = embed_vectors!(
+    "v2/":
+    "bf16_gauss_0.02_70001",
+    "bf16_gauss_1_b12",
+    "fp16_gauss_0.5",
+    "fp16_laplace_1e-5_subnormal",
+    "fp32_gauss_1e-3",
+    "fp32_gradient",
+    "bf16_relu",
+    "bf16_hint_on_fp32",
+    "mixed_fill_raw_coded",
+    "zeros",
+    "random_stored",
+    "tiny_17",
+    "ll_lines",
+    "ints",
+    "empty",
+    "bf16_misaligned_prefix",
+    "emb_grad_zero_rows",
+    "fp32_holding_bf16",
+    "moe_partial",
+    "relu_fp32_specials_odd",
+);
+
 /// The MANIFEST's vectors in its order, each with its options and embedded bytes.
 pub fn manifest() -> Vec<(&'static Vector, EncodeOptions)> {
-    let out: Vec<_> = MANIFEST
+    manifest_of(MANIFEST, VECTORS, 1)
+}
+
+/// The same for format 2's vectors (codec/tests/vectors/v2).
+pub fn manifest_v2() -> Vec<(&'static Vector, EncodeOptions)> {
+    manifest_of(MANIFEST_V2, VECTORS_V2, 2)
+}
+
+fn manifest_of(
+    text: &str,
+    vectors: &'static [Vector],
+    format: u8,
+) -> Vec<(&'static Vector, EncodeOptions)> {
+    let out: Vec<_> = text
         .lines()
         .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
         .map(|l| {
@@ -76,9 +121,9 @@ pub fn manifest() -> Vec<(&'static Vector, EncodeOptions)> {
                 dtype,
                 checksum: kv("checksum=") == "true",
                 block_log2: kv("block_log2=").parse().unwrap(),
-                format: 1,
+                format,
             };
-            let v = VECTORS.iter().find(|v| v.name == f[0]).unwrap_or_else(|| {
+            let v = vectors.iter().find(|v| v.name == f[0]).unwrap_or_else(|| {
                 panic!(
                     "MANIFEST lists vector {} but tests/frozen/mod.rs does not embed it: add it to VECTORS",
                     f[0]
@@ -89,7 +134,7 @@ pub fn manifest() -> Vec<(&'static Vector, EncodeOptions)> {
         .collect();
     assert_eq!(
         out.len(),
-        VECTORS.len(),
+        vectors.len(),
         "tests/frozen/mod.rs embeds vectors MANIFEST.txt does not list"
     );
     out
