@@ -2,7 +2,7 @@
 //! never reads or writes out of bounds, never allocates, and writes `dst` in
 //! ascending address order.
 
-use crate::codes::{CODE_LENGTHS, CODE_WORDS, ESC, MAXLEN, ND, NSYM, ZERO};
+use crate::codes::{CODE_LENGTHS, ESC, MAXLEN, ND, NSYM, ZERO};
 use crate::elem::{Bf16, Elem, Fp16, Fp32};
 use crate::format::*;
 use crate::{CodecError, Dtype, FrameInfo};
@@ -11,6 +11,10 @@ const GROUP: usize = 4 * SEG_ELEMS;
 const TABLE: usize = 1 << MAXLEN;
 /// Decode-table entry flag: a distance symbol that lands outside 1..=EMAX.
 const INVALID: u32 = 1 << 17;
+/// Decode-table entry flag (version 2 under `Z`): an escape whose exponent field is
+/// 0 is not a ZERO key; [`dec_one`] reports it as [`INVALID`] so that the caller
+/// decodes the sub-segment exactly.
+const ZESC: u32 = 1 << 18;
 
 /// Reads the header and block table of a frame (no decoding).
 ///
@@ -154,7 +158,7 @@ pub(crate) fn copy_ascending(dst: &mut [u8], src: &[u8]) {
 
 /// Decode tables of one (mode, k, anchor) choice.
 pub(crate) struct Tables {
-    key: Option<(u8, u8, u8)>,
+    key: Option<TableKey>,
     single: [u32; TABLE],
     /// Multi-symbol table: up to [`MULTI`] keys per entry (first in the low byte).
     multi: [u32; TABLE],
@@ -174,27 +178,36 @@ impl Tables {
         }
     }
 
-    fn build<T: Elem>(&mut self, k: usize, a: u32) {
-        dec_table::<T>(k, a, &mut self.single);
+    fn build<T: Elem>(&mut self, key: TableKey) {
+        let (_, zesc, a, lens) = key;
+        let words = crate::codes::canonical_words(&lens);
+        dec_table::<T>(&lens, &words, a as u32, zesc, &mut self.single);
         multi_table::<T>(&self.single, &mut self.multi, &mut self.meta);
-        self.key = Some(table_key::<T>(k, a));
+        self.key = Some(key);
     }
 }
 
-fn table_key<T: Elem>(k: usize, a: u32) -> (u8, u8, u8) {
-    (T::MODE, k as u8, a as u8)
+/// What a set of decode tables depends on: mode, [`ZESC`] (version 2 under `Z`),
+/// anchor and code lengths (version 1: a static code's).
+type TableKey = (u8, bool, u8, [u8; NSYM]);
+
+fn table_key<T: Elem>(lens: &[u8; NSYM], a: u32, zesc: bool) -> TableKey {
+    (T::MODE, zesc, a as u8, *lens)
 }
 
 /// Where a coded block's decode tables come from.
 pub(crate) trait TableSource {
-    fn tables<T: Elem>(&mut self, k: usize, a: u32) -> &Tables;
+    /// The tables of the code `lens` (a complete prefix code) at anchor `a`;
+    /// `zesc`: version 2 under `Z` (see [`ZESC`]).
+    fn tables<T: Elem>(&mut self, lens: &[u8; NSYM], a: u32, zesc: bool) -> &Tables;
 }
 
-/// One set, rebuilt whenever (mode, k, anchor) changes from the previous block.
+/// One set, rebuilt whenever (mode, code, anchor) changes from the previous block.
 impl TableSource for Tables {
-    fn tables<T: Elem>(&mut self, k: usize, a: u32) -> &Tables {
-        if self.key != Some(table_key::<T>(k, a)) {
-            self.build::<T>(k, a);
+    fn tables<T: Elem>(&mut self, lens: &[u8; NSYM], a: u32, zesc: bool) -> &Tables {
+        let key = table_key::<T>(lens, a, zesc);
+        if self.key != Some(key) {
+            self.build::<T>(key);
         }
         self
     }
@@ -239,8 +252,8 @@ impl Decoder {
 }
 
 impl TableSource for Decoder {
-    fn tables<T: Elem>(&mut self, k: usize, a: u32) -> &Tables {
-        let key = Some(table_key::<T>(k, a));
+    fn tables<T: Elem>(&mut self, lens: &[u8; NSYM], a: u32, zesc: bool) -> &Tables {
+        let key = Some(table_key::<T>(lens, a, zesc));
         let i = match self.sets.iter().position(|s| s.key == key) {
             Some(i) => i,
             None => {
@@ -249,7 +262,7 @@ impl TableSource for Decoder {
                 }
                 // The new set, or the least recently used one.
                 let i = self.sets.len() - 1;
-                self.sets[i].build::<T>(k, a);
+                self.sets[i].build::<T>(key.unwrap());
                 i
             }
         };
@@ -282,7 +295,7 @@ pub(crate) fn decode_block_any<S: TableSource>(
     tables: &mut S,
 ) -> Result<(), CodecError> {
     if version == VERSION_2 {
-        crate::v2::decode_block_v2(src, start, size, out)
+        crate::v2::decode_block_v2(src, start, size, out, tables)
     } else {
         decode_block(src, start, size, out, tables)
     }
@@ -322,12 +335,25 @@ pub(crate) fn decode_block<S: TableSource>(
     }
 }
 
-/// Decode table for code `k` and anchor `a`: indexed by the next 12 stream bits.
-/// Entry: bits 0..8 exponent (0 for ESC), 8..12 code length, 12..17 length with the
-/// escape payload, bit 17 INVALID, bits 24..32 mask of the escape payload.
-fn dec_table<T: Elem>(k: usize, a: u32, t: &mut [u32; TABLE]) {
+/// Decode table for code `lens` (canonical `words`) and anchor `a`: indexed by the
+/// next 12 stream bits. Entry: bits 0..8 exponent (0 for ESC), 8..12 code length,
+/// 12..17 length with the escape payload, bit 17 INVALID, bit 18 ZESC (`zesc`, on the
+/// escape), bits 24..32 mask of the escape payload.
+fn dec_table<T: Elem>(
+    lens: &[u8; NSYM],
+    words: &[u16; NSYM],
+    a: u32,
+    zesc: bool,
+    t: &mut [u32; TABLE],
+) {
+    // unused symbols (length 0, explicit codes) decode nowhere: the rest of a
+    // complete code fills the table
+    t.fill(INVALID);
     for s in 0..NSYM {
-        let lc = CODE_LENGTHS[k][s] as u32;
+        let lc = lens[s] as u32;
+        if lc == 0 {
+            continue;
+        }
         let ent = if s < ND {
             let d = s as u32;
             if d < a {
@@ -339,9 +365,12 @@ fn dec_table<T: Elem>(k: usize, a: u32, t: &mut [u32; TABLE]) {
             (lc << 8) | (lc << 12)
         } else {
             debug_assert_eq!(s, ESC);
-            (lc << 8) | ((lc + T::EBITS) << 12) | (((1u32 << T::EBITS) - 1) << 24)
+            (lc << 8)
+                | ((lc + T::EBITS) << 12)
+                | (((1u32 << T::EBITS) - 1) << 24)
+                | if zesc { ZESC } else { 0 }
         };
-        let w = CODE_WORDS[k][s] as usize;
+        let w = words[s] as usize;
         for hi in 0..(1usize << (MAXLEN - lc)) {
             t[w | (hi << lc)] = ent;
         }
@@ -381,15 +410,16 @@ fn multi_table<T: Elem>(single: &[u32; TABLE], m: &mut [u32; TABLE], meta: &mut 
 
 /// Decoding state of one segment: next bit, next key, and the invalid flag.
 #[derive(Clone, Copy)]
-struct Lane {
-    base: usize,
-    bp: u64,
-    kp: usize,
-    bad: u32,
+pub(crate) struct Lane {
+    /// byte of `src` the lane's bit positions count from
+    pub(crate) base: usize,
+    pub(crate) bp: u64,
+    pub(crate) kp: usize,
+    pub(crate) bad: u32,
 }
 
 /// Slack after a segment's keys: a table entry is stored as 4 bytes.
-const KEY_SLACK: usize = 20;
+pub(crate) const KEY_SLACK: usize = 20;
 /// Keys one [`lane_step`] decodes at most.
 const STEP_KEYS: usize = 4 * MULTI;
 const _: () = assert!(KEY_SLACK >= STEP_KEYS);
@@ -438,7 +468,7 @@ fn lane_step<T: Elem>(
 /// Finishes a lane: multi-symbol steps while [`STEP_KEYS`] keys fit, then one key
 /// at a time.
 #[inline(always)]
-fn lane_finish<T: Elem>(
+pub(crate) fn lane_finish<T: Elem>(
     t: &Tables,
     src: &[u8],
     keys: &mut [u8; SEG_ELEMS + KEY_SLACK],
@@ -458,26 +488,28 @@ fn lane_finish<T: Elem>(
     }
 }
 
-/// Decodes 4 full segments interleaved (4 independent dependency chains).
+/// Decodes 4 segments of `n <= SEG_ELEMS` elements each interleaved (4 independent
+/// dependency chains).
 #[inline(always)]
-fn dec_segments4<T: Elem>(
+pub(crate) fn dec_segments4<T: Elem>(
     t: &Tables,
     src: &[u8],
     keys: &mut [[u8; SEG_ELEMS + KEY_SLACK]; 4],
     lanes: &mut [Lane; 4],
+    n: usize,
 ) {
     let [k0, k1, k2, k3] = keys;
     let [l0, l1, l2, l3] = lanes;
-    while l0.kp.max(l1.kp).max(l2.kp.max(l3.kp)) + STEP_KEYS <= SEG_ELEMS {
+    while l0.kp.max(l1.kp).max(l2.kp.max(l3.kp)) + STEP_KEYS <= n {
         lane_step::<T>(t, src, k0, l0);
         lane_step::<T>(t, src, k1, l1);
         lane_step::<T>(t, src, k2, l2);
         lane_step::<T>(t, src, k3, l3);
     }
-    lane_finish::<T>(t, src, k0, SEG_ELEMS, l0);
-    lane_finish::<T>(t, src, k1, SEG_ELEMS, l1);
-    lane_finish::<T>(t, src, k2, SEG_ELEMS, l2);
-    lane_finish::<T>(t, src, k3, SEG_ELEMS, l3);
+    lane_finish::<T>(t, src, k0, n, l0);
+    lane_finish::<T>(t, src, k1, n, l1);
+    lane_finish::<T>(t, src, k2, n, l2);
+    lane_finish::<T>(t, src, k3, n, l3);
 }
 
 /// Little-endian 64-bit load at byte `p` of `src`, zero-filled past its end.
@@ -510,7 +542,8 @@ fn dec_one<T: Elem>(lut: &[u32; TABLE], buf: u64) -> (u8, u32, u32) {
     } else {
         e
     };
-    (key as u8, len, t & INVALID)
+    let zbad = ((t >> 1) & INVALID) * (e == 0) as u32;
+    (key as u8, len, (t & INVALID) | zbad)
 }
 
 fn decode_coded<T: Elem, S: TableSource>(
@@ -573,7 +606,7 @@ fn decode_coded_body<T: Elem, S: TableSource>(
     if streams + total + t != size {
         return Err(CodecError::Corrupt("coded block length mismatch"));
     }
-    let set = tables.tables::<T>(k, a);
+    let set = tables.tables::<T>(&CODE_LENGTHS[k], a, false);
     let mut keys = [[0u8; SEG_ELEMS + KEY_SLACK]; 4];
     let mut sp = start + streams; // absolute position of the next segment
     let mut seg = 0usize;
@@ -594,7 +627,7 @@ fn decode_coded_body<T: Elem, S: TableSource>(
             sp += lens[i];
         }
         if g1 - g0 == GROUP {
-            dec_segments4::<T>(set, src, &mut keys, &mut lanes);
+            dec_segments4::<T>(set, src, &mut keys, &mut lanes, SEG_ELEMS);
         } else {
             for i in 0..nsg {
                 let n = (g1 - g0 - i * SEG_ELEMS).min(SEG_ELEMS);
