@@ -231,44 +231,36 @@ fn kraft(lens: &[u8; NSYM]) -> u32 {
 pub(crate) fn explicit_lengths(cnt: &[u64; NSYM]) -> [u8; NSYM] {
     let mut weight = [0u64; 2 * NSYM];
     let mut parent = [usize::MAX; 2 * NSYM];
-    let mut alive = [false; 2 * NSYM];
+    // live nodes sorted by (weight, node number): the two smallest are in front,
+    // and a new node (the largest number yet) goes after every node of its weight
+    let mut live = [0usize; NSYM];
     for s in 0..NSYM {
         weight[s] = 16 * cnt[s] + 1;
-        alive[s] = true;
+        live[s] = s;
     }
+    live.sort_by_key(|&s| (weight[s], s));
+    let mut nlive = NSYM;
     let mut next = NSYM;
     for _ in 0..NSYM - 1 {
-        let mut a = usize::MAX;
-        let mut b = usize::MAX;
-        for i in 0..next {
-            if !alive[i] {
-                continue;
-            }
-            if a == usize::MAX || weight[i] < weight[a] {
-                b = a;
-                a = i;
-            } else if b == usize::MAX || weight[i] < weight[b] {
-                b = i;
-            }
-        }
-        alive[a] = false;
-        alive[b] = false;
+        let (a, b) = (live[0], live[1]);
+        live.copy_within(2..nlive, 0);
+        nlive -= 2;
         weight[next] = weight[a] + weight[b];
         parent[a] = next;
         parent[b] = next;
-        alive[next] = true;
+        let at = live[..nlive].partition_point(|&n| weight[n] <= weight[next]);
+        live.copy_within(at..nlive, at + 1);
+        live[at] = next;
+        nlive += 1;
         next += 1;
     }
-    let mut lens = [0u32; NSYM];
-    for s in 0..NSYM {
-        let mut d = 0;
-        let mut n = s;
-        while parent[n] != usize::MAX {
-            n = parent[n];
-            d += 1;
-        }
-        lens[s] = d;
+    // depths, parents before children (a parent's number is larger)
+    let mut depth = [0u32; 2 * NSYM];
+    for n in (0..next - 1).rev() {
+        depth[n] = depth[parent[n]] + 1;
     }
+    let mut lens = [0u32; NSYM];
+    lens.copy_from_slice(&depth[..NSYM]);
     if lens.iter().any(|&l| l > MAXLEN) {
         for l in lens.iter_mut() {
             *l = (*l).min(MAXLEN);
@@ -356,8 +348,7 @@ fn choose_phase<T: V2>(blk: &[u8]) -> usize {
     let mut best = (u64::MAX, 0);
     for phi in 0..T::W {
         let m = (blk.len() - phi) / T::W;
-        let mut st = Stats::default();
-        st.add::<T>(&blk[phi..], m, SAMPLE_STRIDE);
+        let st = Stats::sample::<T>(&blk[phi..], m);
         let c = choose::<T>(&st, false).value;
         if c < best.0 {
             best = (c, phi);
@@ -404,21 +395,35 @@ impl Default for Stats {
 }
 
 impl Stats {
-    /// Adds elements `0, stride, 2*stride, ... < n` of `b`.
+    /// Adds elements `0 .. n` of `b` (detection).
     #[inline(always)]
-    pub(crate) fn add<T: V2>(&mut self, b: &[u8], n: usize, stride: usize) {
-        let mut i = 0;
-        let (mut nzero, mut lo_or) = (0u64, 0u32);
-        while i < n {
+    pub(crate) fn add<T: V2>(&mut self, b: &[u8], n: usize) {
+        for i in 0..n {
             let x = T::load(b, i);
             self.hc[T::exp(x) as usize] += 1;
+            self.nzero += (x == 0) as u64;
+            self.lo_or |= x;
+        }
+        self.count += n as u64;
+    }
+
+    /// Statistics of elements `0, 13, 26, ... < m` of `b` (a block's sample): the
+    /// histogram is version 1's sample histogram (same elements, same counts).
+    #[inline(always)]
+    pub(crate) fn sample<T: V2>(b: &[u8], m: usize) -> Stats {
+        let h = crate::encode::sample_histogram::<T>(b, m);
+        let (mut nzero, mut lo_or) = (0u64, 0u32);
+        for i in (0..m).step_by(SAMPLE_STRIDE) {
+            let x = T::load(b, i);
             nzero += (x == 0) as u64;
             lo_or |= x;
-            i += stride;
         }
-        self.nzero += nzero;
-        self.lo_or |= lo_or;
-        self.count += n.div_ceil(stride) as u64;
+        Stats {
+            hc: h,
+            nzero,
+            count: m.div_ceil(SAMPLE_STRIDE) as u64,
+            lo_or,
+        }
     }
 }
 
@@ -652,8 +657,7 @@ fn encode_coded_body<T: V2, const V: bool>(blk: &[u8], out: &mut [u8]) -> Option
             grid
         };
         let k_elems = kept.len() / w;
-        let mut st = Stats::default();
-        st.add::<T>(kept, k_elems, SAMPLE_STRIDE);
+        let st = Stats::sample::<T>(kept, k_elems);
         let ch = choose::<T>(&st, true);
         let words = crate::codes::canonical_words(&ch.lens);
         let ss = 1usize << SS_LOG2;
@@ -1063,6 +1067,10 @@ struct Lane {
     n: usize,
 }
 
+/// The exact path's table where no group needs it.
+static NO_LUT: [u32; TABLE] = [E_INVALID; TABLE];
+
+#[derive(Clone, Copy)]
 struct Planes<'a> {
     p1: &'a [u8],
     lo1: &'a [u8],
@@ -1445,10 +1453,11 @@ fn decode_coded_body<T: V2, S: TableSource>(
     if total_bits % 8 != 0 && stream[stream.len() - 1] >> (total_bits % 8) != 0 {
         return Err(corrupt("nonzero stream padding"));
     }
-    // decode table
-    let words = crate::codes::canonical_words(&lens);
-    let mut lut = [E_INVALID; TABLE];
-    for s in 0..NSYM {
+    // the exact path's decode table, built when a group needs it
+    let build_lut = || {
+        let words = crate::codes::canonical_words(&lens);
+        let mut lut = [E_INVALID; TABLE];
+        for s in 0..NSYM {
         let len = lens[s] as u32;
         if len == 0 {
             continue;
@@ -1466,21 +1475,25 @@ fn decode_coded_body<T: V2, S: TableSource>(
         for hi in 0..(1usize << (MAXLEN - len)) {
             lut[wd | (hi << len)] = v;
         }
-    }
+        }
+        lut
+    };
+    let mut lut_store: Option<[u32; TABLE]> = None;
     // version 1's key tables (not fp16 under Z, whose ZERO has no extra bits)
     let set = (T::XBITS == 0 || !z).then(|| tables.tables::<T>(&lens, a, z));
     let mut keys = [[0u8; SEG_ELEMS + KEY_SLACK]; LANES];
     copy_ascending(&mut out[..phi], head);
-    let planes = Planes {
+    let planes_k = Planes {
         p1,
         lo1,
         lo0,
         z,
-        a_lut: &lut,
+        a_lut: &NO_LUT,
     };
     // Sub-segments are decoded LANES at a time (independent bit chains), into `tmp`,
-    // then written out in ascending order (kept lines and elided zero lines).
-    let mut tmp = [0u8; LANES * 1024 * 4];
+    // then written out in ascending order (kept lines and elided zero lines); the
+    // key path writes a group without lines straight to `out`, in ascending order.
+    let mut tmp_store: Option<[u8; LANES * 1024 * 4]> = None;
     let mut gl = 0usize; // next grid line to write (LINES)
     let grid_out = &mut out[phi..phi + gbytes];
     let mut seg_bit0 = 0u64; // first bit of the group's first sub-segment
@@ -1504,9 +1517,25 @@ fn decode_coded_body<T: V2, S: TableSource>(
             bit = lane.end;
             pe = lane.pend;
         }
+        let direct = !lines;
         let done = match set {
-            Some(set) => key_group::<T>(set, stream, &planes, &lanes, g, ss, &mut keys, &mut tmp),
+            Some(set) => {
+                let dst = if direct {
+                    &mut grid_out[i0 * w..(i0 + n_group) * w]
+                } else {
+                    &mut tmp_store.get_or_insert_with(|| [0; LANES * 1024 * 4])[..]
+                };
+                key_group::<T>(set, stream, &planes_k, &lanes, g, ss, &mut keys, dst)
+            }
             None => false,
+        };
+        let planes = Planes {
+            a_lut: if done {
+                &NO_LUT
+            } else {
+                lut_store.get_or_insert_with(build_lut)
+            },
+            ..planes_k
         };
         let full = g == LANES && lanes[LANES - 1].n == ss;
         // Fast path: even a corrupt stream cannot make these lanes read past the
@@ -1519,6 +1548,7 @@ fn decode_coded_body<T: V2, S: TableSource>(
             });
         if done {
         } else if fast {
+            let tmp = &mut tmp_store.get_or_insert_with(|| [0; LANES * 1024 * 4])[..];
             // four independent chains in registers
             let (mut b0, mut b1, mut b2, mut b3) =
                 (lanes[0].bit, lanes[1].bit, lanes[2].bit, lanes[3].bit);
@@ -1530,10 +1560,10 @@ fn decode_coded_body<T: V2, S: TableSource>(
                 let x1 = unsafe { fast_elem::<T>(&mut b1, &mut q1, stream, &planes) }?;
                 let x2 = unsafe { fast_elem::<T>(&mut b2, &mut q2, stream, &planes) }?;
                 let x3 = unsafe { fast_elem::<T>(&mut b3, &mut q3, stream, &planes) }?;
-                T::store(&mut tmp, i, x0);
-                T::store(&mut tmp, ss + i, x1);
-                T::store(&mut tmp, 2 * ss + i, x2);
-                T::store(&mut tmp, 3 * ss + i, x3);
+                T::store(tmp, i, x0);
+                T::store(tmp, ss + i, x1);
+                T::store(tmp, 2 * ss + i, x2);
+                T::store(tmp, 3 * ss + i, x3);
             }
             for (l, (b, q)) in lanes
                 .iter_mut()
@@ -1543,15 +1573,17 @@ fn decode_coded_body<T: V2, S: TableSource>(
                 l.pp = q;
             }
         } else if full {
+            let tmp = &mut tmp_store.get_or_insert_with(|| [0; LANES * 1024 * 4])[..];
             for _ in 0..ss {
                 for lane in lanes.iter_mut() {
-                    dec_step::<T>(lane, stream, &planes, &mut tmp)?;
+                    dec_step::<T>(lane, stream, &planes, tmp)?;
                 }
             }
         } else {
+            let tmp = &mut tmp_store.get_or_insert_with(|| [0; LANES * 1024 * 4])[..];
             for lane in lanes.iter_mut().take(g) {
                 for _ in 0..lane.n {
-                    dec_step::<T>(lane, stream, &planes, &mut tmp)?;
+                    dec_step::<T>(lane, stream, &planes, tmp)?;
                 }
             }
         }
@@ -1565,7 +1597,11 @@ fn decode_coded_body<T: V2, S: TableSource>(
         }
         seg_bit0 = bit;
         seg_p0 = pe;
-        let bytes = &tmp[..n_group * w];
+        if done && direct {
+            j += g;
+            continue;
+        }
+        let bytes = &tmp_store.get_or_insert_with(|| [0; LANES * 1024 * 4])[..n_group * w];
         if !lines {
             copy_ascending(&mut grid_out[i0 * w..i0 * w + bytes.len()], bytes);
         } else {
@@ -1623,11 +1659,11 @@ pub fn detect_v2(src: &[u8]) -> Dtype {
         }
         used += 1;
         for phi in 0..2 {
-            st[phi].add::<Bf16>(&s[phi..], (64 - phi) / 2, 1);
-            st[2 + phi].add::<Fp16>(&s[phi..], (64 - phi) / 2, 1);
+            st[phi].add::<Bf16>(&s[phi..], (64 - phi) / 2);
+            st[2 + phi].add::<Fp16>(&s[phi..], (64 - phi) / 2);
         }
         for phi in 0..4 {
-            st[4 + phi].add::<Fp32>(&s[phi..], (64 - phi) / 4, 1);
+            st[4 + phi].add::<Fp32>(&s[phi..], (64 - phi) / 4);
         }
     }
     if used == 0 {
