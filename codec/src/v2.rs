@@ -343,18 +343,19 @@ pub(crate) fn encode_block_v2(
 }
 
 /// The block's phase: the `φ < W` whose 1/13 sample has the smallest estimated
-/// cost (FORMAT.md §V2.6; ties: smaller φ).
-fn choose_phase<T: V2>(blk: &[u8]) -> usize {
-    let mut best = (u64::MAX, 0);
+/// cost (FORMAT.md §V2.6; ties: smaller φ), and that sample's statistics.
+#[inline(always)]
+fn choose_phase<T: V2>(blk: &[u8]) -> (usize, Stats) {
+    let mut best = (u64::MAX, 0, Stats::default());
     for phi in 0..T::W {
         let m = (blk.len() - phi) / T::W;
         let st = Stats::sample::<T>(&blk[phi..], m);
         let c = choose::<T>(&st, false).value;
         if c < best.0 {
-            best = (c, phi);
+            best = (c, phi, st);
         }
     }
-    best.1
+    (best.1, best.2)
 }
 
 /// What the encoder chose for a block's code.
@@ -398,12 +399,15 @@ impl Stats {
     /// Adds elements `0 .. n` of `b` (detection).
     #[inline(always)]
     pub(crate) fn add<T: V2>(&mut self, b: &[u8], n: usize) {
-        for i in 0..n {
-            let x = T::load(b, i);
+        let (mut nzero, mut lo_or) = (0u64, 0u32);
+        for xb in b[..n * T::W].chunks_exact(T::W) {
+            let x = T::load(xb, 0);
             self.hc[T::exp(x) as usize] += 1;
-            self.nzero += (x == 0) as u64;
-            self.lo_or |= x;
+            nzero += (x == 0) as u64;
+            lo_or |= x;
         }
+        self.nzero += nzero;
+        self.lo_or |= lo_or;
         self.count += n as u64;
     }
 
@@ -413,10 +417,13 @@ impl Stats {
     pub(crate) fn sample<T: V2>(b: &[u8], m: usize) -> Stats {
         let h = crate::encode::sample_histogram::<T>(b, m);
         let (mut nzero, mut lo_or) = (0u64, 0u32);
-        for i in (0..m).step_by(SAMPLE_STRIDE) {
-            let x = T::load(b, i);
-            nzero += (x == 0) as u64;
-            lo_or |= x;
+        // zeros have e = 0; `lo_or` matters in fp32 only
+        if h[0] != 0 || T::W == 4 {
+            for c in b[..m * T::W].chunks(SAMPLE_STRIDE * T::W) {
+                let x = T::load(c, 0);
+                nzero += (x == 0) as u64;
+                lo_or |= x;
+            }
         }
         Stats {
             hc: h,
@@ -448,6 +455,8 @@ const NANCHORS: usize = 8;
 /// Cost and code choice on the sample (FORMAT.md §V2.6). The distance symbols'
 /// counts and code costs are the same under both Z (they count elements with
 /// `e >= 1`), so they are summed once per anchor; Z changes only ZERO and ESC.
+/// Inlined so that the per-code sums are vectorised with the caller's features.
+#[inline(always)]
 pub(crate) fn choose<T: V2>(st: &Stats, explicit: bool) -> Choice {
     let r: u64 = if T::W == 4 {
         8 + if st.lo_or & 0xFF00 != 0 { 8 } else { 0 } + if st.lo_or & 0xFF != 0 { 8 } else { 0 }
@@ -517,24 +526,34 @@ pub(crate) fn choose<T: V2>(st: &Stats, explicit: bool) -> Choice {
             let cesc = desc[ai] + esc0;
             let base = raw_bits + cesc * T::EBITS as u64;
             let (zf, ef) = (czero as f32, cesc as f32);
-            for k in 0..NCODES {
-                let bits = (dcost[ai][k] + zf * LENGTHS_F32[ZERO][k] + ef * LENGTHS_F32[ESC][k])
-                    as u32 as u64;
-                let v = SAMPLE_STRIDE as u64 * (bits + base) + overhead;
-                if v < best_z {
-                    best_z = v;
-                    best_ai = ai;
+            // exact integers in f32 (as above): compared as they are
+            let mut bits = [0f32; NCODES];
+            for (k, b) in bits.iter_mut().enumerate() {
+                *b = dcost[ai][k] + zf * LENGTHS_F32[ZERO][k] + ef * LENGTHS_F32[ESC][k];
+            }
+            // `value` grows with the bits: the anchor's first cheapest code is the
+            // only one that can replace a best (strictly smaller, first wins)
+            let mut k = 0;
+            for (i, &b) in bits.iter().enumerate() {
+                if b < bits[k] {
+                    k = i;
                 }
-                if v < best.value {
-                    best = Choice {
-                        z,
-                        a,
-                        k: Some(k as u8),
-                        lens: CODE_LENGTHS[k],
-                        value: v,
-                        code_bits: bits + base - raw_bits,
-                    };
-                }
+            }
+            let bits = bits[k] as u64;
+            let v = SAMPLE_STRIDE as u64 * (bits + base) + overhead;
+            if v < best_z {
+                best_z = v;
+                best_ai = ai;
+            }
+            if v < best.value {
+                best = Choice {
+                    z,
+                    a,
+                    k: Some(k as u8),
+                    lens: CODE_LENGTHS[k],
+                    value: v,
+                    code_bits: bits + base - raw_bits,
+                };
             }
         }
         // explicit lengths at the anchor of this Z's best static code
@@ -616,7 +635,7 @@ fn encode_coded_body<T: V2, const V: bool>(blk: &[u8], out: &mut [u8]) -> Option
     SCRATCH.with(|s| {
         let mut s = s.borrow_mut();
         let s = &mut *s;
-        let phi = choose_phase::<T>(blk);
+        let (phi, phase_st) = choose_phase::<T>(blk);
         let m = (l - phi) / w;
         let t = (l - phi) % w;
         let gbytes = m * w;
@@ -657,7 +676,12 @@ fn encode_coded_body<T: V2, const V: bool>(blk: &[u8], out: &mut [u8]) -> Option
             grid
         };
         let k_elems = kept.len() / w;
-        let st = Stats::sample::<T>(kept, k_elems);
+        // without lines the kept elements are the grid: the phase's sample
+        let st = if lines {
+            Stats::sample::<T>(kept, k_elems)
+        } else {
+            phase_st
+        };
         let ch = choose::<T>(&st, true);
         let words = crate::codes::canonical_words(&ch.lens);
         let ss = 1usize << SS_LOG2;
@@ -1642,6 +1666,26 @@ fn decode_coded_body<T: V2, S: TableSource>(
 
 /// Frame type detection over (type, phase) (FORMAT.md §V2.6 "Detection").
 pub fn detect_v2(src: &[u8]) -> Dtype {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU has the features the function is compiled for.
+            return unsafe { detect_v2_avx2(src) };
+        }
+    }
+    detect_v2_body(src)
+}
+
+/// # Safety
+/// The CPU must support AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn detect_v2_avx2(src: &[u8]) -> Dtype {
+    detect_v2_body(src)
+}
+
+#[inline(always)]
+fn detect_v2_body(src: &[u8]) -> Dtype {
     let n = src.len();
     if n < MIN_CODED_INPUT {
         return Dtype::Raw;
