@@ -381,30 +381,59 @@ fn dec_table<T: Elem>(
 const MULTI: usize = 4;
 
 /// Multi-symbol tables: for the next 12 stream bits, up to [`MULTI`] whole elements
-/// (keys in `m`, bits used and count in `meta`, see [`Tables`]).
+/// (keys in `m`, bits used and count in `meta`, see [`Tables`]). Greedy decoding is
+/// prefix-consistent, so an entry is its first element followed by the elements of
+/// entry `idx >> len` (built before it: smaller) that fit in the `12 - len` bits left.
 fn multi_table<T: Elem>(single: &[u32; TABLE], m: &mut [u32; TABLE], meta: &mut [u8; TABLE]) {
-    for (idx, (slot, info)) in m.iter_mut().zip(meta.iter_mut()).enumerate() {
-        let mut used = 0u32;
-        let mut keys = 0u32;
-        let mut cnt = 0u32;
-        while (cnt as usize) < MULTI {
-            let t = single[(idx >> used) & (TABLE - 1)];
-            let len = ((t >> 12) & 0x1F) + T::XBITS;
-            if t & INVALID != 0 || (t >> 24) != 0 || used + len > MAXLEN {
+    // per entry: bits used after each of its elements, one byte each
+    let mut ends = [0u32; TABLE];
+    for idx in 0..TABLE {
+        let t = single[idx];
+        let len = ((t >> 12) & 0x1F) + T::XBITS;
+        if t & INVALID != 0 || (t >> 24) != 0 || len > MAXLEN {
+            m[idx] = 0;
+            meta[idx] = 0;
+            ends[idx] = 0;
+            continue;
+        }
+        let x = ((idx as u32) >> (len - T::XBITS)) & ((1 << T::XBITS) - 1);
+        let key = if T::XBITS > 0 {
+            T::make_key(t & 0xFF, x)
+        } else {
+            t & 0xFF
+        };
+        // the rest: entry idx >> len (entry 0 with a zero-length rest is itself:
+        // len >= 1, so idx >> len < idx for every idx > 0)
+        let r = idx >> len;
+        let (rk, rc, re) = if r < idx {
+            (m[r], (meta[r] >> 4) as u32, ends[r])
+        } else {
+            // entry 0: its element again and again
+            let n = (MULTI as u32 - 1).min(MAXLEN / len);
+            let (mut k, mut e) = (0, 0);
+            for i in 0..n {
+                k |= (key & 0xFF) << (8 * i);
+                e |= (len * (i + 1)) << (8 * i);
+            }
+            (k, n, e)
+        };
+        let mut cnt = 1u32;
+        let mut keys = key & 0xFF;
+        let mut e = len;
+        let mut all_ends = len;
+        while cnt < MULTI as u32 && cnt - 1 < rc {
+            let end = len + ((re >> (8 * (cnt - 1))) & 0xFF);
+            if end > MAXLEN {
                 break;
             }
-            let x = ((idx as u32) >> (used + len - T::XBITS)) & ((1 << T::XBITS) - 1);
-            let key = if T::XBITS > 0 {
-                T::make_key(t & 0xFF, x)
-            } else {
-                t & 0xFF
-            };
-            keys |= (key & 0xFF) << (8 * cnt);
-            used += len;
+            keys |= ((rk >> (8 * (cnt - 1))) & 0xFF) << (8 * cnt);
+            all_ends |= end << (8 * cnt);
+            e = end;
             cnt += 1;
         }
-        *slot = keys;
-        *info = (used | (cnt << 4)) as u8;
+        m[idx] = keys;
+        meta[idx] = (e | (cnt << 4)) as u8;
+        ends[idx] = all_ends;
     }
 }
 
@@ -669,4 +698,75 @@ fn decode_coded_body<T: Elem, S: TableSource>(
     }
     out[m * T::W..].copy_from_slice(&blk[size - t..]);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The element-by-element greedy decode that [`multi_table`] builds by reuse.
+    fn multi_greedy<T: Elem>(single: &[u32; TABLE], idx: usize) -> (u32, u8) {
+        let (mut used, mut keys, mut cnt) = (0u32, 0u32, 0u32);
+        while (cnt as usize) < MULTI {
+            let t = single[(idx >> used) & (TABLE - 1)];
+            let len = ((t >> 12) & 0x1F) + T::XBITS;
+            if t & INVALID != 0 || (t >> 24) != 0 || used + len > MAXLEN {
+                break;
+            }
+            let x = ((idx as u32) >> (used + len - T::XBITS)) & ((1 << T::XBITS) - 1);
+            let key = if T::XBITS > 0 {
+                T::make_key(t & 0xFF, x)
+            } else {
+                t & 0xFF
+            };
+            keys |= (key & 0xFF) << (8 * cnt);
+            used += len;
+            cnt += 1;
+        }
+        (keys, (used | (cnt << 4)) as u8)
+    }
+
+    fn check<T: Elem>(lens: &[u8; NSYM], a: u32, zesc: bool) {
+        let words = crate::codes::canonical_words(lens);
+        let mut single = [0u32; TABLE];
+        dec_table::<T>(lens, &words, a, zesc, &mut single);
+        let mut m = [0u32; TABLE];
+        let mut meta = [0u8; TABLE];
+        multi_table::<T>(&single, &mut m, &mut meta);
+        for idx in 0..TABLE {
+            assert_eq!((m[idx], meta[idx]), multi_greedy::<T>(&single, idx), "idx {idx}");
+        }
+    }
+
+    /// The multi-symbol tables equal the greedy decode of every 12-bit window, for
+    /// every static code at several anchors and for explicit-like codes (lengths
+    /// 1..=12, some unused).
+    #[test]
+    fn multi_table_matches_greedy() {
+        for k in 0..crate::codes::NCODES {
+            for a in [1, 3, 20, 24, 31, 127, 255] {
+                check::<Bf16>(&CODE_LENGTHS[k], a, false);
+                check::<Fp32>(&CODE_LENGTHS[k], a, k % 2 == 0);
+                if a <= Fp16::EMAX {
+                    check::<Fp16>(&CODE_LENGTHS[k], a, false);
+                }
+            }
+        }
+        // a skewed complete code: 1, 2, ..., 11, 12, 12 for symbols in turn, the
+        // rest unused; and a flat one (every symbol 12 bits is not complete: 5 bits
+        // for 6 symbols and 4 bits for the rest)
+        let mut skew = [0u8; NSYM];
+        for (i, l) in skew.iter_mut().enumerate().take(12) {
+            *l = (i + 1) as u8;
+        }
+        skew[12] = 12;
+        let mut flat = [4u8; NSYM];
+        flat[..20].fill(5);
+        for lens in [skew, flat] {
+            for a in [1, 12, 30] {
+                check::<Bf16>(&lens, a, true);
+                check::<Fp16>(&lens, a, false);
+            }
+        }
+    }
 }
