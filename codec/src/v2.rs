@@ -208,6 +208,59 @@ impl V2 for Fp32 {
     }
 }
 
+/// Byte shuffles by an 8-bit mask `m` of kept bytes: `COMPACT[m]` gathers the
+/// kept bytes to the front, `EXPAND[m]` spreads the front bytes to the kept
+/// positions (0x80: a zero byte).
+const COMPACT: [[u8; 8]; 256] = shuffles(false);
+const EXPAND: [[u8; 8]; 256] = shuffles(true);
+
+const fn shuffles(expand: bool) -> [[u8; 8]; 256] {
+    let mut t = [[0x80u8; 8]; 256];
+    let mut m = 0;
+    while m < 256 {
+        let mut n = 0;
+        let mut i = 0;
+        while i < 8 {
+            if m >> i & 1 != 0 {
+                if expand {
+                    t[m][i] = n;
+                } else {
+                    t[m][n as usize] = i as u8;
+                }
+                n += 1;
+            }
+            i += 1;
+        }
+        m += 1;
+    }
+    t
+}
+
+/// Byte `i` of the result is byte `idx[i]` of `v`, or 0 where `idx[i]` has bit 7.
+/// `V`: the caller is compiled for AVX2 (`pshufb`).
+#[inline(always)]
+fn shuffle8<const V: bool>(v: u64, idx: &[u8; 8]) -> u64 {
+    #[cfg(target_arch = "x86_64")]
+    if V {
+        use std::arch::x86_64::*;
+        // SAFETY: V is set only in functions compiled for AVX2 (which has SSSE3),
+        // called after the CPU was checked; the load reads the 8 bytes of `idx`.
+        return unsafe {
+            let r = _mm_shuffle_epi8(
+                _mm_cvtsi64_si128(v as i64),
+                _mm_loadl_epi64(idx.as_ptr() as *const __m128i),
+            );
+            _mm_cvtsi128_si64(r) as u64
+        };
+    }
+    let b = v.to_le_bytes();
+    let mut o = [0u8; 8];
+    for (o, &i) in o.iter_mut().zip(idx.iter()) {
+        *o = if i & 0x80 != 0 { 0 } else { b[i as usize & 7] };
+    }
+    u64::from_le_bytes(o)
+}
+
 /// Bits needed for `v` (0 for 0).
 #[inline]
 fn bits_for(v: u32) -> u32 {
@@ -695,8 +748,8 @@ fn encode_coded_body<T: V2, const V: bool>(blk: &[u8], out: &mut [u8]) -> Option
         }
         let lo_len = if T::W == 4 { k_elems } else { 0 };
         for v in [&mut s.lo1, &mut s.lo0] {
-            if v.len() < lo_len {
-                v.resize(lo_len, 0);
+            if v.len() < lo_len + 32 {
+                v.resize(lo_len + 32, 0);
             }
         }
         let kept = &kept[..k_elems * w];
@@ -720,7 +773,33 @@ fn encode_coded_body<T: V2, const V: bool>(blk: &[u8], out: &mut [u8]) -> Option
             let mut q = 0;
             for j in 0..ns {
                 let (mut zc, mut e0) = (0u32, false);
-                for i in j * ss..((j + 1) * ss).min(k_elems) {
+                let (i0, i1) = (j * ss, ((j + 1) * ss).min(k_elems));
+                // 8 elements at a time: plane bytes compacted by a byte shuffle
+                // (in place: q <= i, and the 8 bytes stored at q end by i + 8)
+                let n8 = i0 + (i1 - i0) / 8 * 8;
+                for (c, xs) in kept[i0 * w..n8 * w].chunks_exact(8 * w).enumerate() {
+                    let i = i0 + 8 * c;
+                    let mut m = 0usize;
+                    for (t, xb) in xs.chunks_exact(w).enumerate() {
+                        let x = T::load(xb, 0);
+                        m |= ((x != 0) as usize) << t;
+                        e0 |= x != 0 && T::exp(x) == 0;
+                    }
+                    let sh = &COMPACT[m];
+                    let planes: &mut [&mut Vec<u8>] = if T::W == 4 {
+                        &mut [&mut s.p1, &mut s.lo1, &mut s.lo0]
+                    } else {
+                        &mut [&mut s.p1]
+                    };
+                    for pl in planes.iter_mut() {
+                        let v = u64::from_le_bytes(pl[i..i + 8].try_into().unwrap());
+                        pl[q..q + 8].copy_from_slice(&shuffle8::<V>(v, sh).to_le_bytes());
+                    }
+                    let nz = m.count_ones() as usize;
+                    q += nz;
+                    zc += 8 - nz as u32;
+                }
+                for i in n8..i1 {
                     let x = T::load(kept, i);
                     // in place: q <= i
                     s.p1[q] = s.p1[i];
@@ -1229,7 +1308,7 @@ fn decode_coded<T: V2, S: TableSource>(
             return unsafe { decode_coded_avx2::<T, S>(b, out, tables) };
         }
     }
-    decode_coded_body::<T, S>(b, out, tables)
+    decode_coded_body::<T, S, false>(b, out, tables)
 }
 
 /// # Safety
@@ -1241,7 +1320,7 @@ unsafe fn decode_coded_avx2<T: V2, S: TableSource>(
     out: &mut [u8],
     tables: &mut S,
 ) -> Result<(), CodecError> {
-    decode_coded_body::<T, S>(b, out, tables)
+    decode_coded_body::<T, S, true>(b, out, tables)
 }
 
 /// Decodes a group's sub-segments (`lanes`, `n[q]` elements each) through version
@@ -1250,7 +1329,8 @@ unsafe fn decode_coded_avx2<T: V2, S: TableSource>(
 /// that does not end at its length, a ZERO count that differs, an invalid symbol,
 /// an escaped `e = 0` under Z): the caller then decodes the group exactly.
 #[inline(always)]
-fn key_group<T: V2>(
+#[allow(clippy::too_many_arguments)]
+fn key_group<T: V2, const V: bool>(
     set: &crate::decode::Tables,
     stream: &[u8],
     pl: &Planes,
@@ -1306,22 +1386,35 @@ fn key_group<T: V2>(
         if !pl.z {
             T::join_v2(ks, p1, lo1, lo0, o);
         } else {
-            // ZERO keys (0: the escaped e = 0 was refused above) take no plane byte
+            // ZERO keys (0: an escaped e = 0 was refused above) take no plane byte:
+            // spread the planes to one byte per element, 0 under a ZERO (whose
+            // element, key 0 and plane bytes 0, joins to 0), 8 elements at a time
+            let mut ex = [[0u8; 1024 + 8]; 3];
+            let np = if T::W == 4 { 3 } else { 1 };
+            let src = [p1, lo1, lo0];
             let mut j = 0;
-            for (i, &k) in ks.iter().enumerate() {
-                let at = |v: &[u8]| v.get(j).copied().unwrap_or(0);
-                let x = T::build(k as u32, at(p1), 0, at(lo1), at(lo0));
-                let nz = k != 0;
-                T::store(o, i, if nz { x } else { 0 });
-                j += nz as usize;
+            for (c, k8) in ks.chunks(8).enumerate() {
+                let mut m = 0usize;
+                for (t, &k) in k8.iter().enumerate() {
+                    m |= ((k != 0) as usize) << t;
+                }
+                for (e, sp) in ex.iter_mut().zip(src.iter()).take(np) {
+                    let v = shuffle8::<V>(load64(sp, j), &EXPAND[m]);
+                    e[8 * c..8 * c + 8].copy_from_slice(&v.to_le_bytes());
+                }
+                j += m.count_ones() as usize;
             }
+            let [e1, el1, el0] = &ex;
+            let lo = |e: &'_ [u8], v: &[u8]| if v.is_empty() { 0 } else { e.len().min(n) };
+            T::join_v2(ks, &e1[..n], &el1[..lo(el1, lo1)], &el0[..lo(el0, lo0)], o);
         }
     }
     true
 }
 
+/// `V`: compiled for AVX2 (see [`shuffle8`]).
 #[inline(always)]
-fn decode_coded_body<T: V2, S: TableSource>(
+fn decode_coded_body<T: V2, S: TableSource, const V: bool>(
     b: &[u8],
     out: &mut [u8],
     tables: &mut S,
@@ -1549,7 +1642,7 @@ fn decode_coded_body<T: V2, S: TableSource>(
                 } else {
                     &mut tmp_store.get_or_insert_with(|| [0; LANES * 1024 * 4])[..]
                 };
-                key_group::<T>(set, stream, &planes_k, &lanes, g, ss, &mut keys, dst)
+                key_group::<T, V>(set, stream, &planes_k, &lanes, g, ss, &mut keys, dst)
             }
             None => false,
         };
