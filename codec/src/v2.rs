@@ -658,36 +658,41 @@ fn put_packed(out: &mut [u8], vals: impl Iterator<Item = u32>, w: u32) -> usize 
 }
 
 fn encode_coded<T: V2>(blk: &[u8], out: &mut [u8]) -> Option<usize> {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("bmi2") {
-            // SAFETY: the CPU has the features the function is compiled for.
-            return unsafe { encode_coded_avx2::<T>(blk, out) };
+    SCRATCH.with(|s| {
+        let s = &mut *s.borrow_mut();
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("bmi2") {
+                // SAFETY: the CPU has the features the function is compiled for.
+                return unsafe { encode_coded_avx2::<T>(blk, out, s) };
+            }
         }
-    }
-    encode_coded_body::<T, false>(blk, out)
+        encode_coded_body::<T, false>(blk, out, s)
+    })
 }
 
 /// # Safety
 /// The CPU must support AVX2 and BMI2.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,bmi1,bmi2")]
-unsafe fn encode_coded_avx2<T: V2>(blk: &[u8], out: &mut [u8]) -> Option<usize> {
-    encode_coded_body::<T, true>(blk, out)
+unsafe fn encode_coded_avx2<T: V2>(blk: &[u8], out: &mut [u8], s: &mut Scratch) -> Option<usize> {
+    encode_coded_body::<T, true>(blk, out, s)
 }
 
 /// The coded-block encoder (FORMAT.md §V2.7). `V`: compiled for AVX2+BMI2, so full
 /// runs of 32 keys may go through version 1's vector packer (`avx2::code_keys`).
 #[inline(always)]
-fn encode_coded_body<T: V2, const V: bool>(blk: &[u8], out: &mut [u8]) -> Option<usize> {
+fn encode_coded_body<T: V2, const V: bool>(
+    blk: &[u8],
+    out: &mut [u8],
+    s: &mut Scratch,
+) -> Option<usize> {
     let l = blk.len();
     let w = T::W;
     if l / w < MIN_CODED_ELEMS {
         return None;
     }
-    SCRATCH.with(|s| {
-        let mut s = s.borrow_mut();
-        let s = &mut *s;
+    {
         let (phi, phase_st) = choose_phase::<T>(blk);
         let m = (l - phi) / w;
         let t = (l - phi) % w;
@@ -1033,7 +1038,7 @@ fn encode_coded_body<T: V2, const V: bool>(blk: &[u8], out: &mut [u8]) -> Option
         p += t;
         debug_assert_eq!(p, size);
         Some(size)
-    })
+    }
 }
 
 // ---------------------------------------------------------------------------------
