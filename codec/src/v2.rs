@@ -1375,6 +1375,7 @@ fn key_group<T: V2, const V: bool>(
         }
     }
     let w = T::W;
+    let mut ex = [[0u8; 1024 + 8]; 3];
     for q in 0..g {
         let l = &lanes[q];
         let (n, pp, pe) = (l.n, l.pp, l.pend);
@@ -1394,7 +1395,6 @@ fn key_group<T: V2, const V: bool>(
             // ZERO keys (0: an escaped e = 0 was refused above) take no plane byte:
             // spread the planes to one byte per element, 0 under a ZERO (whose
             // element, key 0 and plane bytes 0, joins to 0), 8 elements at a time
-            let mut ex = [[0u8; 1024 + 8]; 3];
             let np = if T::W == 4 { 3 } else { 1 };
             let src = [p1, lo1, lo0];
             let mut j = 0;
@@ -1410,6 +1410,7 @@ fn key_group<T: V2, const V: bool>(
                 j += m.count_ones() as usize;
             }
             let [e1, el1, el0] = &ex;
+            let (e1, el1, el0) = (&e1[..], &el1[..], &el0[..]);
             let lo = |e: &'_ [u8], v: &[u8]| if v.is_empty() { 0 } else { e.len().min(n) };
             T::join_v2(ks, &e1[..n], &el1[..lo(el1, lo1)], &el0[..lo(el0, lo0)], o);
         }
