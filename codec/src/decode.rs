@@ -165,6 +165,9 @@ pub(crate) struct Tables {
     /// Per multi entry: bits used (bits 0..4) and key count (bits 4..8); count 0
     /// means "decode one element the slow way" (escape, invalid, or too long).
     meta: [u8; TABLE],
+    /// `multi` and `meta` cover the next `mbits` stream bits (entries below
+    /// `1 << mbits`): this mask.
+    mmask: u64,
 }
 
 impl Tables {
@@ -175,37 +178,47 @@ impl Tables {
             single: [0; TABLE],
             multi: [0; TABLE],
             meta: [0; TABLE],
+            mmask: 0,
         }
     }
 
     fn build<T: Elem>(&mut self, key: TableKey) {
-        let (_, zesc, a, lens) = key;
+        let (_, zesc, a, lens, mbits) = key;
         let words = crate::codes::canonical_words(&lens);
         dec_table::<T>(&lens, &words, a as u32, zesc, &mut self.single);
-        multi_table::<T>(&self.single, &mut self.multi, &mut self.meta);
+        multi_table::<T>(&self.single, &mut self.multi, &mut self.meta, mbits as u32);
+        self.mmask = (1 << mbits) - 1;
         self.key = Some(key);
     }
 }
 
 /// What a set of decode tables depends on: mode, [`ZESC`] (version 2 under `Z`),
-/// anchor and code lengths (version 1: a static code's).
-type TableKey = (u8, bool, u8, [u8; NSYM]);
+/// anchor, code lengths (version 1: a static code's) and the multi-symbol window.
+type TableKey = (u8, bool, u8, [u8; NSYM], u8);
 
-fn table_key<T: Elem>(lens: &[u8; NSYM], a: u32, zesc: bool) -> TableKey {
-    (T::MODE, zesc, a as u8, *lens)
+fn table_key<T: Elem>(lens: &[u8; NSYM], a: u32, zesc: bool, mbits: u32) -> TableKey {
+    (T::MODE, zesc, a as u8, *lens, mbits as u8)
 }
+
+/// Multi-symbol window of version 1's static codes (and version 2's): the longest
+/// code. Version 2's explicit codes, a new table for nearly every block, use
+/// [`MBITS_EXPLICIT`]: a quarter of the entries to build; their rare long codes
+/// (Huffman) take the one-element path.
+pub(crate) const MBITS_STATIC: u32 = MAXLEN;
+pub(crate) const MBITS_EXPLICIT: u32 = 10;
 
 /// Where a coded block's decode tables come from.
 pub(crate) trait TableSource {
     /// The tables of the code `lens` (a complete prefix code) at anchor `a`;
-    /// `zesc`: version 2 under `Z` (see [`ZESC`]).
-    fn tables<T: Elem>(&mut self, lens: &[u8; NSYM], a: u32, zesc: bool) -> &Tables;
+    /// `zesc`: version 2 under `Z` (see [`ZESC`]); `mbits`: the multi-symbol window,
+    /// 1..=12 bits.
+    fn tables<T: Elem>(&mut self, lens: &[u8; NSYM], a: u32, zesc: bool, mbits: u32) -> &Tables;
 }
 
 /// One set, rebuilt whenever (mode, code, anchor) changes from the previous block.
 impl TableSource for Tables {
-    fn tables<T: Elem>(&mut self, lens: &[u8; NSYM], a: u32, zesc: bool) -> &Tables {
-        let key = table_key::<T>(lens, a, zesc);
+    fn tables<T: Elem>(&mut self, lens: &[u8; NSYM], a: u32, zesc: bool, mbits: u32) -> &Tables {
+        let key = table_key::<T>(lens, a, zesc, mbits);
         if self.key != Some(key) {
             self.build::<T>(key);
         }
@@ -252,8 +265,8 @@ impl Decoder {
 }
 
 impl TableSource for Decoder {
-    fn tables<T: Elem>(&mut self, lens: &[u8; NSYM], a: u32, zesc: bool) -> &Tables {
-        let key = Some(table_key::<T>(lens, a, zesc));
+    fn tables<T: Elem>(&mut self, lens: &[u8; NSYM], a: u32, zesc: bool, mbits: u32) -> &Tables {
+        let key = Some(table_key::<T>(lens, a, zesc, mbits));
         let i = match self.sets.iter().position(|s| s.key == key) {
             Some(i) => i,
             None => {
@@ -380,17 +393,23 @@ fn dec_table<T: Elem>(
 /// Keys one multi-symbol lookup decodes at most.
 const MULTI: usize = 4;
 
-/// Multi-symbol tables: for the next 12 stream bits, up to [`MULTI`] whole elements
-/// (keys in `m`, bits used and count in `meta`, see [`Tables`]). Greedy decoding is
-/// prefix-consistent, so an entry is its first element followed by the elements of
-/// entry `idx >> len` (built before it: smaller) that fit in the `12 - len` bits left.
-fn multi_table<T: Elem>(single: &[u32; TABLE], m: &mut [u32; TABLE], meta: &mut [u8; TABLE]) {
+/// Multi-symbol tables: for the next `mbits` stream bits, up to [`MULTI`] whole
+/// elements (keys in `m`, bits used and count in `meta`, see [`Tables`]). Greedy
+/// decoding is prefix-consistent, so an entry is its first element followed by the
+/// elements of entry `idx >> len` (built before it: smaller) that fit in the
+/// `mbits - len` bits left.
+fn multi_table<T: Elem>(
+    single: &[u32; TABLE],
+    m: &mut [u32; TABLE],
+    meta: &mut [u8; TABLE],
+    mbits: u32,
+) {
     // per entry: bits used after each of its elements, one byte each
     let mut ends = [0u32; TABLE];
-    for idx in 0..TABLE {
+    for idx in 0..1usize << mbits {
         let t = single[idx];
         let len = ((t >> 12) & 0x1F) + T::XBITS;
-        if t & INVALID != 0 || (t >> 24) != 0 || len > MAXLEN {
+        if t & INVALID != 0 || (t >> 24) != 0 || len > mbits {
             m[idx] = 0;
             meta[idx] = 0;
             ends[idx] = 0;
@@ -409,7 +428,7 @@ fn multi_table<T: Elem>(single: &[u32; TABLE], m: &mut [u32; TABLE], meta: &mut 
             (m[r], (meta[r] >> 4) as u32, ends[r])
         } else {
             // entry 0: its element again and again
-            let n = (MULTI as u32 - 1).min(MAXLEN / len);
+            let n = (MULTI as u32 - 1).min(mbits / len);
             let (mut k, mut e) = (0, 0);
             for i in 0..n {
                 k |= (key & 0xFF) << (8 * i);
@@ -423,7 +442,7 @@ fn multi_table<T: Elem>(single: &[u32; TABLE], m: &mut [u32; TABLE], meta: &mut 
         let mut all_ends = len;
         while cnt < MULTI as u32 && cnt - 1 < rc {
             let end = len + ((re >> (8 * (cnt - 1))) & 0xFF);
-            if end > MAXLEN {
+            if end > mbits {
                 break;
             }
             keys |= ((rk >> (8 * (cnt - 1))) & 0xFF) << (8 * cnt);
@@ -466,7 +485,7 @@ fn lane_step<T: Elem>(
     let mut buf = load64(src, l.base + (l.bp >> 3) as usize) >> (l.bp & 7);
     let mut kp = l.kp.min(SEG_ELEMS);
     for _ in 0..4 {
-        let idx = (buf & (TABLE as u64 - 1)) as usize;
+        let idx = (buf & t.mmask & (TABLE as u64 - 1)) as usize;
         let info = t.meta[idx] as u32;
         let cnt = (info >> 4) as usize;
         if cnt == 0 {
@@ -635,7 +654,7 @@ fn decode_coded_body<T: Elem, S: TableSource>(
     if streams + total + t != size {
         return Err(CodecError::Corrupt("coded block length mismatch"));
     }
-    let set = tables.tables::<T>(&CODE_LENGTHS[k], a, false);
+    let set = tables.tables::<T>(&CODE_LENGTHS[k], a, false, MBITS_STATIC);
     let mut keys = [[0u8; SEG_ELEMS + KEY_SLACK]; 4];
     let mut sp = start + streams; // absolute position of the next segment
     let mut seg = 0usize;
@@ -705,12 +724,12 @@ mod tests {
     use super::*;
 
     /// The element-by-element greedy decode that [`multi_table`] builds by reuse.
-    fn multi_greedy<T: Elem>(single: &[u32; TABLE], idx: usize) -> (u32, u8) {
+    fn multi_greedy<T: Elem>(single: &[u32; TABLE], idx: usize, mbits: u32) -> (u32, u8) {
         let (mut used, mut keys, mut cnt) = (0u32, 0u32, 0u32);
         while (cnt as usize) < MULTI {
             let t = single[(idx >> used) & (TABLE - 1)];
             let len = ((t >> 12) & 0x1F) + T::XBITS;
-            if t & INVALID != 0 || (t >> 24) != 0 || used + len > MAXLEN {
+            if t & INVALID != 0 || (t >> 24) != 0 || used + len > mbits {
                 break;
             }
             let x = ((idx as u32) >> (used + len - T::XBITS)) & ((1 << T::XBITS) - 1);
@@ -730,11 +749,14 @@ mod tests {
         let words = crate::codes::canonical_words(lens);
         let mut single = [0u32; TABLE];
         dec_table::<T>(lens, &words, a, zesc, &mut single);
-        let mut m = [0u32; TABLE];
-        let mut meta = [0u8; TABLE];
-        multi_table::<T>(&single, &mut m, &mut meta);
-        for idx in 0..TABLE {
-            assert_eq!((m[idx], meta[idx]), multi_greedy::<T>(&single, idx), "idx {idx}");
+        for mbits in [MBITS_EXPLICIT, MBITS_STATIC] {
+            let mut m = [0u32; TABLE];
+            let mut meta = [0u8; TABLE];
+            multi_table::<T>(&single, &mut m, &mut meta, mbits);
+            for idx in 0..1 << mbits {
+                let want = multi_greedy::<T>(&single, idx, mbits);
+                assert_eq!((m[idx], meta[idx]), want, "idx {idx} mbits {mbits}");
+            }
         }
     }
 

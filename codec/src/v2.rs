@@ -1603,7 +1603,12 @@ fn decode_coded_body<T: V2, S: TableSource, const V: bool>(
     };
     let mut lut_store: Option<[u32; TABLE]> = None;
     // version 1's key tables (not fp16 under Z, whose ZERO has no extra bits)
-    let set = (T::XBITS == 0 || !z).then(|| tables.tables::<T>(&lens, a, z));
+    let mbits = if flags & F_EXPLICIT != 0 {
+        crate::decode::MBITS_EXPLICIT
+    } else {
+        crate::decode::MBITS_STATIC
+    };
+    let set = (T::XBITS == 0 || !z).then(|| tables.tables::<T>(&lens, a, z, mbits));
     let mut keys = [[0u8; SEG_ELEMS + KEY_SLACK]; LANES];
     copy_ascending(&mut out[..phi], head);
     let planes_k = Planes {
