@@ -14,17 +14,26 @@ fn main() {
     let n = 1 << 18;
     for ty in [Ty::Bf16, Ty::Fp16, Ty::Fp32] {
         for (i, s) in [1e-3, 1e-2, 1.0, 1e4].into_iter().enumerate() {
-            cases.push((format!("gauss {s} {}", ty.name()), gaussian(ty, n, s, i as u64)));
+            cases.push((
+                format!("gauss {s} {}", ty.name()),
+                gaussian(ty, n, s, i as u64),
+            ));
         }
         cases.push((format!("grad {}", ty.name()), gradient_like(ty, n, 7)));
         cases.push((format!("relu {}", ty.name()), relu_like(ty, n, 8)));
         cases.push((format!("laplace {}", ty.name()), laplace(ty, n, 0.1, 9)));
     }
     for pct in [0, 50, 92, 99] {
-        cases.push((format!("emb {pct}"), embedding_grad(n, 4096, pct as f64 / 100.0, 3)));
+        cases.push((
+            format!("emb {pct}"),
+            embedding_grad(n, 4096, pct as f64 / 100.0, 3),
+        ));
     }
     cases.push(("moe".into(), moe_dispatch(8, 8, 4096, 0.7, 4)));
-    cases.push(("bf16 in fp32".into(), bf16_in_fp32(&gaussian(Ty::Bf16, n / 2, 0.02, 5))));
+    cases.push((
+        "bf16 in fp32".into(),
+        bf16_in_fp32(&gaussian(Ty::Bf16, n / 2, 0.02, 5)),
+    ));
     cases.push(("random".into(), Rng::new(6).bytes(n)));
     cases.push(("ll lines".into(), ll_lines(n, 10)));
     cases.push(("counters".into(), int_counters(n, 11)));
@@ -39,10 +48,28 @@ fn main() {
             for b in 0..w {
                 v[i + b] = match pick {
                     0 => 0,
-                    1 => if b == w - 1 { 0x80 } else { 0 },
-                    2 => if b == 0 { 1 } else { 0 },
+                    1 => {
+                        if b == w - 1 {
+                            0x80
+                        } else {
+                            0
+                        }
+                    }
+                    2 => {
+                        if b == 0 {
+                            1
+                        } else {
+                            0
+                        }
+                    }
                     3 => 0xFF,
-                    _ => if b == w - 1 { 0x7F } else { 0xFF },
+                    _ => {
+                        if b == w - 1 {
+                            0x7F
+                        } else {
+                            0xFF
+                        }
+                    }
                 };
             }
         }
@@ -60,7 +87,13 @@ fn main() {
         DtypeHint::Fp32,
     ];
     for (name, data) in &cases {
-        for (k, len) in [(0usize, data.len()), (1, 100_001), (3, 8191), (2, 65_537), (0, 4096 + 17)] {
+        for (k, len) in [
+            (0usize, data.len()),
+            (1, 100_001),
+            (3, 8191),
+            (2, 65_537),
+            (0, 4096 + 17),
+        ] {
             let src = &data[k.min(data.len())..(k + len).min(data.len())];
             for hint in hints {
                 for block_log2 in [16u8, 12] {

@@ -820,8 +820,8 @@ impl Bits {
 /// [`crate::compress_scalar`]).
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2 {
-    use crate::codes::{symbol_of, CODE_LENGTHS, CODE_WORDS, ESC, NSYM, ZERO};
     use super::Bits;
+    use crate::codes::{symbol_of, CODE_LENGTHS, CODE_WORDS, ESC, NSYM, ZERO};
     use crate::format::SEG_ELEMS;
     use std::arch::x86_64::*;
 

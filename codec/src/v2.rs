@@ -191,7 +191,10 @@ impl V2 for Fp32 {
             out: &mut [u8],
         ) {
             let n = keys.len().min(p1.len()).min(out.len() / 4);
-            let (lo1, lo0) = (&lo1[..if L1 { n } else { 0 }], &lo0[..if L0 { n } else { 0 }]);
+            let (lo1, lo0) = (
+                &lo1[..if L1 { n } else { 0 }],
+                &lo0[..if L0 { n } else { 0 }],
+            );
             for (i, o) in out[..4 * n].chunks_exact_mut(4).enumerate() {
                 let l1 = if L1 { lo1[i] } else { 0 };
                 let l0 = if L0 { lo0[i] } else { 0 };
@@ -1581,23 +1584,23 @@ fn decode_coded_body<T: V2, S: TableSource, const V: bool>(
         let words = crate::codes::canonical_words(&lens);
         let mut lut = [E_INVALID; TABLE];
         for s in 0..NSYM {
-        let len = lens[s] as u32;
-        if len == 0 {
-            continue;
-        }
-        let v = (if s == ZERO {
-            E_ZERO
-        } else if s == ESC {
-            E_ESC
-        } else if (s as u32) < a && (s as u32) < ND as u32 {
-            (a - s as u32) << 8
-        } else {
-            E_INVALID
-        }) | len;
-        let wd = words[s] as usize;
-        for hi in 0..(1usize << (MAXLEN - len)) {
-            lut[wd | (hi << len)] = v;
-        }
+            let len = lens[s] as u32;
+            if len == 0 {
+                continue;
+            }
+            let v = (if s == ZERO {
+                E_ZERO
+            } else if s == ESC {
+                E_ESC
+            } else if (s as u32) < a && (s as u32) < ND as u32 {
+                (a - s as u32) << 8
+            } else {
+                E_INVALID
+            }) | len;
+            let wd = words[s] as usize;
+            for hi in 0..(1usize << (MAXLEN - len)) {
+                lut[wd | (hi << len)] = v;
+            }
         }
         lut
     };
