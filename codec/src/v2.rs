@@ -473,12 +473,20 @@ impl Stats {
     pub(crate) fn sample<T: V2>(b: &[u8], m: usize) -> Stats {
         let h = crate::encode::sample_histogram::<T>(b, m);
         let (mut nzero, mut lo_or) = (0u64, 0u32);
-        // zeros have e = 0; `lo_or` matters in fp32 only
-        if h[0] != 0 || T::W == 4 {
+        // zeros have e = 0; `lo_or` matters in fp32 only, and only whether its
+        // bits 0..8 and 8..16 are set
+        if h[0] != 0 {
             for c in b[..m * T::W].chunks(SAMPLE_STRIDE * T::W) {
                 let x = T::load(c, 0);
                 nzero += (x == 0) as u64;
                 lo_or |= x;
+            }
+        } else if T::W == 4 {
+            for c in b[..m * T::W].chunks(SAMPLE_STRIDE * T::W) {
+                lo_or |= T::load(c, 0);
+                if lo_or & 0xFF00 != 0 && lo_or & 0xFF != 0 {
+                    break;
+                }
             }
         }
         Stats {
