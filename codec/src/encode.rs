@@ -72,7 +72,7 @@ fn compress_impl(
         if ok {
             for (i, blk) in src.chunks(b).enumerate() {
                 let coded = if opts.format == VERSION_2 {
-                    crate::v2::encode_block_v2(dtype, blk, &mut dst[pos..limit])
+                    crate::v2::encode_block_v2(dtype, blk, &mut dst[pos..limit], simd)
                 } else {
                     encode_block_with(dtype, blk, &mut dst[pos..limit], simd)
                 };

@@ -385,15 +385,17 @@ thread_local! {
 }
 
 /// Encodes one block as version 2 into `out` (the room left below the frame limit).
+/// `simd = false`: the portable path only ([`crate::compress_scalar`]).
 pub(crate) fn encode_block_v2(
     dtype: Dtype,
     blk: &[u8],
     out: &mut [u8],
+    simd: bool,
 ) -> Option<(usize, BlockKind)> {
     crate::encode::encode_block_by(blk, out, |o| match dtype {
-        Dtype::Bf16 => encode_coded::<Bf16>(blk, o),
-        Dtype::Fp16 => encode_coded::<Fp16>(blk, o),
-        Dtype::Fp32 => encode_coded::<Fp32>(blk, o),
+        Dtype::Bf16 => encode_coded::<Bf16>(blk, o, simd),
+        Dtype::Fp16 => encode_coded::<Fp16>(blk, o, simd),
+        Dtype::Fp32 => encode_coded::<Fp32>(blk, o, simd),
         Dtype::Raw => None,
     })
 }
@@ -668,16 +670,20 @@ fn put_packed(out: &mut [u8], vals: impl Iterator<Item = u32>, w: u32) -> usize 
     p
 }
 
-fn encode_coded<T: V2>(blk: &[u8], out: &mut [u8]) -> Option<usize> {
+fn encode_coded<T: V2>(blk: &[u8], out: &mut [u8], simd: bool) -> Option<usize> {
     SCRATCH.with(|s| {
         let s = &mut *s.borrow_mut();
         #[cfg(target_arch = "x86_64")]
         {
-            if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("bmi2") {
+            if simd
+                && std::is_x86_feature_detected!("avx2")
+                && std::is_x86_feature_detected!("bmi2")
+            {
                 // SAFETY: the CPU has the features the function is compiled for.
                 return unsafe { encode_coded_avx2::<T>(blk, out, s) };
             }
         }
+        let _ = simd;
         encode_coded_body::<T, false>(blk, out, s)
     })
 }
@@ -1853,5 +1859,39 @@ fn detect_v2_body(src: &[u8]) -> Dtype {
         Dtype::Raw
     } else {
         best.2
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The byte shuffles: compacting then spreading by a mask gives back the kept
+    /// bytes and zeros elsewhere, and the `pshufb` path equals the portable one.
+    #[test]
+    fn shuffles_compact_and_spread() {
+        let v = 0x8877_6655_4433_2211u64;
+        for m in 0..256usize {
+            let c = shuffle8::<false>(v, &COMPACT[m]);
+            let e = shuffle8::<false>(c, &EXPAND[m]);
+            let mut want = 0u64;
+            for i in 0..8 {
+                if m >> i & 1 != 0 {
+                    want |= v & (0xFF << (8 * i));
+                }
+            }
+            assert_eq!(e, want, "mask {m:#x}");
+            let n = m.count_ones();
+            let keep = if n == 8 {
+                u64::MAX
+            } else {
+                (1u64 << (8 * n)) - 1
+            };
+            #[cfg(target_arch = "x86_64")]
+            if std::is_x86_feature_detected!("avx2") {
+                assert_eq!(shuffle8::<true>(v, &COMPACT[m]) & keep, c & keep);
+                assert_eq!(shuffle8::<true>(c, &EXPAND[m]), e);
+            }
+        }
     }
 }
