@@ -1437,6 +1437,9 @@ fn key_group<T: V2, const V: bool>(
 
 /// `V`: compiled for AVX2 (see [`shuffle8`]).
 #[inline(always)]
+// `get_or_insert_with` on the group buffer: an eager `[0; ..]` would clear 16 KiB per
+// group even when the buffer exists
+#[allow(clippy::unnecessary_lazy_evaluations)]
 fn decode_coded_body<T: V2, S: TableSource, const V: bool>(
     b: &[u8],
     out: &mut [u8],
