@@ -2,7 +2,7 @@
 //! rounds of single-thread encode and decode GB/s. Also the workload for
 //! `valgrind --tool=callgrind` instruction counts (`--rounds 1`).
 //!
-//! `cargo run --release -p nccl-zip-codec --example codec_hot -- [gauss:SIGMA|FILE] [bf16|fp16|fp32] [--rounds N] [--mib M] [--frame-kib K] [--enc-only|--dec-only] [--checksum|--checksum-ab]`
+//! `cargo run --release -p nccl-zip-codec --example codec_hot -- [gauss:SIGMA|FILE] [bf16|fp16|fp32] [--rounds N] [--mib M] [--frame-kib K] [--enc-only|--dec-only] [--checksum|--checksum-ab] [--format 2]`
 //! (`--frame-kib 256`: frames the size of the plugin's default chunk). `--checksum-ab`
 //! measures frames without and with the CRC32C (`NCCL_ZIP_CHECKSUM`) in the same
 //! rounds, alternating, and the bare CRC32C of the data; `--checksum` alone codes
@@ -26,6 +26,7 @@ fn main() {
     let mut frame = 1usize << 20;
     let (mut enc_on, mut dec_on) = (true, true);
     let (mut ab, mut checksum) = (false, false);
+    let mut format = 1u8;
     let mut i = 2;
     while i < v.len() {
         match v[i].as_str() {
@@ -45,6 +46,10 @@ fn main() {
             "--dec-only" => enc_on = false,
             "--checksum-ab" => ab = true,
             "--checksum" => checksum = true,
+            "--format" => {
+                format = v[i + 1].parse().unwrap();
+                i += 1;
+            }
             x => panic!("unknown argument {x}"),
         }
         i += 1;
@@ -57,15 +62,20 @@ fn main() {
     let msgs: Vec<&[u8]> = data.chunks(frame).collect();
     let variants: Vec<EncodeOptions> = if ab {
         vec![
-            EncodeOptions::default(),
+            EncodeOptions {
+                format,
+                ..EncodeOptions::default()
+            },
             EncodeOptions {
                 checksum: true,
+                format,
                 ..EncodeOptions::default()
             },
         ]
     } else {
         vec![EncodeOptions {
             checksum,
+            format,
             ..EncodeOptions::default()
         }]
     };

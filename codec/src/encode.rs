@@ -72,7 +72,7 @@ fn compress_impl(
         if ok {
             for (i, blk) in src.chunks(b).enumerate() {
                 let coded = if opts.format == VERSION_2 {
-                    crate::v2::encode_block_v2(dtype, blk, &mut dst[pos..limit])
+                    crate::v2::encode_block_v2(dtype, blk, &mut dst[pos..limit], simd)
                 } else {
                     encode_block_with(dtype, blk, &mut dst[pos..limit], simd)
                 };
@@ -392,12 +392,20 @@ pub(crate) fn all_equal(blk: &[u8]) -> bool {
 /// bits) in bits 0..24, total length in bits 24..32.
 #[inline(always)]
 fn enc_table<T: Elem>(k: usize, a: u32) -> [u32; 256] {
+    enc_table_for::<T>(&CODE_LENGTHS[k], &CODE_WORDS[k], a)
+}
+
+/// [`enc_table`] for any code (`lens`, canonical `words`): version 2's static and
+/// explicit codes (its keys, the exponent field or fp16's high byte, map to symbols
+/// as version 1's when the element is not a ZERO under `Z`).
+#[inline(always)]
+pub(crate) fn enc_table_for<T: Elem>(lens: &[u8; NSYM], words: &[u16; NSYM], a: u32) -> [u32; 256] {
     let mut t = [0u32; 256];
     for (key, slot) in t.iter_mut().enumerate() {
         let (e, x) = T::key_parts(key as u32);
         let s = symbol_of(e, a);
-        let lc = CODE_LENGTHS[k][s] as u32;
-        let mut bits = CODE_WORDS[k][s] as u32;
+        let lc = lens[s] as u32;
+        let mut bits = words[s] as u32;
         let mut len = lc;
         if s == ESC {
             bits |= e << len;
@@ -733,11 +741,86 @@ fn encode_coded_body<T: Elem, const V: bool>(blk: &[u8], out: &mut [u8]) -> Opti
     Some(pos + t)
 }
 
+/// The segment coders' bit writer: little-endian, each append one unaligned
+/// 8-byte store at `dst + pos`, at most 7 bits pending afterwards.
+pub(crate) struct Bits {
+    dst: *mut u8,
+    pub(crate) pos: usize,
+    pub(crate) acc: u64,
+    pub(crate) nb: u32,
+}
+
+impl Bits {
+    #[inline(always)]
+    pub(crate) fn new(dst: *mut u8) -> Bits {
+        Bits {
+            dst,
+            pos: 0,
+            acc: 0,
+            nb: 0,
+        }
+    }
+    /// Appends `len` (<= 56) bits of `c`.
+    ///
+    /// # Safety
+    /// `dst + pos` must be valid for an 8-byte write.
+    #[inline(always)]
+    pub(crate) unsafe fn put(&mut self, c: u64, len: u32) {
+        self.acc |= c << self.nb;
+        self.nb += len;
+        self.dst
+            .add(self.pos)
+            .cast::<u64>()
+            .write_unaligned(self.acc);
+        self.pos += (self.nb >> 3) as usize;
+        self.acc >>= self.nb & 56;
+        self.nb &= 7;
+    }
+    /// Appends `len` (<= 64) bits of `c`.
+    ///
+    /// # Safety
+    /// As [`Bits::put`], twice.
+    #[inline(always)]
+    unsafe fn put64(&mut self, c: u64, len: u32) {
+        if len <= 56 {
+            self.put(c, len);
+        } else {
+            self.put(c & 0xFFFF_FFFF, 32);
+            self.put(c >> 32, len - 32);
+        }
+    }
+    /// Appends the scalar code of each key (`lut`: code in bits 0..24, length
+    /// in bits 24..32).
+    ///
+    /// # Safety
+    /// As [`Bits::put`], once per key.
+    #[inline(always)]
+    unsafe fn put_scalar(&mut self, lut: &[u32; 256], keys: &[u8]) {
+        for &k in keys {
+            let c = lut[k as usize];
+            self.put((c & 0xFF_FFFF) as u64, c >> 24);
+        }
+    }
+    /// Flushes the pending bits; returns the byte length written.
+    ///
+    /// # Safety
+    /// `dst + pos` must be valid for a 1-byte write.
+    #[inline(always)]
+    pub(crate) unsafe fn finish(mut self) -> usize {
+        if self.nb > 0 {
+            *self.dst.add(self.pos) = self.acc as u8;
+            self.pos += 1;
+        }
+        self.pos
+    }
+}
+
 /// AVX2 pieces of the encoder. Same bits as the scalar path, by construction and
 /// by test (`tests/roundtrip.rs` and `tests/fp16_vector.rs` compare with
 /// [`crate::compress_scalar`]).
 #[cfg(target_arch = "x86_64")]
-mod avx2 {
+pub(crate) mod avx2 {
+    use super::Bits;
     use crate::codes::{symbol_of, CODE_LENGTHS, CODE_WORDS, ESC, NSYM, ZERO};
     use crate::format::SEG_ELEMS;
     use std::arch::x86_64::*;
@@ -748,7 +831,7 @@ mod avx2 {
     /// indexed by the exponent field instead and `len` holds the element length
     /// (code length + 3 extra bits; `0x80` for an escape), and `pow` holds the low
     /// and high bytes of `1 << code length` by element length.
-    pub(super) struct VecTables {
+    pub(crate) struct VecTables {
         len: [__m256i; 2],
         lo: [__m256i; 2],
         hi: [__m256i; 2],
@@ -761,6 +844,20 @@ mod avx2 {
         /// The CPU must support AVX2.
         #[target_feature(enable = "avx2")]
         pub(super) unsafe fn new(k: usize, a: u32, by_exp: bool) -> VecTables {
+            VecTables::for_code(&CODE_LENGTHS[k], &CODE_WORDS[k], a, by_exp)
+        }
+
+        /// [`VecTables::new`] for any code (`lens`, canonical `words`).
+        ///
+        /// # Safety
+        /// The CPU must support AVX2.
+        #[target_feature(enable = "avx2")]
+        pub(crate) unsafe fn for_code(
+            lens: &[u8; NSYM],
+            words: &[u16; NSYM],
+            a: u32,
+            by_exp: bool,
+        ) -> VecTables {
             let mut len = [0u8; 32];
             let mut lo = [0u8; 32];
             let mut hi = [0u8; 32];
@@ -770,16 +867,16 @@ mod avx2 {
                     if s == ESC {
                         len[e] = 0x80;
                     } else {
-                        len[e] = CODE_LENGTHS[k][s] + 3;
-                        lo[e] = CODE_WORDS[k][s] as u8;
-                        hi[e] = (CODE_WORDS[k][s] >> 8) as u8;
+                        len[e] = lens[s] + 3;
+                        lo[e] = words[s] as u8;
+                        hi[e] = (words[s] >> 8) as u8;
                     }
                 }
             } else {
                 for s in 0..NSYM {
-                    len[s] = CODE_LENGTHS[k][s];
-                    lo[s] = CODE_WORDS[k][s] as u8;
-                    hi[s] = (CODE_WORDS[k][s] >> 8) as u8;
+                    len[s] = lens[s];
+                    lo[s] = words[s] as u8;
+                    hi[s] = (words[s] >> 8) as u8;
                 }
             }
             let mut pow = [0u8; 32];
@@ -819,7 +916,7 @@ mod avx2 {
     /// # Safety
     /// The CPU must support AVX2.
     #[target_feature(enable = "avx2")]
-    pub(super) unsafe fn split_bf16(src: &[u8], keys: &mut [u8], p1: &mut [u8]) {
+    pub(crate) unsafe fn split_bf16(src: &[u8], keys: &mut [u8], p1: &mut [u8]) {
         let n = keys.len().min(p1.len()).min(src.len() / 2);
         let mut i = 0;
         let m7f = _mm256_set1_epi16(0x7F);
@@ -897,10 +994,28 @@ mod avx2 {
         dst: *mut u8,
     ) -> usize {
         let mut w = Bits::new(dst);
+        code_keys::<WIDE>(t, lut, keys, &mut w);
+        w.finish()
+    }
+
+    /// The body of [`code_segment`]: appends the codes of `keys` (a multiple of 32)
+    /// to `w`, which may hold pending bits (version 2 codes one bitstream per
+    /// block, its sub-segments not byte-aligned).
+    ///
+    /// # Safety
+    /// As [`Bits::put`], for every 8 bytes of at most 20 bits per key appended.
+    #[target_feature(enable = "avx2,bmi1,bmi2")]
+    pub(crate) unsafe fn code_keys<const WIDE: bool>(
+        t: &VecTables,
+        lut: &[u32; 256],
+        keys: &[u8],
+        w: &mut Bits,
+    ) {
+        debug_assert_eq!(keys.len() % 32, 0);
         let c23 = _mm256_set1_epi8(23);
         let czero = _mm256_set1_epi8(ZERO as i8);
         let zero = _mm256_setzero_si256();
-        for g in 0..SEG_ELEMS / 32 {
+        for g in 0..keys.len() / 32 {
             let kv = _mm256_loadu_si256(keys.as_ptr().add(32 * g) as *const __m256i);
             let d = _mm256_sub_epi8(t.anchor, kv);
             // Coded without escape: e == 0, or e <= A and A - e <= 23. `far` is 0
@@ -960,81 +1075,6 @@ mod avx2 {
                 }
             }
         }
-        w.finish()
-    }
-
-    /// The segment coders' bit writer: little-endian, each append one unaligned
-    /// 8-byte store at `dst + pos`, at most 7 bits pending afterwards.
-    struct Bits {
-        dst: *mut u8,
-        pos: usize,
-        acc: u64,
-        nb: u32,
-    }
-
-    impl Bits {
-        #[inline(always)]
-        fn new(dst: *mut u8) -> Bits {
-            Bits {
-                dst,
-                pos: 0,
-                acc: 0,
-                nb: 0,
-            }
-        }
-        /// Appends `len` (<= 56) bits of `c`.
-        ///
-        /// # Safety
-        /// `dst + pos` must be valid for an 8-byte write.
-        #[inline(always)]
-        unsafe fn put(&mut self, c: u64, len: u32) {
-            self.acc |= c << self.nb;
-            self.nb += len;
-            self.dst
-                .add(self.pos)
-                .cast::<u64>()
-                .write_unaligned(self.acc);
-            self.pos += (self.nb >> 3) as usize;
-            self.acc >>= self.nb & 56;
-            self.nb &= 7;
-        }
-        /// Appends `len` (<= 64) bits of `c`.
-        ///
-        /// # Safety
-        /// As [`Bits::put`], twice.
-        #[inline(always)]
-        unsafe fn put64(&mut self, c: u64, len: u32) {
-            if len <= 56 {
-                self.put(c, len);
-            } else {
-                self.put(c & 0xFFFF_FFFF, 32);
-                self.put(c >> 32, len - 32);
-            }
-        }
-        /// Appends the scalar code of each key (`lut`: code in bits 0..24, length
-        /// in bits 24..32).
-        ///
-        /// # Safety
-        /// As [`Bits::put`], once per key.
-        #[inline(always)]
-        unsafe fn put_scalar(&mut self, lut: &[u32; 256], keys: &[u8]) {
-            for &k in keys {
-                let c = lut[k as usize];
-                self.put((c & 0xFF_FFFF) as u64, c >> 24);
-            }
-        }
-        /// Flushes the pending bits; returns the byte length written.
-        ///
-        /// # Safety
-        /// `dst + pos` must be valid for a 1-byte write.
-        #[inline(always)]
-        unsafe fn finish(mut self) -> usize {
-            if self.nb > 0 {
-                *self.dst.add(self.pos) = self.acc as u8;
-                self.pos += 1;
-            }
-            self.pos
-        }
     }
 
     /// The 4-element chunks (64-bit lanes: elements 0-3, 4-7 | 8-11, 12-15) and
@@ -1085,12 +1125,28 @@ mod avx2 {
         dst: *mut u8,
     ) -> usize {
         let mut w = Bits::new(dst);
+        code_keys_fp16(t, lut, keys, &mut w);
+        w.finish()
+    }
+
+    /// The body of [`code_segment_fp16`], as [`code_keys`].
+    ///
+    /// # Safety
+    /// As [`code_keys`].
+    #[target_feature(enable = "avx2,bmi1,bmi2")]
+    pub(crate) unsafe fn code_keys_fp16(
+        t: &VecTables,
+        lut: &[u32; 256],
+        keys: &[u8],
+        w: &mut Bits,
+    ) {
+        debug_assert_eq!(keys.len() % 32, 0);
         let zero = _mm256_setzero_si256();
         let m1f = _mm256_set1_epi8(0x1F);
         let m03 = _mm256_set1_epi8(0x03);
         let m80 = _mm256_set1_epi8(0x80u8 as i8);
         let c70 = _mm256_set1_epi8(0x70);
-        for g in 0..SEG_ELEMS / 32 {
+        for g in 0..keys.len() / 32 {
             let key = _mm256_loadu_si256(keys.as_ptr().add(32 * g) as *const __m256i);
             // Element order 0-7,16-23 | 8-15,24-31, so that the byte unpacks below
             // give elements 0..16 and 16..32 in order.
@@ -1166,7 +1222,6 @@ mod avx2 {
             emit!(w0, l0);
             emit!(w1, l1);
         }
-        w.finish()
     }
 
     const _: () = assert!(ESC == 25 && ZERO == 24);

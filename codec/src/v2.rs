@@ -10,7 +10,10 @@
 use std::cell::RefCell;
 
 use crate::codes::{symbol_of, CODE_LENGTHS, ESC, MAXLEN, NCODES, ND, NSYM, ZERO};
-use crate::decode::{copy_ascending, fill_ascending};
+use crate::decode::{
+    copy_ascending, dec_segments4, fill_ascending, lane_finish, Lane as DLane, TableSource,
+    KEY_SLACK,
+};
 use crate::elem::{Bf16, Elem, Fp16, Fp32};
 use crate::encode::{all_equal, BlockKind, LENGTHS_BY_SYMBOL, SAMPLE_STRIDE};
 use crate::format::*;
@@ -64,6 +67,17 @@ pub(crate) trait V2: Elem {
     /// fp16: the 3 raw stream bits; 0 otherwise.
     fn xb(x: u32) -> u32;
     fn build(e: u32, p1: u8, xb: u32, lo1: u8, lo0: u8) -> u32;
+    /// Splits whole elements `src` into keys (as version 1: the exponent field,
+    /// fp16's high byte), plane1 and (fp32) the low byte planes.
+    #[inline(always)]
+    fn split_v2(src: &[u8], keys: &mut [u8], p1: &mut [u8], _lo1: &mut [u8], _lo0: &mut [u8]) {
+        Self::split(src, keys, p1, &mut [])
+    }
+    /// Inverse of `split_v2` (an empty low plane is all zero).
+    #[inline(always)]
+    fn join_v2(keys: &[u8], p1: &[u8], _lo1: &[u8], _lo0: &[u8], out: &mut [u8]) {
+        Self::join(keys, p1, &[], out)
+    }
 }
 
 impl V2 for Bf16 {
@@ -149,6 +163,105 @@ impl V2 for Fp32 {
             | ((lo1 as u32) << 8)
             | lo0 as u32
     }
+    #[inline(always)]
+    fn split_v2(src: &[u8], keys: &mut [u8], p1: &mut [u8], lo1: &mut [u8], lo0: &mut [u8]) {
+        for ((((x, k), p), l1), l0) in src
+            .chunks_exact(4)
+            .zip(keys.iter_mut())
+            .zip(p1.iter_mut())
+            .zip(lo1.iter_mut())
+            .zip(lo0.iter_mut())
+        {
+            let x = u32::from_le_bytes([x[0], x[1], x[2], x[3]]);
+            *k = (x >> 23) as u8;
+            *p = Self::p1(x);
+            *l1 = (x >> 8) as u8;
+            *l0 = x as u8;
+        }
+    }
+    #[inline(always)]
+    fn join_v2(keys: &[u8], p1: &[u8], lo1: &[u8], lo0: &[u8], out: &mut [u8]) {
+        // one loop per plane set, so that each vectorises
+        #[inline(always)]
+        fn go<const L1: bool, const L0: bool>(
+            keys: &[u8],
+            p1: &[u8],
+            lo1: &[u8],
+            lo0: &[u8],
+            out: &mut [u8],
+        ) {
+            let n = keys.len().min(p1.len()).min(out.len() / 4);
+            let (lo1, lo0) = (
+                &lo1[..if L1 { n } else { 0 }],
+                &lo0[..if L0 { n } else { 0 }],
+            );
+            for (i, o) in out[..4 * n].chunks_exact_mut(4).enumerate() {
+                let l1 = if L1 { lo1[i] } else { 0 };
+                let l0 = if L0 { lo0[i] } else { 0 };
+                let x = Fp32::build(keys[i] as u32, p1[i], 0, l1, l0);
+                o.copy_from_slice(&x.to_le_bytes());
+            }
+        }
+        match (lo1.is_empty(), lo0.is_empty()) {
+            (false, false) => go::<true, true>(keys, p1, lo1, lo0, out),
+            (false, true) => go::<true, false>(keys, p1, lo1, lo0, out),
+            (true, false) => go::<false, true>(keys, p1, lo1, lo0, out),
+            (true, true) => go::<false, false>(keys, p1, lo1, lo0, out),
+        }
+    }
+}
+
+/// Byte shuffles by an 8-bit mask `m` of kept bytes: `COMPACT[m]` gathers the
+/// kept bytes to the front, `EXPAND[m]` spreads the front bytes to the kept
+/// positions (0x80: a zero byte).
+const COMPACT: [[u8; 8]; 256] = shuffles(false);
+const EXPAND: [[u8; 8]; 256] = shuffles(true);
+
+const fn shuffles(expand: bool) -> [[u8; 8]; 256] {
+    let mut t = [[0x80u8; 8]; 256];
+    let mut m = 0;
+    while m < 256 {
+        let mut n = 0;
+        let mut i = 0;
+        while i < 8 {
+            if m >> i & 1 != 0 {
+                if expand {
+                    t[m][i] = n;
+                } else {
+                    t[m][n as usize] = i as u8;
+                }
+                n += 1;
+            }
+            i += 1;
+        }
+        m += 1;
+    }
+    t
+}
+
+/// Byte `i` of the result is byte `idx[i]` of `v`, or 0 where `idx[i]` has bit 7.
+/// `V`: the caller is compiled for AVX2 (`pshufb`).
+#[inline(always)]
+fn shuffle8<const V: bool>(v: u64, idx: &[u8; 8]) -> u64 {
+    #[cfg(target_arch = "x86_64")]
+    if V {
+        use std::arch::x86_64::*;
+        // SAFETY: V is set only in functions compiled for AVX2 (which has SSSE3),
+        // called after the CPU was checked; the load reads the 8 bytes of `idx`.
+        return unsafe {
+            let r = _mm_shuffle_epi8(
+                _mm_cvtsi64_si128(v as i64),
+                _mm_loadl_epi64(idx.as_ptr() as *const __m128i),
+            );
+            _mm_cvtsi128_si64(r) as u64
+        };
+    }
+    let b = v.to_le_bytes();
+    let mut o = [0u8; 8];
+    for (o, &i) in o.iter_mut().zip(idx.iter()) {
+        *o = if i & 0x80 != 0 { 0 } else { b[i as usize & 7] };
+    }
+    u64::from_le_bytes(o)
 }
 
 /// Bits needed for `v` (0 for 0).
@@ -174,44 +287,36 @@ fn kraft(lens: &[u8; NSYM]) -> u32 {
 pub(crate) fn explicit_lengths(cnt: &[u64; NSYM]) -> [u8; NSYM] {
     let mut weight = [0u64; 2 * NSYM];
     let mut parent = [usize::MAX; 2 * NSYM];
-    let mut alive = [false; 2 * NSYM];
+    // live nodes sorted by (weight, node number): the two smallest are in front,
+    // and a new node (the largest number yet) goes after every node of its weight
+    let mut live = [0usize; NSYM];
     for s in 0..NSYM {
         weight[s] = 16 * cnt[s] + 1;
-        alive[s] = true;
+        live[s] = s;
     }
+    live.sort_by_key(|&s| (weight[s], s));
+    let mut nlive = NSYM;
     let mut next = NSYM;
     for _ in 0..NSYM - 1 {
-        let mut a = usize::MAX;
-        let mut b = usize::MAX;
-        for i in 0..next {
-            if !alive[i] {
-                continue;
-            }
-            if a == usize::MAX || weight[i] < weight[a] {
-                b = a;
-                a = i;
-            } else if b == usize::MAX || weight[i] < weight[b] {
-                b = i;
-            }
-        }
-        alive[a] = false;
-        alive[b] = false;
+        let (a, b) = (live[0], live[1]);
+        live.copy_within(2..nlive, 0);
+        nlive -= 2;
         weight[next] = weight[a] + weight[b];
         parent[a] = next;
         parent[b] = next;
-        alive[next] = true;
+        let at = live[..nlive].partition_point(|&n| weight[n] <= weight[next]);
+        live.copy_within(at..nlive, at + 1);
+        live[at] = next;
+        nlive += 1;
         next += 1;
     }
-    let mut lens = [0u32; NSYM];
-    for s in 0..NSYM {
-        let mut d = 0;
-        let mut n = s;
-        while parent[n] != usize::MAX {
-            n = parent[n];
-            d += 1;
-        }
-        lens[s] = d;
+    // depths, parents before children (a parent's number is larger)
+    let mut depth = [0u32; 2 * NSYM];
+    for n in (0..next - 1).rev() {
+        depth[n] = depth[parent[n]] + 1;
     }
+    let mut lens = [0u32; NSYM];
+    lens.copy_from_slice(&depth[..NSYM]);
     if lens.iter().any(|&l| l > MAXLEN) {
         for l in lens.iter_mut() {
             *l = (*l).min(MAXLEN);
@@ -263,6 +368,13 @@ pub(crate) fn explicit_lengths(cnt: &[u64; NSYM]) -> [u8; NSYM] {
 struct Scratch {
     kept: Vec<u8>,
     stream: Vec<u8>,
+    /// per kept element: key (version 1's), plane bytes (compacted under Z)
+    keys: Vec<u8>,
+    p1: Vec<u8>,
+    lo1: Vec<u8>,
+    lo0: Vec<u8>,
+    /// per sub-segment: holds an element with `e = 0`, `x != 0` (escaped under Z)
+    esc0: Vec<bool>,
     elided: Vec<bool>,
     seg_bits: Vec<u32>,
     seg_zeros: Vec<u32>,
@@ -273,33 +385,35 @@ thread_local! {
 }
 
 /// Encodes one block as version 2 into `out` (the room left below the frame limit).
+/// `simd = false`: the portable path only ([`crate::compress_scalar`]).
 pub(crate) fn encode_block_v2(
     dtype: Dtype,
     blk: &[u8],
     out: &mut [u8],
+    simd: bool,
 ) -> Option<(usize, BlockKind)> {
     crate::encode::encode_block_by(blk, out, |o| match dtype {
-        Dtype::Bf16 => encode_coded::<Bf16>(blk, o),
-        Dtype::Fp16 => encode_coded::<Fp16>(blk, o),
-        Dtype::Fp32 => encode_coded::<Fp32>(blk, o),
+        Dtype::Bf16 => encode_coded::<Bf16>(blk, o, simd),
+        Dtype::Fp16 => encode_coded::<Fp16>(blk, o, simd),
+        Dtype::Fp32 => encode_coded::<Fp32>(blk, o, simd),
         Dtype::Raw => None,
     })
 }
 
 /// The block's phase: the `φ < W` whose 1/13 sample has the smallest estimated
-/// cost (FORMAT.md §V2.6; ties: smaller φ).
-fn choose_phase<T: V2>(blk: &[u8]) -> usize {
-    let mut best = (u64::MAX, 0);
+/// cost (FORMAT.md §V2.6; ties: smaller φ), and that sample's statistics.
+#[inline(always)]
+fn choose_phase<T: V2>(blk: &[u8]) -> (usize, Stats) {
+    let mut best = (u64::MAX, 0, Stats::default());
     for phi in 0..T::W {
         let m = (blk.len() - phi) / T::W;
-        let mut st = Stats::default();
-        st.add::<T>(&blk[phi..], m, SAMPLE_STRIDE);
+        let st = Stats::sample::<T>(&blk[phi..], m);
         let c = choose::<T>(&st, false).value;
         if c < best.0 {
-            best = (c, phi);
+            best = (c, phi, st);
         }
     }
-    best.1
+    (best.1, best.2)
 }
 
 /// What the encoder chose for a block's code.
@@ -312,18 +426,18 @@ pub(crate) struct Choice {
     lens: [u8; NSYM],
     /// 13 × estimated sample bits + header overhead bits.
     pub(crate) value: u64,
+    /// Code bits (with escape payloads) of the sample.
+    code_bits: u64,
 }
 
-/// Sample statistics of a block or a detection sample.
+/// Sample statistics of a block or a detection sample (FORMAT.md §V2.6). Its `hz`
+/// is `hc` on `e >= 1` (an element with `e != 0` is not 0) and 0 at `e = 0`, and
+/// `nesc0 = hc[0] - nzero`: both are derived, not counted.
 pub(crate) struct Stats {
     /// exponent histogram, all sampled elements
-    hc: [u64; 256],
-    /// exponents of elements with e != 0
-    hz: [u64; 256],
+    hc: [u32; 256],
     /// x == 0
     nzero: u64,
-    /// x != 0, e == 0
-    nesc0: u64,
     count: u64,
     lo_or: u32,
 }
@@ -332,9 +446,7 @@ impl Default for Stats {
     fn default() -> Self {
         Stats {
             hc: [0; 256],
-            hz: [0; 256],
             nzero: 0,
-            nesc0: 0,
             count: 0,
             lo_or: 0,
         }
@@ -342,23 +454,48 @@ impl Default for Stats {
 }
 
 impl Stats {
-    /// Adds elements `0, stride, 2*stride, ... < n` of `b`.
-    pub(crate) fn add<T: V2>(&mut self, b: &[u8], n: usize, stride: usize) {
-        let mut i = 0;
-        while i < n {
-            let x = T::load(b, i);
-            let e = T::exp(x);
-            self.hc[e as usize] += 1;
-            if x == 0 {
-                self.nzero += 1;
-            } else if e == 0 {
-                self.nesc0 += 1;
-            } else {
-                self.hz[e as usize] += 1;
+    /// Adds elements `0 .. n` of `b` (detection).
+    #[inline(always)]
+    pub(crate) fn add<T: V2>(&mut self, b: &[u8], n: usize) {
+        let (mut nzero, mut lo_or) = (0u64, 0u32);
+        for xb in b[..n * T::W].chunks_exact(T::W) {
+            let x = T::load(xb, 0);
+            self.hc[T::exp(x) as usize] += 1;
+            nzero += (x == 0) as u64;
+            lo_or |= x;
+        }
+        self.nzero += nzero;
+        self.lo_or |= lo_or;
+        self.count += n as u64;
+    }
+
+    /// Statistics of elements `0, 13, 26, ... < m` of `b` (a block's sample): the
+    /// histogram is version 1's sample histogram (same elements, same counts).
+    #[inline(always)]
+    pub(crate) fn sample<T: V2>(b: &[u8], m: usize) -> Stats {
+        let h = crate::encode::sample_histogram::<T>(b, m);
+        let (mut nzero, mut lo_or) = (0u64, 0u32);
+        // zeros have e = 0; `lo_or` matters in fp32 only, and only whether its
+        // bits 0..8 and 8..16 are set
+        if h[0] != 0 {
+            for c in b[..m * T::W].chunks(SAMPLE_STRIDE * T::W) {
+                let x = T::load(c, 0);
+                nzero += (x == 0) as u64;
+                lo_or |= x;
             }
-            self.lo_or |= x;
-            self.count += 1;
-            i += stride;
+        } else if T::W == 4 {
+            for c in b[..m * T::W].chunks(SAMPLE_STRIDE * T::W) {
+                lo_or |= T::load(c, 0);
+                if lo_or & 0xFF00 != 0 && lo_or & 0xFF != 0 {
+                    break;
+                }
+            }
+        }
+        Stats {
+            hc: h,
+            nzero,
+            count: m.div_ceil(SAMPLE_STRIDE) as u64,
+            lo_or,
         }
     }
 }
@@ -366,11 +503,11 @@ impl Stats {
 /// The anchor search centre: the largest `e >= 1` such that more than 1/64 of the
 /// histogram's elements with `e >= 1` have an exponent `>= e` (1 if none): a few
 /// outliers (a non-float prefix, one huge value) cannot move it.
-fn robust_max(h: &[u64; 256], emax: u32) -> u32 {
-    let total: u64 = h[1..=emax as usize].iter().sum();
+fn robust_max(h: &[u32; 256], emax: u32) -> u32 {
+    let total: u64 = h[1..=emax as usize].iter().map(|&c| c as u64).sum();
     let mut suffix = 0u64;
     for e in (1..=emax).rev() {
-        suffix += h[e as usize];
+        suffix += h[e as usize] as u64;
         if 64 * suffix > total {
             return e;
         }
@@ -378,92 +515,117 @@ fn robust_max(h: &[u64; 256], emax: u32) -> u32 {
     1
 }
 
-/// Cost and code choice on the sample (FORMAT.md §V2.6).
+/// Anchors `choose` tries: `smax - 4 ..= smax + 3`.
+const NANCHORS: usize = 8;
+
+/// Cost and code choice on the sample (FORMAT.md §V2.6). The distance symbols'
+/// counts and code costs are the same under both Z (they count elements with
+/// `e >= 1`), so they are summed once per anchor; Z changes only ZERO and ESC.
+/// Inlined so that the per-code sums are vectorised with the caller's features.
+#[inline(always)]
 pub(crate) fn choose<T: V2>(st: &Stats, explicit: bool) -> Choice {
     let r: u64 = if T::W == 4 {
         8 + if st.lo_or & 0xFF00 != 0 { 8 } else { 0 } + if st.lo_or & 0xFF != 0 { 8 } else { 0 }
     } else {
         T::RAWBITS
     };
+    let h = &st.hc;
+    let nesc0 = h[0] as u64 - st.nzero;
+    let smax = robust_max(h, T::EMAX);
+    let lo = smax.saturating_sub(4).max(1);
+    let hi = (smax + 3).min(T::EMAX);
+    let total1: u64 = h[1..=T::EMAX as usize].iter().map(|&c| c as u64).sum();
+    // per anchor: distance counts, their code costs (all 32 codes), escapes e >= 1
+    let mut dcnt = [[0u64; ND]; NANCHORS];
+    let mut dcost = [[0f32; NCODES]; NANCHORS];
+    let mut desc = [0u64; NANCHORS];
+    for (ai, a) in (lo..=hi).enumerate() {
+        let mut inwin = 0u64;
+        for d in 0..(ND as u32).min(a) {
+            let c = h[(a - d) as usize] as u64;
+            dcnt[ai][d as usize] = c;
+            inwin += c;
+            if c != 0 {
+                // All 32 codes at once, in f32 lanes (SSE2 has no 32-bit integer
+                // multiply): exact, as every product and sum is an integer below
+                // 2^24 (at most 2^16 samples of at most 12 bits).
+                let cf = c as f32;
+                for (x, &len) in dcost[ai].iter_mut().zip(LENGTHS_F32[d as usize].iter()) {
+                    *x += cf * len;
+                }
+            }
+        }
+        desc[ai] = total1 - inwin;
+    }
     let mut best = Choice {
         z: false,
         a: 1,
         k: Some(0),
         lens: CODE_LENGTHS[0],
         value: u64::MAX,
+        code_bits: 0,
     };
     for z in [false, true] {
-        let h = if z { &st.hz } else { &st.hc };
-        let smax = robust_max(h, T::EMAX);
-        let lo = smax.saturating_sub(4).max(1);
-        let hi = (smax + 3).min(T::EMAX);
         let raw_bits = if z {
             r * (st.count - st.nzero)
         } else {
             r * st.count
         };
         let overhead = if z { 24 } else { 0 };
-        // the exponents that occur (a few dozen at most in practice)
-        let mut es = [(0u32, 0u64); 256];
-        let mut ne = 0;
-        for e in 0..=T::EMAX {
-            if h[e as usize] != 0 {
-                es[ne] = (e, h[e as usize]);
-                ne += 1;
-            }
-        }
-        let es = &es[..ne];
-        let counts = |a: u32| {
+        // ZERO: e = 0 (Z clear) or x = 0 (Z set, where e = 0, x != 0 escapes)
+        let (czero, esc0) = if z {
+            (st.nzero, nesc0)
+        } else {
+            (h[0] as u64, 0)
+        };
+        let counts = |ai: usize| {
             let mut cnt = [0u64; NSYM];
-            for &(e, c) in es {
-                cnt[symbol_of(e, a)] += c;
-            }
-            if z {
-                cnt[ZERO] = st.nzero;
-                cnt[ESC] += st.nesc0;
-            }
+            cnt[..ND].copy_from_slice(&dcnt[ai]);
+            cnt[ZERO] = czero;
+            cnt[ESC] = desc[ai] + esc0;
             cnt
         };
         // static codes at every anchor
-        let mut best_a = lo;
+        let mut best_ai = 0;
         let mut best_z = u64::MAX;
-        for a in lo..=hi {
-            let cnt = counts(a);
-            let base = raw_bits + cnt[ESC] * T::EBITS as u64;
-            // All 32 codes at once, in f32 lanes (SSE2 has no 32-bit integer multiply):
-            // exact, as every product and sum is an integer below 2^24 (at most 2^16
-            // samples of at most 12 bits), so the result is the integer sum.
-            let mut costf = [0f32; NCODES];
-            for s in 0..NSYM {
-                let c = cnt[s] as f32;
-                if c != 0.0 {
-                    for (x, &len) in costf.iter_mut().zip(LENGTHS_F32[s].iter()) {
-                        *x += c * len;
-                    }
+        for (ai, a) in (lo..=hi).enumerate() {
+            let cesc = desc[ai] + esc0;
+            let base = raw_bits + cesc * T::EBITS as u64;
+            let (zf, ef) = (czero as f32, cesc as f32);
+            // exact integers in f32 (as above): compared as they are
+            let mut bits = [0f32; NCODES];
+            for (k, b) in bits.iter_mut().enumerate() {
+                *b = dcost[ai][k] + zf * LENGTHS_F32[ZERO][k] + ef * LENGTHS_F32[ESC][k];
+            }
+            // `value` grows with the bits: the anchor's first cheapest code is the
+            // only one that can replace a best (strictly smaller, first wins)
+            let mut k = 0;
+            for (i, &b) in bits.iter().enumerate() {
+                if b < bits[k] {
+                    k = i;
                 }
             }
-            let cost = costf.map(|c| c as u32 as u64);
-            for (k, &bits) in cost.iter().enumerate() {
-                let v = SAMPLE_STRIDE as u64 * (bits + base) + overhead;
-                if v < best_z {
-                    best_z = v;
-                    best_a = a;
-                }
-                if v < best.value {
-                    best = Choice {
-                        z,
-                        a,
-                        k: Some(k as u8),
-                        lens: CODE_LENGTHS[k],
-                        value: v,
-                    };
-                }
+            let bits = bits[k] as u64;
+            let v = SAMPLE_STRIDE as u64 * (bits + base) + overhead;
+            if v < best_z {
+                best_z = v;
+                best_ai = ai;
+            }
+            if v < best.value {
+                best = Choice {
+                    z,
+                    a,
+                    k: Some(k as u8),
+                    lens: CODE_LENGTHS[k],
+                    value: v,
+                    code_bits: bits + base - raw_bits,
+                };
             }
         }
         // explicit lengths at the anchor of this Z's best static code
         if explicit {
-            let a = best_a;
-            let cnt = counts(a);
+            let a = lo + best_ai as u32;
+            let cnt = counts(best_ai);
             let base = raw_bits + cnt[ESC] * T::EBITS as u64;
             let lens = explicit_lengths(&cnt);
             let bits: u64 = (0..NSYM).map(|s| cnt[s] * lens[s] as u64).sum();
@@ -475,6 +637,7 @@ pub(crate) fn choose<T: V2>(st: &Stats, explicit: bool) -> Choice {
                     k: None,
                     lens,
                     value: v,
+                    code_bits: bits + base - raw_bits,
                 };
             }
         }
@@ -507,16 +670,47 @@ fn put_packed(out: &mut [u8], vals: impl Iterator<Item = u32>, w: u32) -> usize 
     p
 }
 
-fn encode_coded<T: V2>(blk: &[u8], out: &mut [u8]) -> Option<usize> {
+fn encode_coded<T: V2>(blk: &[u8], out: &mut [u8], simd: bool) -> Option<usize> {
+    SCRATCH.with(|s| {
+        let s = &mut *s.borrow_mut();
+        #[cfg(target_arch = "x86_64")]
+        {
+            if simd
+                && std::is_x86_feature_detected!("avx2")
+                && std::is_x86_feature_detected!("bmi2")
+            {
+                // SAFETY: the CPU has the features the function is compiled for.
+                return unsafe { encode_coded_avx2::<T>(blk, out, s) };
+            }
+        }
+        let _ = simd;
+        encode_coded_body::<T, false>(blk, out, s)
+    })
+}
+
+/// # Safety
+/// The CPU must support AVX2 and BMI2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,bmi1,bmi2")]
+unsafe fn encode_coded_avx2<T: V2>(blk: &[u8], out: &mut [u8], s: &mut Scratch) -> Option<usize> {
+    encode_coded_body::<T, true>(blk, out, s)
+}
+
+/// The coded-block encoder (FORMAT.md §V2.7). `V`: compiled for AVX2+BMI2, so full
+/// runs of 32 keys may go through version 1's vector packer (`avx2::code_keys`).
+#[inline(always)]
+fn encode_coded_body<T: V2, const V: bool>(
+    blk: &[u8],
+    out: &mut [u8],
+    s: &mut Scratch,
+) -> Option<usize> {
     let l = blk.len();
     let w = T::W;
     if l / w < MIN_CODED_ELEMS {
         return None;
     }
-    SCRATCH.with(|s| {
-        let mut s = s.borrow_mut();
-        let s = &mut *s;
-        let phi = choose_phase::<T>(blk);
+    {
+        let (phi, phase_st) = choose_phase::<T>(blk);
         let m = (l - phi) / w;
         let t = (l - phi) % w;
         let gbytes = m * w;
@@ -557,11 +751,103 @@ fn encode_coded<T: V2>(blk: &[u8], out: &mut [u8]) -> Option<usize> {
             grid
         };
         let k_elems = kept.len() / w;
-        let mut st = Stats::default();
-        st.add::<T>(kept, k_elems, SAMPLE_STRIDE);
+        // without lines the kept elements are the grid: the phase's sample
+        let st = if lines {
+            Stats::sample::<T>(kept, k_elems)
+        } else {
+            phase_st
+        };
         let ch = choose::<T>(&st, true);
-        // encode tables: per exponent (code word + escape payload) and the ZERO word
         let words = crate::codes::canonical_words(&ch.lens);
+        let ss = 1usize << SS_LOG2;
+        let ns = k_elems.div_ceil(ss);
+        // Split into keys and planes (version 1's split), then, under Z, drop the
+        // planes' bytes of ZERO elements (x == 0) and count them per sub-segment.
+        for v in [&mut s.keys, &mut s.p1] {
+            if v.len() < k_elems + 32 {
+                v.resize(k_elems + 32, 0);
+            }
+        }
+        let lo_len = if T::W == 4 { k_elems } else { 0 };
+        for v in [&mut s.lo1, &mut s.lo0] {
+            if v.len() < lo_len + 32 {
+                v.resize(lo_len + 32, 0);
+            }
+        }
+        let kept = &kept[..k_elems * w];
+        {
+            let (keys, p1) = (&mut s.keys[..k_elems], &mut s.p1[..k_elems]);
+            let (lo1, lo0) = (&mut s.lo1[..lo_len], &mut s.lo0[..lo_len]);
+            #[cfg(target_arch = "x86_64")]
+            if V && T::MODE == MODE_BF16 {
+                // SAFETY: V means the CPU has AVX2.
+                unsafe { crate::encode::avx2::split_bf16(kept, keys, p1) };
+            } else {
+                T::split_v2(kept, keys, p1, lo1, lo0);
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            T::split_v2(kept, keys, p1, lo1, lo0);
+        }
+        s.seg_zeros.clear();
+        s.esc0.clear();
+        let mut zsum = 0usize;
+        if ch.z {
+            let mut q = 0;
+            for j in 0..ns {
+                let (mut zc, mut e0) = (0u32, false);
+                let (i0, i1) = (j * ss, ((j + 1) * ss).min(k_elems));
+                // 8 elements at a time: plane bytes compacted by a byte shuffle
+                // (in place: q <= i, and the 8 bytes stored at q end by i + 8)
+                let n8 = i0 + (i1 - i0) / 8 * 8;
+                for (c, xs) in kept[i0 * w..n8 * w].chunks_exact(8 * w).enumerate() {
+                    let i = i0 + 8 * c;
+                    let mut m = 0usize;
+                    for (t, xb) in xs.chunks_exact(w).enumerate() {
+                        let x = T::load(xb, 0);
+                        m |= ((x != 0) as usize) << t;
+                        e0 |= x != 0 && T::exp(x) == 0;
+                    }
+                    let sh = &COMPACT[m];
+                    let planes: &mut [&mut Vec<u8>] = if T::W == 4 {
+                        &mut [&mut s.p1, &mut s.lo1, &mut s.lo0]
+                    } else {
+                        &mut [&mut s.p1]
+                    };
+                    for pl in planes.iter_mut() {
+                        let v = u64::from_le_bytes(pl[i..i + 8].try_into().unwrap());
+                        pl[q..q + 8].copy_from_slice(&shuffle8::<V>(v, sh).to_le_bytes());
+                    }
+                    let nz = m.count_ones() as usize;
+                    q += nz;
+                    zc += 8 - nz as u32;
+                }
+                for i in n8..i1 {
+                    let x = T::load(kept, i);
+                    // in place: q <= i
+                    s.p1[q] = s.p1[i];
+                    if T::W == 4 {
+                        s.lo1[q] = s.lo1[i];
+                        s.lo0[q] = s.lo0[i];
+                    }
+                    q += (x != 0) as usize;
+                    zc += (x == 0) as u32;
+                    e0 |= x != 0 && T::exp(x) == 0;
+                }
+                s.seg_zeros.push(zc);
+                s.esc0.push(e0);
+                zsum += zc as usize;
+            }
+        } else {
+            s.seg_zeros.resize(ns, 0);
+            s.esc0.resize(ns, false);
+        }
+        let p_elems = k_elems - zsum;
+        let lo_or = if T::W == 4 {
+            let or = |v: &[u8]| v.iter().fold(0u8, |a, &b| a | b) as u32;
+            (or(&s.lo1[..p_elems]) << 8) | or(&s.lo0[..p_elems])
+        } else {
+            0
+        };
         // per exponent field: (code word + escape payload, its length, extra raw bits);
         // entry 256 is ZERO under Z (an index, not a branch: zeros are scattered)
         let mut enc = [(0u64, 0u32, 0u32); 257];
@@ -584,26 +870,51 @@ fn encode_coded<T: V2>(blk: &[u8], out: &mut [u8]) -> Option<usize> {
         }
         enc[256] = (words[ZERO] as u64, ch.lens[ZERO] as u32, 0);
         let zsel = ch.z as u32;
-        // stream
-        let ss = 1usize << SS_LOG2;
-        let ns = k_elems.div_ceil(ss);
-        // every byte below the stream's end is written below: no clearing
-        if s.stream.len() < k_elems * 3 + 16 {
-            s.stream.resize(k_elems * 3 + 16, 0);
+        // Version 1's vector packer codes runs of 32 keys whose symbols are version
+        // 1's: everywhere without Z; under Z (x == 0 is key 0, ZERO) in bf16 and
+        // fp32 sub-segments with no escaped e = 0 (fp16's ZERO drops its 3 bits).
+        #[cfg(target_arch = "x86_64")]
+        let vec = V.then(|| {
+            let fp16 = T::MODE == MODE_FP16;
+            (
+                // SAFETY: V means the CPU has AVX2.
+                unsafe { crate::encode::avx2::VecTables::for_code(&ch.lens, &words, ch.a, fp16) },
+                crate::encode::enc_table_for::<T>(&ch.lens, &words, ch.a),
+                fp16,
+                ch.code_bits * 4 > 13 * st.count,
+            )
+        });
+        // stream: at most 20 bits per element, and the writer's 8-byte stores
+        let cap = k_elems * 3 + 64;
+        if s.stream.len() < cap {
+            s.stream.resize(cap, 0);
         }
         s.seg_bits.clear();
-        s.seg_zeros.clear();
-        let stream = &mut s.stream[..];
-        let mut acc = 0u64;
-        let mut nacc = 0u32;
-        let mut sp = 0usize;
+        let mut wr = crate::encode::Bits::new(s.stream.as_mut_ptr());
         let mut total_bits = 0u64;
-        let mut lo_or = 0u32;
-        let mut zsum = 0usize;
         for j in 0..ns {
-            let mut bits = 0u32;
-            let mut zc = 0u32;
-            for xb in kept[j * ss * T::W..((j + 1) * ss).min(k_elems) * T::W].chunks_exact(T::W) {
+            let (i0, i1) = (j * ss, ((j + 1) * ss).min(k_elems));
+            let bit0 = 8 * wr.pos as u64 + wr.nb as u64;
+            let mut i = i0;
+            #[cfg(target_arch = "x86_64")]
+            if let Some((vt, lut, fp16, wide)) = &vec {
+                if !(ch.z && (*fp16 || s.esc0[j])) {
+                    let n32 = (i1 - i0) / 32 * 32;
+                    let keys = &s.keys[i0..i0 + n32];
+                    // SAFETY: V: AVX2 and BMI2; `stream` holds 3 bytes per element
+                    // + 64, more than 20 bits per element and the 8-byte stores.
+                    unsafe {
+                        use crate::encode::avx2::{code_keys, code_keys_fp16};
+                        match (fp16, wide) {
+                            (true, _) => code_keys_fp16(vt, lut, keys, &mut wr),
+                            (false, true) => code_keys::<true>(vt, lut, keys, &mut wr),
+                            (false, false) => code_keys::<false>(vt, lut, keys, &mut wr),
+                        }
+                    }
+                    i += n32;
+                }
+            }
+            for xb in kept[i * w..i1 * w].chunks_exact(w) {
                 let x = T::load(xb, 0);
                 let is0 = zsel & (x == 0) as u32;
                 let (c, len, xl) = enc[(T::exp(x) | (is0 << 8)) as usize];
@@ -612,31 +923,16 @@ fn encode_coded<T: V2>(blk: &[u8], out: &mut [u8]) -> Option<usize> {
                 } else {
                     (c, len)
                 };
-                zc += is0;
-                lo_or |= x;
-                // branch-free writer: store 8 bytes, advance by the whole ones
-                acc |= c << nacc;
-                nacc += len;
-                bits += len;
-                stream[sp..sp + 8].copy_from_slice(&acc.to_le_bytes());
-                let nb = (nacc >> 3) as usize;
-                sp += nb;
-                acc >>= 8 * nb as u32;
-                nacc &= 7;
+                // SAFETY: as above (at most 23 bits per element).
+                unsafe { wr.put(c, len) };
             }
+            let bits = (8 * wr.pos as u64 + wr.nb as u64 - bit0) as u32;
             s.seg_bits.push(bits);
-            s.seg_zeros.push(zc);
             total_bits += bits as u64;
-            zsum += zc as usize;
         }
-        while nacc > 0 {
-            s.stream[sp] = acc as u8;
-            sp += 1;
-            acc >>= 8;
-            nacc = nacc.saturating_sub(8);
-        }
-        let stream_bytes = total_bits.div_ceil(8) as usize;
-        debug_assert_eq!(sp, stream_bytes);
+        // SAFETY: as above.
+        let stream_bytes = unsafe { wr.finish() };
+        debug_assert_eq!(stream_bytes as u64, total_bits.div_ceil(8));
         let no_lo0 = T::W == 4 && lo_or & 0xFF == 0;
         let no_lo1 = T::W == 4 && lo_or & 0xFF00 == 0;
         let base = s.seg_bits.iter().copied().min().unwrap_or(0);
@@ -650,7 +946,6 @@ fn encode_coded<T: V2>(blk: &[u8], out: &mut [u8]) -> Option<usize> {
         } else {
             0
         };
-        let p_elems = k_elems - zsum;
         let planes =
             p_elems * (1 + (T::W == 4 && !no_lo1) as usize + (T::W == 4 && !no_lo0) as usize);
         let size = FIXED
@@ -744,36 +1039,14 @@ fn encode_coded<T: V2>(blk: &[u8], out: &mut [u8]) -> Option<usize> {
             p += put_packed(&mut out[p..], s.seg_zeros.iter().map(|&z| z - zbase), zw);
         }
         // planes
-        {
-            let (p1, rest) = out[p..p + planes].split_at_mut(p_elems);
-            let (lo1, lo0) = if T::W == 4 {
-                if no_lo1 {
-                    rest.split_at_mut(0)
-                } else {
-                    rest.split_at_mut(p_elems)
-                }
-            } else {
-                rest.split_at_mut(0)
-            };
-            let mut q = 0;
-            for xb in kept[..k_elems * T::W].chunks_exact(T::W) {
-                let x = T::load(xb, 0);
-                // Branch-free: a ZERO element's bytes land in slot q and are
-                // overwritten by the next coded element (none past the last).
-                if q < p_elems {
-                    p1[q] = T::p1(x);
-                    if T::W == 4 {
-                        if !no_lo1 {
-                            lo1[q] = (x >> 8) as u8;
-                        }
-                        if !no_lo0 {
-                            lo0[q] = x as u8;
-                        }
-                    }
-                }
-                q += !(ch.z & (x == 0)) as usize;
-            }
-            debug_assert_eq!(q, p_elems);
+        out[p..p + p_elems].copy_from_slice(&s.p1[..p_elems]);
+        let mut q = p + p_elems;
+        if T::W == 4 && !no_lo1 {
+            out[q..q + p_elems].copy_from_slice(&s.lo1[..p_elems]);
+            q += p_elems;
+        }
+        if T::W == 4 && !no_lo0 {
+            out[q..q + p_elems].copy_from_slice(&s.lo0[..p_elems]);
         }
         p += planes;
         out[p..p + stream_bytes].copy_from_slice(&s.stream[..stream_bytes]);
@@ -782,7 +1055,7 @@ fn encode_coded<T: V2>(blk: &[u8], out: &mut [u8]) -> Option<usize> {
         p += t;
         debug_assert_eq!(p, size);
         Some(size)
-    })
+    }
 }
 
 // ---------------------------------------------------------------------------------
@@ -793,11 +1066,12 @@ fn corrupt(why: &'static str) -> CodecError {
 }
 
 /// Decodes block `src[start..start + size]` of a version-2 frame into `out`.
-pub(crate) fn decode_block_v2(
+pub(crate) fn decode_block_v2<S: TableSource>(
     src: &[u8],
     start: usize,
     size: usize,
     out: &mut [u8],
+    tables: &mut S,
 ) -> Result<(), CodecError> {
     if size == 0 {
         return Err(corrupt("empty block"));
@@ -819,9 +1093,9 @@ pub(crate) fn decode_block_v2(
             fill_ascending(out, b[1]);
             Ok(())
         }
-        MODE_BF16 => decode_coded::<Bf16>(b, out),
-        MODE_FP16 => decode_coded::<Fp16>(b, out),
-        MODE_FP32 => decode_coded::<Fp32>(b, out),
+        MODE_BF16 => decode_coded::<Bf16, S>(b, out, tables),
+        MODE_FP16 => decode_coded::<Fp16, S>(b, out, tables),
+        MODE_FP32 => decode_coded::<Fp32, S>(b, out, tables),
         _ => Err(corrupt("unknown block mode")),
     }
 }
@@ -918,6 +1192,10 @@ struct Lane {
     n: usize,
 }
 
+/// The exact path's table where no group needs it.
+static NO_LUT: [u32; TABLE] = [E_INVALID; TABLE];
+
+#[derive(Clone, Copy)]
 struct Planes<'a> {
     p1: &'a [u8],
     lo1: &'a [u8],
@@ -1040,7 +1318,133 @@ fn dec_step<T: V2>(
     Ok(())
 }
 
-fn decode_coded<T: V2>(b: &[u8], out: &mut [u8]) -> Result<(), CodecError> {
+fn decode_coded<T: V2, S: TableSource>(
+    b: &[u8],
+    out: &mut [u8],
+    tables: &mut S,
+) -> Result<(), CodecError> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("bmi2") {
+            // SAFETY: the CPU has the features the function is compiled for.
+            return unsafe { decode_coded_avx2::<T, S>(b, out, tables) };
+        }
+    }
+    decode_coded_body::<T, S, false>(b, out, tables)
+}
+
+/// # Safety
+/// The CPU must support AVX2 and BMI2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,bmi1,bmi2")]
+unsafe fn decode_coded_avx2<T: V2, S: TableSource>(
+    b: &[u8],
+    out: &mut [u8],
+    tables: &mut S,
+) -> Result<(), CodecError> {
+    decode_coded_body::<T, S, true>(b, out, tables)
+}
+
+/// Decodes a group's sub-segments (`lanes`, `n[q]` elements each) through version
+/// 1's multi-symbol key tables and joins keys and planes into `tmp`. Returns false,
+/// having checked nothing it could not prove, when anything is off (a sub-segment
+/// that does not end at its length, a ZERO count that differs, an invalid symbol,
+/// an escaped `e = 0` under Z): the caller then decodes the group exactly.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn key_group<T: V2, const V: bool>(
+    set: &crate::decode::Tables,
+    stream: &[u8],
+    pl: &Planes,
+    lanes: &[Lane; LANES],
+    g: usize,
+    ss: usize,
+    keys: &mut [[u8; SEG_ELEMS + KEY_SLACK]; LANES],
+    tmp: &mut [u8],
+) -> bool {
+    let mut kl = [DLane {
+        base: 0,
+        bp: 0,
+        kp: 0,
+        bad: 0,
+    }; LANES];
+    for (k, l) in kl.iter_mut().zip(lanes.iter()).take(g) {
+        k.base = (l.bit >> 3) as usize;
+        k.bp = l.bit & 7;
+    }
+    if g == LANES && lanes.iter().all(|l| l.n == ss) {
+        dec_segments4::<T>(set, stream, keys, &mut kl, ss);
+    } else {
+        for q in 0..g {
+            lane_finish::<T>(set, stream, &mut keys[q], lanes[q].n, &mut kl[q]);
+        }
+    }
+    for q in 0..g {
+        let (k, l) = (&kl[q], &lanes[q]);
+        if k.bad != 0 || 8 * k.base as u64 + k.bp != l.end {
+            return false;
+        }
+        if pl.z {
+            let zeros = keys[q][..l.n].iter().filter(|&&k| k == 0).count();
+            if l.n - zeros != l.pend - l.pp {
+                return false;
+            }
+        }
+    }
+    let w = T::W;
+    let mut ex = [[0u8; 1024 + 8]; 3];
+    for q in 0..g {
+        let l = &lanes[q];
+        let (n, pp, pe) = (l.n, l.pp, l.pend);
+        let o = &mut tmp[q * ss * w..(q * ss + n) * w];
+        let ks = &keys[q][..n];
+        fn lo(v: &[u8], pp: usize, pe: usize) -> &[u8] {
+            if v.is_empty() {
+                v
+            } else {
+                &v[pp..pe]
+            }
+        }
+        let (p1, lo1, lo0) = (&pl.p1[pp..pe], lo(pl.lo1, pp, pe), lo(pl.lo0, pp, pe));
+        if !pl.z {
+            T::join_v2(ks, p1, lo1, lo0, o);
+        } else {
+            // ZERO keys (0: an escaped e = 0 was refused above) take no plane byte:
+            // spread the planes to one byte per element, 0 under a ZERO (whose
+            // element, key 0 and plane bytes 0, joins to 0), 8 elements at a time
+            let np = if T::W == 4 { 3 } else { 1 };
+            let src = [p1, lo1, lo0];
+            let mut j = 0;
+            for (c, k8) in ks.chunks(8).enumerate() {
+                let mut m = 0usize;
+                for (t, &k) in k8.iter().enumerate() {
+                    m |= ((k != 0) as usize) << t;
+                }
+                for (e, sp) in ex.iter_mut().zip(src.iter()).take(np) {
+                    let v = shuffle8::<V>(load64(sp, j), &EXPAND[m]);
+                    e[8 * c..8 * c + 8].copy_from_slice(&v.to_le_bytes());
+                }
+                j += m.count_ones() as usize;
+            }
+            let [e1, el1, el0] = &ex;
+            let (e1, el1, el0) = (&e1[..], &el1[..], &el0[..]);
+            let lo = |e: &'_ [u8], v: &[u8]| if v.is_empty() { 0 } else { e.len().min(n) };
+            T::join_v2(ks, &e1[..n], &el1[..lo(el1, lo1)], &el0[..lo(el0, lo0)], o);
+        }
+    }
+    true
+}
+
+/// `V`: compiled for AVX2 (see [`shuffle8`]).
+#[inline(always)]
+// `get_or_insert_with` on the group buffer: an eager `[0; ..]` would clear 16 KiB per
+// group even when the buffer exists
+#[allow(clippy::unnecessary_lazy_evaluations)]
+fn decode_coded_body<T: V2, S: TableSource, const V: bool>(
+    b: &[u8],
+    out: &mut [u8],
+    tables: &mut S,
+) -> Result<(), CodecError> {
     let w = T::W;
     let l = out.len();
     let mut cur = Cur { b, p: 1 };
@@ -1192,39 +1596,52 @@ fn decode_coded<T: V2>(b: &[u8], out: &mut [u8]) -> Result<(), CodecError> {
     if total_bits % 8 != 0 && stream[stream.len() - 1] >> (total_bits % 8) != 0 {
         return Err(corrupt("nonzero stream padding"));
     }
-    // decode table
-    let words = crate::codes::canonical_words(&lens);
-    let mut lut = [E_INVALID; TABLE];
-    for s in 0..NSYM {
-        let len = lens[s] as u32;
-        if len == 0 {
-            continue;
+    // the exact path's decode table, built when a group needs it
+    let build_lut = || {
+        let words = crate::codes::canonical_words(&lens);
+        let mut lut = [E_INVALID; TABLE];
+        for s in 0..NSYM {
+            let len = lens[s] as u32;
+            if len == 0 {
+                continue;
+            }
+            let v = (if s == ZERO {
+                E_ZERO
+            } else if s == ESC {
+                E_ESC
+            } else if (s as u32) < a && (s as u32) < ND as u32 {
+                (a - s as u32) << 8
+            } else {
+                E_INVALID
+            }) | len;
+            let wd = words[s] as usize;
+            for hi in 0..(1usize << (MAXLEN - len)) {
+                lut[wd | (hi << len)] = v;
+            }
         }
-        let v = (if s == ZERO {
-            E_ZERO
-        } else if s == ESC {
-            E_ESC
-        } else if (s as u32) < a && (s as u32) < ND as u32 {
-            (a - s as u32) << 8
-        } else {
-            E_INVALID
-        }) | len;
-        let wd = words[s] as usize;
-        for hi in 0..(1usize << (MAXLEN - len)) {
-            lut[wd | (hi << len)] = v;
-        }
-    }
+        lut
+    };
+    let mut lut_store: Option<[u32; TABLE]> = None;
+    // version 1's key tables (not fp16 under Z, whose ZERO has no extra bits)
+    let mbits = if flags & F_EXPLICIT != 0 {
+        crate::decode::MBITS_EXPLICIT
+    } else {
+        crate::decode::MBITS_STATIC
+    };
+    let set = (T::XBITS == 0 || !z).then(|| tables.tables::<T>(&lens, a, z, mbits));
+    let mut keys = [[0u8; SEG_ELEMS + KEY_SLACK]; LANES];
     copy_ascending(&mut out[..phi], head);
-    let planes = Planes {
+    let planes_k = Planes {
         p1,
         lo1,
         lo0,
         z,
-        a_lut: &lut,
+        a_lut: &NO_LUT,
     };
     // Sub-segments are decoded LANES at a time (independent bit chains), into `tmp`,
-    // then written out in ascending order (kept lines and elided zero lines).
-    let mut tmp = [0u8; LANES * 1024 * 4];
+    // then written out in ascending order (kept lines and elided zero lines); the
+    // key path writes a group without lines straight to `out`, in ascending order.
+    let mut tmp_store: Option<[u8; LANES * 1024 * 4]> = None;
     let mut gl = 0usize; // next grid line to write (LINES)
     let grid_out = &mut out[phi..phi + gbytes];
     let mut seg_bit0 = 0u64; // first bit of the group's first sub-segment
@@ -1248,6 +1665,26 @@ fn decode_coded<T: V2>(b: &[u8], out: &mut [u8]) -> Result<(), CodecError> {
             bit = lane.end;
             pe = lane.pend;
         }
+        let direct = !lines;
+        let done = match set {
+            Some(set) => {
+                let dst = if direct {
+                    &mut grid_out[i0 * w..(i0 + n_group) * w]
+                } else {
+                    &mut tmp_store.get_or_insert_with(|| [0; LANES * 1024 * 4])[..]
+                };
+                key_group::<T, V>(set, stream, &planes_k, &lanes, g, ss, &mut keys, dst)
+            }
+            None => false,
+        };
+        let planes = Planes {
+            a_lut: if done {
+                &NO_LUT
+            } else {
+                lut_store.get_or_insert_with(build_lut)
+            },
+            ..planes_k
+        };
         let full = g == LANES && lanes[LANES - 1].n == ss;
         // Fast path: even a corrupt stream cannot make these lanes read past the
         // stream (at most 20 bits per element) or the planes (at most n elements);
@@ -1257,7 +1694,9 @@ fn decode_coded<T: V2>(b: &[u8], out: &mut [u8]) -> Result<(), CodecError> {
                 (l.bit >> 3) as usize + (l.n * 20).div_ceil(8) + 8 <= stream.len()
                     && l.pp + l.n <= p_elems
             });
-        if fast {
+        if done {
+        } else if fast {
+            let tmp = &mut tmp_store.get_or_insert_with(|| [0; LANES * 1024 * 4])[..];
             // four independent chains in registers
             let (mut b0, mut b1, mut b2, mut b3) =
                 (lanes[0].bit, lanes[1].bit, lanes[2].bit, lanes[3].bit);
@@ -1269,10 +1708,10 @@ fn decode_coded<T: V2>(b: &[u8], out: &mut [u8]) -> Result<(), CodecError> {
                 let x1 = unsafe { fast_elem::<T>(&mut b1, &mut q1, stream, &planes) }?;
                 let x2 = unsafe { fast_elem::<T>(&mut b2, &mut q2, stream, &planes) }?;
                 let x3 = unsafe { fast_elem::<T>(&mut b3, &mut q3, stream, &planes) }?;
-                T::store(&mut tmp, i, x0);
-                T::store(&mut tmp, ss + i, x1);
-                T::store(&mut tmp, 2 * ss + i, x2);
-                T::store(&mut tmp, 3 * ss + i, x3);
+                T::store(tmp, i, x0);
+                T::store(tmp, ss + i, x1);
+                T::store(tmp, 2 * ss + i, x2);
+                T::store(tmp, 3 * ss + i, x3);
             }
             for (l, (b, q)) in lanes
                 .iter_mut()
@@ -1282,30 +1721,35 @@ fn decode_coded<T: V2>(b: &[u8], out: &mut [u8]) -> Result<(), CodecError> {
                 l.pp = q;
             }
         } else if full {
+            let tmp = &mut tmp_store.get_or_insert_with(|| [0; LANES * 1024 * 4])[..];
             for _ in 0..ss {
                 for lane in lanes.iter_mut() {
-                    dec_step::<T>(lane, stream, &planes, &mut tmp)?;
+                    dec_step::<T>(lane, stream, &planes, tmp)?;
                 }
             }
         } else {
+            let tmp = &mut tmp_store.get_or_insert_with(|| [0; LANES * 1024 * 4])[..];
             for lane in lanes.iter_mut().take(g) {
                 for _ in 0..lane.n {
-                    dec_step::<T>(lane, stream, &planes, &mut tmp)?;
+                    dec_step::<T>(lane, stream, &planes, tmp)?;
                 }
             }
         }
-        for (q, lane) in lanes.iter().enumerate().take(g) {
+        for lane in lanes.iter().take(g).filter(|_| !done) {
             if lane.bit != lane.end {
                 return Err(corrupt("sub-segment does not end at its length"));
             }
             if lane.pp != lane.pend {
                 return Err(corrupt("zero count mismatch"));
             }
-            let _ = q;
         }
         seg_bit0 = bit;
         seg_p0 = pe;
-        let bytes = &tmp[..n_group * w];
+        if done && direct {
+            j += g;
+            continue;
+        }
+        let bytes = &tmp_store.get_or_insert_with(|| [0; LANES * 1024 * 4])[..n_group * w];
         if !lines {
             copy_ascending(&mut grid_out[i0 * w..i0 * w + bytes.len()], bytes);
         } else {
@@ -1346,6 +1790,26 @@ fn decode_coded<T: V2>(b: &[u8], out: &mut [u8]) -> Result<(), CodecError> {
 
 /// Frame type detection over (type, phase) (FORMAT.md §V2.6 "Detection").
 pub fn detect_v2(src: &[u8]) -> Dtype {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU has the features the function is compiled for.
+            return unsafe { detect_v2_avx2(src) };
+        }
+    }
+    detect_v2_body(src)
+}
+
+/// # Safety
+/// The CPU must support AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn detect_v2_avx2(src: &[u8]) -> Dtype {
+    detect_v2_body(src)
+}
+
+#[inline(always)]
+fn detect_v2_body(src: &[u8]) -> Dtype {
     let n = src.len();
     if n < MIN_CODED_INPUT {
         return Dtype::Raw;
@@ -1363,11 +1827,11 @@ pub fn detect_v2(src: &[u8]) -> Dtype {
         }
         used += 1;
         for phi in 0..2 {
-            st[phi].add::<Bf16>(&s[phi..], (64 - phi) / 2, 1);
-            st[2 + phi].add::<Fp16>(&s[phi..], (64 - phi) / 2, 1);
+            st[phi].add::<Bf16>(&s[phi..], (64 - phi) / 2);
+            st[2 + phi].add::<Fp16>(&s[phi..], (64 - phi) / 2);
         }
         for phi in 0..4 {
-            st[4 + phi].add::<Fp32>(&s[phi..], (64 - phi) / 4, 1);
+            st[4 + phi].add::<Fp32>(&s[phi..], (64 - phi) / 4);
         }
     }
     if used == 0 {
@@ -1398,5 +1862,39 @@ pub fn detect_v2(src: &[u8]) -> Dtype {
         Dtype::Raw
     } else {
         best.2
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The byte shuffles: compacting then spreading by a mask gives back the kept
+    /// bytes and zeros elsewhere, and the `pshufb` path equals the portable one.
+    #[test]
+    fn shuffles_compact_and_spread() {
+        let v = 0x8877_6655_4433_2211u64;
+        for m in 0..256usize {
+            let c = shuffle8::<false>(v, &COMPACT[m]);
+            let e = shuffle8::<false>(c, &EXPAND[m]);
+            let mut want = 0u64;
+            for i in 0..8 {
+                if m >> i & 1 != 0 {
+                    want |= v & (0xFF << (8 * i));
+                }
+            }
+            assert_eq!(e, want, "mask {m:#x}");
+            let n = m.count_ones();
+            let keep = if n == 8 {
+                u64::MAX
+            } else {
+                (1u64 << (8 * n)) - 1
+            };
+            #[cfg(target_arch = "x86_64")]
+            if std::is_x86_feature_detected!("avx2") {
+                assert_eq!(shuffle8::<true>(v, &COMPACT[m]) & keep, c & keep);
+                assert_eq!(shuffle8::<true>(c, &EXPAND[m]), e);
+            }
+        }
     }
 }

@@ -38,6 +38,8 @@ fn check(src: &[u8], opts: &EncodeOptions) -> FrameStats {
     let mut f2 = vec![0u8; max_compressed_size(n)];
     let n2 = compress_parallel(src, &mut f2, opts, 3).unwrap();
     assert_eq!(&f2[..n2], f, "parallel encoder differs");
+    // the portable encoder (no AVX2 split, packer or shuffles) writes the same bytes
+    assert_eq!(same_as_scalar(src, opts), f, "scalar encoder differs");
     st
 }
 
