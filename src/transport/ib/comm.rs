@@ -83,7 +83,9 @@ impl IbConfig {
                 stage_slots: c.ib_stage_slots,
                 stage_bytes: c.ib_stage_bytes,
                 gpu_lanes: c.gpu_lanes,
-                buffer_cap: crate::budget::cap(c.buffer_mb),
+                // IB holds its buffers until the comm closes, as a TCP sender
+                // does: it leaves the TCP receivers' reserve alone.
+                buffer_cap: crate::budget::sender_cap(crate::budget::cap(c.buffer_mb)),
                 ..Params::default()
             },
             compress: c.compress,
