@@ -91,10 +91,14 @@ fn many_comms_bounded_visible_and_released() {
     // What the plugin says it holds is what its comms hold.
     assert_eq!(HELD.staging_bytes.load(Relaxed), sum, "{}", HELD.summary());
     assert!(sum > 0);
+    // Decode tables live on the codec workers (one decoder each), which drop
+    // them when they run out of work: never more than one decoder's per worker,
+    // whatever the number of comms.
     let tables = HELD.decode_tables.load(Relaxed);
-    assert!(tables > 0, "{}", HELD.summary());
+    let codec = HELD.codec_workers.load(Relaxed) as usize;
+    assert!(codec >= 1, "{}", HELD.summary());
     assert!(
-        tables <= (PAIRS * NSTREAMS * Decoder::MAX_HELD_BYTES) as u64,
+        tables <= (codec * Decoder::MAX_HELD_BYTES) as u64,
         "{}",
         HELD.summary()
     );
