@@ -465,17 +465,20 @@ impl Policy {
         }
         if let Some((before, b)) = e.confirm.take() {
             let explored = was.other();
-            let neighbours: Vec<f64> = [before, measured].into_iter().flatten().collect();
-            let Some(b) = b.filter(|_| !neighbours.is_empty()) else {
+            // The A epochs around B that measured something (no allocation: this
+            // runs on the thread that calls isend).
+            let neighbours = || [before, measured].into_iter().flatten();
+            let n = neighbours().count();
+            let Some(b) = b.filter(|_| n > 0) else {
                 // An idle epoch measured nothing: the interval stands.
                 e.until_explore = e.explore_every;
                 return was;
             };
-            let a = neighbours.iter().sum::<f64>() / neighbours.len() as f64;
+            let a = neighbours().sum::<f64>() / n as f64;
             // Both modes' figures are now the fresh ones.
             e.thr[explored as usize] = Some(b);
             e.thr[was as usize] = Some(a);
-            return if neighbours.iter().all(|&a| Self::beats(explored, b, a)) {
+            return if neighbours().all(|a| Self::beats(explored, b, a)) {
                 e.explore_every = base;
                 e.until_explore = base;
                 explored
