@@ -130,6 +130,10 @@ pub static RECEIVED: Meter = Meter {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Decision {
     Compress,
+    /// Raw would be chosen, but this one chunk goes through the codec to measure
+    /// it: the data or the codec may have changed. Only
+    /// [`Policy::decide_or_probe`] says so; [`Policy::decide`] says `Compress`.
+    Probe,
     /// Too small to be worth it.
     RawSmall,
     /// Off, compression would not pay (static model), or raw measured faster.
@@ -259,8 +263,22 @@ impl Policy {
         self.decide_at(len, Instant::now())
     }
 
+    /// [`Policy::decide`], telling a probe from a chunk compressed because it
+    /// pays: a caller may measure the probe where it is cheaper and send the
+    /// chunk raw (the inline stream, see `transport/tcp/send.rs`).
+    pub fn decide_or_probe(&self, len: usize) -> Decision {
+        self.decision_at(len, Instant::now())
+    }
+
     /// [`Policy::decide`] with the clock passed in.
     pub fn decide_at(&self, len: usize, now: Instant) -> Decision {
+        match self.decision_at(len, now) {
+            Decision::Probe => Decision::Compress,
+            d => d,
+        }
+    }
+
+    fn decision_at(&self, len: usize, now: Instant) -> Decision {
         match self.mode {
             CompressMode::Off => return Decision::RawBypass,
             _ if len < MIN_COMPRESS_BYTES => return Decision::RawSmall,
@@ -277,7 +295,7 @@ impl Policy {
             if std::mem::take(&mut s.probe) {
                 // One chunk through the codec: the data or the codec may have
                 // changed, and only a compressed chunk tells.
-                return Decision::Compress;
+                return Decision::Probe;
             }
             tracing::debug!(
                 "adapt: raw for {REPROBE_EVERY} chunks: ratio {:.3}, codec {:.3} GB/s x {} threads, link {}",

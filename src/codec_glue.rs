@@ -33,14 +33,19 @@ impl Coder {
 
     /// The policy's decision for a chunk of `len` bytes (bypasses are counted).
     pub fn wants(&self, len: usize, stats: &Stats) -> bool {
-        match self.policy.decide(len) {
-            Decision::Compress => true,
-            Decision::RawSmall => false,
-            Decision::RawBypass => {
-                stats.add(&stats.bypassed, 1);
-                false
-            }
+        matches!(
+            self.decide(len, stats),
+            Decision::Compress | Decision::Probe
+        )
+    }
+
+    /// [`Coder::wants`], telling a probe apart ([`Policy::decide_or_probe`]).
+    pub fn decide(&self, len: usize, stats: &Stats) -> Decision {
+        let d = self.policy.decide_or_probe(len);
+        if d == Decision::RawBypass {
+            stats.add(&stats.bypassed, 1);
         }
+        d
     }
 
     /// Runs the codec on `src` (the policy already said yes) and feeds the result

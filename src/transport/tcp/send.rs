@@ -28,7 +28,7 @@ use super::sock::{configure_data_socket, send_chunk_part, start_connect, writabl
 use super::stream::Role;
 use super::stream_tx::{ChunkOut, Payload, StreamTx, Wrote};
 use super::workers::{workers, Driven, Kicker, Next, Registration};
-use crate::adapt::Policy;
+use crate::adapt::{Decision, Policy};
 use crate::codec::EncodeOptions;
 use crate::codec_glue::Coder;
 use crate::config::Config;
@@ -207,7 +207,21 @@ impl SendComm {
         if small && self.core.ring.next_free().is_none() {
             return Ok(None);
         }
-        let compress = small && self.coders.host.wants(size, &self.core.stats);
+        let decision = if small {
+            self.coders.host.decide(size, &self.core.stats)
+        } else {
+            Decision::RawSmall
+        };
+        // A probe of a small message (the policy sends raw, but measures the codec
+        // every so often) runs the codec here and sends the message raw, inline:
+        // through the I/O and codec workers, its thread wake-ups made every 65th
+        // message of an incompressible stream 2-3 times slower (the p99 of
+        // `scripts/bench_latency.sh` at 4-64 KiB). Messages compressed because it
+        // pays still go to the workers.
+        if decision == Decision::Probe {
+            self.probe_here(data, size);
+        }
+        let compress = decision == Decision::Compress;
         let inline = small && !compress;
         let chunk = plan::chunk_size(
             size,
@@ -273,6 +287,25 @@ impl SendComm {
             }
         }
         Ok(Some(slot))
+    }
+}
+
+impl SendComm {
+    /// Measures a probe of the `size` bytes at `data` (NCCL's host buffer) on
+    /// this thread, for the policy only, in a scratch buffer taken from the
+    /// process's buffer budget and given back at once (none left: not measured,
+    /// the next probe comes after the usual bypass).
+    fn probe_here(&self, data: *const u8, size: usize) {
+        let stats = &self.core.stats;
+        let mut scratch = Staging::default();
+        let cap = crate::budget::sender_cap(crate::budget::cap(self.cfg.buffer_mb));
+        if scratch.try_grow(crate::codec::max_compressed_size(size), stats, cap) {
+            // SAFETY: NCCL's buffer holds `size` bytes until the request is done,
+            // and a small host message's isend has not returned yet.
+            let src = unsafe { std::slice::from_raw_parts(data, size) };
+            self.coders.host.compress(src, &mut scratch, stats);
+        }
+        scratch.release(stats);
     }
 }
 

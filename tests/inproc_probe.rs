@@ -1,0 +1,52 @@
+//! A probe of a small message (`adapt::Decision::Probe`: the policy sends raw
+//! but measures the codec every `REPROBE_EVERY` chunks) runs the codec on the
+//! calling thread and the message still goes raw on the inline stream. Through
+//! the I/O and codec workers, those thread wake-ups made one message in 65 of an
+//! incompressible stream 2-3 times slower (`scripts/bench_latency.sh`, p99 at
+//! 4-64 KiB).
+
+mod inproc_util;
+
+use std::sync::atomic::Ordering::Relaxed;
+
+use inproc_util::{pair, pattern, transfer_and_check};
+use nccl_net_zip::adapt::REPROBE_EVERY;
+
+#[test]
+fn probes_of_small_messages_run_here_and_the_messages_go_inline() {
+    std::env::set_var("NCCL_ZIP_COMPRESS", "auto");
+    std::env::remove_var("NCCL_ZIP_INLINE_MAX"); // 64 KiB
+    let (s, r) = pair();
+    let n = 4 * (REPROBE_EVERY as usize + 1);
+    // Incompressible 16 KiB messages: the policy bypasses and probes one in
+    // REPROBE_EVERY + 1.
+    let msgs: Vec<Vec<u8>> = (0..n).map(|i| pattern(7 + i as u64, 16 << 10)).collect();
+    let st = s.stats();
+    // Until its estimate of the ratio (a moving average from an optimistic prior)
+    // has come down, the policy compresses on the workers: a warm-up.
+    let warm: Vec<Vec<u8>> = (0..16).map(|i| pattern(1000 + i, 16 << 10)).collect();
+    let codec0 = st.codec_ns.load(Relaxed);
+    transfer_and_check(&s, &r, &warm, 16 << 10);
+    let codec1 = st.codec_ns.load(Relaxed);
+    assert!(codec1 > codec0, "the warm-up went through the codec");
+    let (inline0, bypass0) = (
+        st.chunks_inline.load(Relaxed),
+        st.bypassed.load(Relaxed),
+    );
+    transfer_and_check(&s, &r, &msgs, 16 << 10);
+    let inline = st.chunks_inline.load(Relaxed) - inline0;
+    let bypassed = st.bypassed.load(Relaxed) - bypass0;
+    assert!(
+        bypassed >= 3 * REPROBE_EVERY as u64,
+        "the policy bypassed only {bypassed} of {n} incompressible messages"
+    );
+    assert!(
+        st.codec_ns.load(Relaxed) > codec1,
+        "no probe measured the codec after the warm-up"
+    );
+    assert_eq!(
+        inline, n as u64,
+        "every message after the warm-up went inline, probes included"
+    );
+    assert_eq!(st.chunks_compressed.load(Relaxed), 0, "a random chunk came out smaller");
+}
