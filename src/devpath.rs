@@ -47,7 +47,8 @@ impl std::ops::Deref for Wire<'_> {
     }
 }
 
-/// One I/O thread's device state: the lane pool of the comm's device (lanes are
+/// One device chunk's state on the thread that moves it (a TCP codec or I/O
+/// worker): the lane pool of the comm's device (lanes are
 /// taken per chunk, see [`crate::gpu::pool`]) and a host buffer for the CPU codec
 /// when the device has no kernels.
 pub struct DevSide<'a> {

@@ -122,6 +122,7 @@ impl Inline {
             lim,
             usize::MAX,
             None,
+            None,
         ) {
             drop(st);
             if !core.closing() {

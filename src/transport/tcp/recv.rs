@@ -35,7 +35,7 @@ use crate::codec_glue::decode_chunk;
 use crate::config::Config;
 use crate::devpath::{gpu_decode, Lanes};
 use crate::error::{Error, Result};
-use crate::gpu::pool::Dir;
+use crate::gpu::pool::{Dir, LaneGuard};
 use crate::gpu::Backend;
 use crate::proto::slots::{Lookup, Slot, NSLOTS};
 
@@ -317,6 +317,39 @@ impl RxTask {
     }
 }
 
+impl RxTask {
+    /// Queues device chunk `seq`'s placement (`frame`, through `lane`) on the
+    /// codec workers, which hand the frame back and kick the stream.
+    fn place_on_codec_worker(
+        &self,
+        core: &Arc<Core>,
+        frame: Frame,
+        mut lane: LaneGuard,
+        seq: u64,
+    ) -> Result<()> {
+        let (me, core, kicker) = (self.me.clone(), core.clone(), self.kicker.clone());
+        let job = Box::new(move || {
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                let c = frame
+                    .device_chunk(seq)
+                    .ok_or_else(|| Error::Internal("a host frame as a device chunk".into()))?;
+                place_on_device(&mut lane, &c, &core.stats)
+            }))
+            .unwrap_or_else(|_| Err(Error::Internal("placing a device chunk panicked".into())));
+            drop(lane);
+            if let Some(task) = me.upgrade() {
+                *task.decoded.lock() = Some((frame, r));
+                kicker.kick();
+            }
+        });
+        if self.codec.submit(job) {
+            Ok(())
+        } else {
+            Err(Error::Internal("recv comm closed".into()))
+        }
+    }
+}
+
 impl Driven for RxTask {
     fn fd(&self) -> RawFd {
         self.sock.as_raw_fd()
@@ -340,6 +373,8 @@ impl Driven for RxTask {
             }
         }
         let offload = |f| self.decode_on_codec_worker(&core, f);
+        let offload_device =
+            |f, lane, seq| self.place_on_codec_worker(&core, f, lane, seq);
         loop {
             let r = pump_rx(
                 &self.sock,
@@ -349,6 +384,7 @@ impl Driven for RxTask {
                 self.lim,
                 RUN_BUDGET,
                 Some(&offload),
+                Some(&offload_device),
             );
             return match r {
                 Ok(Stop::Drained) => Next::Readable,
@@ -411,6 +447,7 @@ pub(super) fn pump_rx(
     lim: RxLimits,
     mut budget: usize,
     offload: Option<&dyn Fn(Frame) -> Result<()>>,
+    offload_device: Option<&dyn Fn(Frame, LaneGuard, u64) -> Result<()>>,
 ) -> Result<Stop> {
     let peer = core.peer;
     let io_err = |e| Error::io(format!("receive from {peer} (stream {who})"), e);
@@ -463,8 +500,15 @@ pub(super) fn pump_rx(
                     let Some(mut lane) = lanes.try_take(&b)? else {
                         return Ok(Stop::LaneBusy);
                     };
-                    place_on_device(&mut lane, &c, stats)?;
                     stats.add(&stats.chunks_device, 1);
+                    // The copy (and decode) to the device on the codec workers,
+                    // not on this thread, which drives other comms' streams.
+                    if let Some(device) = offload_device {
+                        let seq = c.seq;
+                        device(st.rx.take_device()?, lane, seq)?;
+                        return Ok(Stop::Decoding);
+                    }
+                    place_on_device(&mut lane, &c, stats)?;
                 }
                 st.rx.device_done(ring, stats)?;
             }
@@ -483,7 +527,7 @@ pub(super) fn pump_rx(
 
 /// Copies a staged chunk to its device buffer through `lane`, decoding it there
 /// (GPU) or on the CPU first when the device has no kernels.
-fn place_on_device(
+pub(super) fn place_on_device(
     lane: &mut crate::gpu::pool::LaneGuard,
     c: &DeviceChunk,
     stats: &crate::stats::Stats,

@@ -350,11 +350,22 @@ struct TxState {
     compressing: Option<Task>,
 }
 
-/// A chunk back from the codec workers: the stream's staging, holding the frame
-/// (`Some(length)`) or not (`None`: the chunk goes raw).
+/// A chunk back from the codec workers, with the stream's staging.
 struct Compressed {
     staging: Staging,
-    frame: Option<usize>,
+    made: Made,
+}
+
+/// What the codec workers made of a chunk.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Made {
+    /// Nothing: it goes raw, NCCL's (host) bytes as they are.
+    Raw,
+    /// Its wire bytes are the first `len` bytes of the staging: a compressed
+    /// frame, or a device chunk's raw bytes.
+    Staged { compressed: bool, len: usize },
+    /// A device chunk that could not be read; the comm has failed.
+    Failed,
 }
 
 /// What [`TxTask::encode`] made of a chunk.
@@ -425,7 +436,16 @@ impl Driven for TxTask {
                     return Next::Park; // the codec workers kick it when done
                 };
                 *st.tx.staging() = c.staging;
-                let out = self.out(t, c.frame);
+                let out = match c.made {
+                    Made::Raw => self.out(t, None),
+                    Made::Staged { compressed, len } => {
+                        chunk_out(t, compressed, Payload::Staged, len)
+                    }
+                    Made::Failed => {
+                        st.compressing = None;
+                        continue; // the comm's requests already carry the error
+                    }
+                };
                 st.compressing = None;
                 if let Err(e) = st.tx.push(out) {
                     core.fail(e);
@@ -558,11 +578,11 @@ impl TxTask {
         Ok(None)
     }
 
-    /// The wire form of chunk `t`: handed to the codec workers when the policy
-    /// says compress and the budget grants the staging (the frame comes back
-    /// later, see [`Encoded::Compressing`]), else NCCL's bytes as they are
-    /// (device chunks: staged through a lane, whose bytes are copied to the
-    /// staging so the lane goes back at once).
+    /// The wire form of chunk `t`: a host chunk is handed to the codec workers
+    /// when the policy says compress and the budget grants the staging (the
+    /// frame comes back later, see [`Encoded::Compressing`]), else NCCL's bytes
+    /// as they are; a device chunk always goes to the codec workers, which read
+    /// it through a lane into the staging (so the lane goes back at once).
     fn encode(&self, core: &Arc<Core>, st: &mut TxState, t: &Task) -> Result<Encoded> {
         let stats = &core.stats;
         let len = t.len as usize;
@@ -582,19 +602,58 @@ impl TxTask {
             }
             return Ok(Encoded::Out(self.out(t, None)));
         };
-        let mut dev_side = DevSide::new(
-            Dir::Send,
-            self.max_wire,
-            self.lanes,
-            &stats.staging_bytes,
-            || core.stopped(),
-        );
-        let (compressed, wire) = dev_side.encode(b, &self.coders.dev, src as u64, len, stats)?;
-        let n = wire.len();
-        let staging = st.tx.staging();
-        staging.grow(n, stats);
-        staging[..n].copy_from_slice(&wire);
-        Ok(Encoded::Out(chunk_out(t, compressed, Payload::Staged, n)))
+        self.device_on_codec_worker(core, std::mem::take(st.tx.staging()), b.clone(), src, len)?;
+        Ok(Encoded::Compressing)
+    }
+
+    /// Queues device chunk `len` bytes at device address `src` on the codec
+    /// workers: read through a lane and compressed by the kernels (or the CPU
+    /// codec where the device has none) as the policy says, its wire bytes put in
+    /// `staging`. A GPU copy or kernel then holds a codec worker, never the I/O
+    /// worker that drives other comms' streams.
+    fn device_on_codec_worker(
+        &self,
+        core: &Arc<Core>,
+        mut staging: Staging,
+        b: Arc<dyn Backend>,
+        src: usize,
+        len: usize,
+    ) -> Result<()> {
+        let (me, core, coders) = (self.me.clone(), core.clone(), self.coders.clone());
+        let (kicker, max_wire, lanes) = (self.kicker.clone(), self.max_wire, self.lanes);
+        let job = Box::new(move || {
+            let stats = &core.stats;
+            let made = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                let mut dev_side =
+                    DevSide::new(Dir::Send, max_wire, lanes, &stats.staging_bytes, || {
+                        core.stopped()
+                    });
+                let (compressed, wire) =
+                    dev_side.encode(&b, &coders.dev, src as u64, len, stats)?;
+                let n = wire.len();
+                staging.grow(n, stats);
+                staging[..n].copy_from_slice(&wire);
+                Ok::<_, Error>(Made::Staged { compressed, len: n })
+            }))
+            .unwrap_or_else(|_| {
+                Err(Error::Internal(format!(
+                    "reading a {len}-byte device chunk panicked"
+                )))
+            })
+            .unwrap_or_else(|e| {
+                core.fail(e);
+                Made::Failed
+            });
+            if let Some(task) = me.upgrade() {
+                *task.compressed.lock() = Some(Compressed { staging, made });
+                kicker.kick();
+            }
+        });
+        if self.codec.submit(job) {
+            Ok(())
+        } else {
+            Err(Error::Internal("send comm closed".into()))
+        }
     }
 
     /// Queues the compression of the `len` bytes at `src` (NCCL's buffer) into
@@ -626,7 +685,11 @@ impl TxTask {
                 None
             });
             if let Some(task) = me.upgrade() {
-                *task.compressed.lock() = Some(Compressed { staging, frame });
+                let made = frame.map_or(Made::Raw, |len| Made::Staged {
+                    compressed: true,
+                    len,
+                });
+                *task.compressed.lock() = Some(Compressed { staging, made });
                 kicker.kick();
             }
         });

@@ -96,18 +96,34 @@ pub enum Want<'a> {
 }
 
 /// A compressed frame taken out of a stream to be decoded elsewhere (a codec
-/// worker): the stream's staging with the frame, and where it decodes to.
+/// worker): the stream's staging with the frame, and where it decodes to. Or a
+/// staged device chunk ([`StreamRx::take_device`]), compressed or not, to be
+/// placed in device memory elsewhere.
 pub struct Frame {
     staging: Staging,
     wire_len: usize,
     /// The codec frame format the sender agreed to write at most.
     format: u8,
-    /// NCCL's host buffer at the chunk's first byte, and the chunk's raw length.
+    /// NCCL's host buffer (a device address for a device chunk) at the chunk's
+    /// first byte, and the chunk's raw length.
     dst: usize,
     raw_len: usize,
+    /// A device chunk: whether its payload is a codec frame.
+    device: Option<bool>,
 }
 
 impl Frame {
+    /// A device chunk's view for its placement: `None` for a host frame.
+    pub fn device_chunk(&self, seq: u64) -> Option<DeviceChunk<'_>> {
+        Some(DeviceChunk {
+            seq,
+            wire: &self.staging[..self.wire_len],
+            compressed: self.device?,
+            dst: self.dst as u64,
+            raw_len: self.raw_len,
+        })
+    }
+
     /// Decodes the frame into NCCL's buffer with `dec` (a decoder of any format:
     /// the frame is checked against its connection's agreement first).
     pub fn decode(&self, dec: &mut ChunkDecoder, stats: &Stats) -> Result<()> {
@@ -376,6 +392,29 @@ impl StreamRx {
             format: self.format,
             dst,
             raw_len: c.h.raw_len as usize,
+            device: None,
+        })
+    }
+
+    /// Takes the device chunk [`Want::Device`] announced (its format already
+    /// checked), to be placed elsewhere; the stream says [`Want::Decoding`] until
+    /// [`StreamRx::frame_done`].
+    pub fn take_device(&mut self) -> Result<Frame> {
+        let c = match &mut self.cur {
+            Some(c) if !c.decoding && c.got == c.h.wire_len as usize => c,
+            _ => return Err(Error::Internal("no device chunk to take".into())),
+        };
+        let Dest::Device(dst) = c.dest else {
+            return Err(Error::Internal("no device chunk to take".into()));
+        };
+        c.decoding = true;
+        Ok(Frame {
+            staging: std::mem::take(&mut self.staging),
+            wire_len: c.h.wire_len as usize,
+            format: self.format,
+            dst: dst as usize,
+            raw_len: c.h.raw_len as usize,
+            device: Some(c.h.compressed()),
         })
     }
 
