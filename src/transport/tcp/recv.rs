@@ -298,26 +298,11 @@ impl RxTask {
     /// Queues the decoding of `frame` on the codec workers, which put it in
     /// [`RxTask::decoded`] and kick the stream.
     fn decode_on_codec_worker(&self, core: &Arc<Core>, frame: Frame) -> Result<()> {
-        let (me, core, kicker) = (self.me.clone(), core.clone(), self.kicker.clone());
-        let job = Box::new(move || {
-            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                with_thread_decoder(|d| frame.decode(d, &core.stats))
-            }))
-            .unwrap_or_else(|_| Err(Error::Internal("the decoder panicked".into())));
-            if let Some(task) = me.upgrade() {
-                *task.decoded.lock() = Some((frame, r));
-                kicker.kick();
-            }
-        });
-        if self.codec.submit(job) {
-            Ok(())
-        } else {
-            Err(Error::Internal("recv comm closed".into()))
-        }
+        self.on_codec_worker(core, frame, "the decoder", |frame, core| {
+            with_thread_decoder(|d| frame.decode(d, &core.stats))
+        })
     }
-}
 
-impl RxTask {
     /// Queues device chunk `seq`'s placement (`frame`, through `lane`) on the
     /// codec workers, which hand the frame back and kick the stream.
     fn place_on_codec_worker(
@@ -327,16 +312,28 @@ impl RxTask {
         mut lane: LaneGuard,
         seq: u64,
     ) -> Result<()> {
+        self.on_codec_worker(core, frame, "placing a device chunk", move |frame, core| {
+            let c = frame
+                .device_chunk(seq)
+                .ok_or_else(|| Error::Internal("a host frame as a device chunk".into()))?;
+            place_on_device(&mut lane, &c, &core.stats)
+        })
+    }
+
+    /// Runs `work` on `frame` on the codec workers (a panic is an error of
+    /// `what`), then puts the frame and the result in [`RxTask::decoded`] and
+    /// kicks the stream.
+    fn on_codec_worker(
+        &self,
+        core: &Arc<Core>,
+        frame: Frame,
+        what: &'static str,
+        work: impl FnOnce(&Frame, &Core) -> Result<()> + Send + 'static,
+    ) -> Result<()> {
         let (me, core, kicker) = (self.me.clone(), core.clone(), self.kicker.clone());
         let job = Box::new(move || {
-            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                let c = frame
-                    .device_chunk(seq)
-                    .ok_or_else(|| Error::Internal("a host frame as a device chunk".into()))?;
-                place_on_device(&mut lane, &c, &core.stats)
-            }))
-            .unwrap_or_else(|_| Err(Error::Internal("placing a device chunk panicked".into())));
-            drop(lane);
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| work(&frame, &core)))
+                .unwrap_or_else(|_| Err(Error::Internal(format!("{what} panicked"))));
             if let Some(task) = me.upgrade() {
                 *task.decoded.lock() = Some((frame, r));
                 kicker.kick();

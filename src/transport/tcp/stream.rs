@@ -378,12 +378,26 @@ impl StreamRx {
     /// Takes the frame [`Want::Decode`] announced, to be decoded elsewhere; the
     /// stream says [`Want::Decoding`] until [`StreamRx::frame_done`].
     pub fn take_frame(&mut self) -> Result<Frame> {
+        self.take(false)
+    }
+
+    /// Takes the device chunk [`Want::Device`] announced (its format already
+    /// checked), to be placed elsewhere; the stream says [`Want::Decoding`] until
+    /// [`StreamRx::frame_done`].
+    pub fn take_device(&mut self) -> Result<Frame> {
+        self.take(true)
+    }
+
+    fn take(&mut self, device: bool) -> Result<Frame> {
+        let what = if device { "device chunk" } else { "frame" };
         let c = match &mut self.cur {
             Some(c) if !c.decoding && c.got == c.h.wire_len as usize => c,
-            _ => return Err(Error::Internal("no frame to take".into())),
+            _ => return Err(Error::Internal(format!("no {what} to take"))),
         };
-        let Dest::Frame(dst) = c.dest else {
-            return Err(Error::Internal("no frame to take".into()));
+        let dst = match (c.dest, device) {
+            (Dest::Frame(dst), false) => dst,
+            (Dest::Device(dst), true) => dst as usize,
+            _ => return Err(Error::Internal(format!("no {what} to take"))),
         };
         c.decoding = true;
         Ok(Frame {
@@ -392,29 +406,7 @@ impl StreamRx {
             format: self.format,
             dst,
             raw_len: c.h.raw_len as usize,
-            device: None,
-        })
-    }
-
-    /// Takes the device chunk [`Want::Device`] announced (its format already
-    /// checked), to be placed elsewhere; the stream says [`Want::Decoding`] until
-    /// [`StreamRx::frame_done`].
-    pub fn take_device(&mut self) -> Result<Frame> {
-        let c = match &mut self.cur {
-            Some(c) if !c.decoding && c.got == c.h.wire_len as usize => c,
-            _ => return Err(Error::Internal("no device chunk to take".into())),
-        };
-        let Dest::Device(dst) = c.dest else {
-            return Err(Error::Internal("no device chunk to take".into()));
-        };
-        c.decoding = true;
-        Ok(Frame {
-            staging: std::mem::take(&mut self.staging),
-            wire_len: c.h.wire_len as usize,
-            format: self.format,
-            dst: dst as usize,
-            raw_len: c.h.raw_len as usize,
-            device: Some(c.h.compressed()),
+            device: device.then(|| c.h.compressed()),
         })
     }
 
