@@ -18,7 +18,9 @@
 //! The cap: `NCCL_ZIP_BUFFER_MB`, or by default 1/32 of the machine's memory
 //! shared among the node's ranks, between 64 MiB and 4 GiB per process.
 
-use std::sync::atomic::{AtomicU64, Ordering::*};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::*};
+
+use parking_lot::Mutex;
 
 /// A count of reserved bytes under a cap.
 #[derive(Debug, Default)]
@@ -47,6 +49,44 @@ impl Reservation<'_> {
 impl Drop for Reservation<'_> {
     fn drop(&mut self) {
         self.b.used.fetch_sub(self.n, Relaxed);
+        RELEASES.fetch_add(1, SeqCst);
+        if WAITING.load(SeqCst) > 0 {
+            wake_waiters();
+        }
+    }
+}
+
+/// Reservations given back so far, of every budget: a receiver reads it before
+/// it asks, and waits with [`wake_on_release`] when refused.
+static RELEASES: AtomicU64 = AtomicU64::new(0);
+/// Waiters registered with [`wake_on_release`], and how many (read without the
+/// lock on every release).
+static WAITERS: Mutex<Vec<Box<dyn FnOnce() + Send>>> = Mutex::new(Vec::new());
+static WAITING: AtomicUsize = AtomicUsize::new(0);
+
+/// The count of reservations given back so far ([`wake_on_release`]).
+pub fn releases() -> u64 {
+    RELEASES.load(SeqCst)
+}
+
+/// Calls `wake` once, after a reservation is given back later than
+/// [`releases`] said `seen` (at once if one already was): a TCP receiver the
+/// budget refused waits for this instead of polling. (Either the release sees
+/// the waiter counted, or the waiter sees the release counted: both are
+/// sequentially consistent, so no wake-up is lost.)
+pub fn wake_on_release(seen: u64, wake: Box<dyn FnOnce() + Send>) {
+    WAITERS.lock().push(wake);
+    WAITING.fetch_add(1, SeqCst);
+    if RELEASES.load(SeqCst) != seen {
+        wake_waiters();
+    }
+}
+
+fn wake_waiters() {
+    let woken = std::mem::take(&mut *WAITERS.lock());
+    WAITING.fetch_sub(woken.len(), SeqCst);
+    for w in woken {
+        w();
     }
 }
 
@@ -113,6 +153,29 @@ pub fn default_cap() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_waiter_is_woken_by_a_later_release_or_at_once_after_an_earlier_one() {
+        use std::sync::atomic::AtomicBool;
+        use std::sync::Arc;
+        let b = Budget::default();
+        let r = b.reserve(10, 100).expect("fits");
+        let woke = Arc::new(AtomicBool::new(false));
+        let seen = releases();
+        let w = woke.clone();
+        wake_on_release(seen, Box::new(move || w.store(true, SeqCst)));
+        // Other tests' releases may wake it too (the count is process-wide); this
+        // one surely does.
+        drop(r);
+        assert!(woke.load(SeqCst), "the release woke the waiter");
+        // A release between reading the count and waiting: woken at once.
+        let seen = releases();
+        drop(b.reserve(1, 100).expect("fits"));
+        let w = Arc::new(AtomicBool::new(false));
+        let w2 = w.clone();
+        wake_on_release(seen, Box::new(move || w2.store(true, SeqCst)));
+        assert!(w.load(SeqCst), "woken at once: a release came after `seen`");
+    }
 
     #[test]
     fn reservations_stay_under_the_cap_and_come_back() {

@@ -373,6 +373,8 @@ impl Driven for RxTask {
         let offload_device =
             |f, lane, seq| self.place_on_codec_worker(&core, f, lane, seq);
         loop {
+            // Before any ask of the budget: a release after this wakes a refusal.
+            let seen = crate::budget::releases();
             let r = pump_rx(
                 &self.sock,
                 &core,
@@ -387,7 +389,13 @@ impl Driven for RxTask {
                 Ok(Stop::Drained) => Next::Readable,
                 // The codec workers kick it.
                 Ok(Stop::Decoding) => Next::Park,
-                Ok(Stop::LaneBusy | Stop::Budget) => Next::Retry,
+                Ok(Stop::LaneBusy) => Next::Retry,
+                // Woken when a reservation is given back.
+                Ok(Stop::Budget) => {
+                    let kicker = self.kicker.clone();
+                    crate::budget::wake_on_release(seen, Box::new(move || kicker.kick()));
+                    Next::Park
+                }
                 Ok(Stop::Ended) => Next::Done,
                 Ok(Stop::Posted(seq)) => {
                     self.parked.store(true, SeqCst);
