@@ -61,8 +61,14 @@ fn compress_impl(
         let b = 1usize << opts.block_log2;
         let nb = n.div_ceil(b);
         let limit = HEADER_LEN + n;
-        let table = HEADER_LEN;
-        let mut pos = HEADER_LEN + 4 * nb;
+        // version 2: the column table (FORMAT.md §V2.9) sits between header and block table
+        let ct = if opts.format == VERSION_2 {
+            crate::coltab::encoder_table(dtype, src)
+        } else {
+            None
+        };
+        let table = HEADER_LEN + ct.as_ref().map_or(0, |c| c.bytes());
+        let mut pos = table + 4 * nb;
         let mut stats = FrameStats {
             raw_len: n,
             dtype: Some(dtype),
@@ -72,7 +78,8 @@ fn compress_impl(
         if ok {
             for (i, blk) in src.chunks(b).enumerate() {
                 let coded = if opts.format == VERSION_2 {
-                    crate::v2::encode_block_v2(dtype, blk, &mut dst[pos..limit], simd)
+                    let col = ct.as_ref().map(|c| (c, i * b));
+                    crate::v2::encode_block_v2(dtype, blk, &mut dst[pos..limit], simd, col)
                 } else {
                     encode_block_with(dtype, blk, &mut dst[pos..limit], simd)
                 };
@@ -91,7 +98,12 @@ fn compress_impl(
             }
         }
         if ok && pos < limit {
-            header(dtype, opts, n, crc, false).write(&mut dst[..HEADER_LEN]);
+            let mut h = header(dtype, opts, n, crc, false);
+            if let Some(c) = &ct {
+                h.flags |= FLAG_COLTAB;
+                c.write(&mut dst[HEADER_LEN..table]);
+            }
+            h.write(&mut dst[..HEADER_LEN]);
             stats.frame_len = pos;
             return Ok(stats);
         }
