@@ -10,7 +10,7 @@
 //! Every decision here is an integer function of the input bytes (a GPU encoder can
 //! reproduce it, or take the table from the host as a parameter).
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 
 use crate::elem::{Bf16, Fp16, Fp32};
 use crate::encode::SAMPLE_STRIDE;
@@ -173,10 +173,20 @@ pub(crate) fn grid_col0<T: V2>(blk_start: usize, phi: usize) -> usize {
 #[derive(Default)]
 struct Scratch {
     keys: Vec<u8>,
+    /// `keys` with zeros replaced by the mean of the nonzero ones (the search's input)
+    search: Vec<u8>,
 }
 
 thread_local! {
     static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
+    static ENCODER_TABLE: Cell<bool> = const { Cell::new(true) };
+}
+
+/// Benchmarks only (`examples/coltab_speed.rs`): `false` makes this thread's version-2
+/// encoder write no column table (frames that do not follow §V2.9's rule).
+#[doc(hidden)]
+pub fn set_encoder_table(on: bool) {
+    ENCODER_TABLE.with(|c| c.set(on));
 }
 
 /// The period of exponent fields `e` (the first `min(m, WINDOW)` elements): `None`
@@ -259,23 +269,30 @@ fn vec_sum(e: &[u8], p: usize) -> Vec<(u32, u32)> {
     s.into_iter().zip(n).collect()
 }
 
-/// The encoder's column table for a frame of type `dtype` (FORMAT.md §V2.9): period
-/// and offsets from the first `min(m, 32768)` elements at phase 0, kept only if the
-/// frame's stride-13 sample codes cheaper with it by more than twice the table's bits.
-pub(crate) fn encoder_table(dtype: Dtype, src: &[u8]) -> Option<ColTab> {
+/// The encoder's column table for a frame of type `dtype` and blocks of `b` bytes
+/// (FORMAT.md §V2.9): period and offsets from the first `min(m, 32768)` elements at
+/// block 0's phase, kept only if the frame's stride-13 sample codes cheaper with it
+/// by more than twice the table's bits.
+pub(crate) fn encoder_table(dtype: Dtype, src: &[u8], b: usize) -> Option<ColTab> {
+    if !ENCODER_TABLE.with(|c| c.get()) {
+        return None;
+    }
     match dtype {
-        Dtype::Bf16 => table_for::<Bf16>(src),
-        Dtype::Fp16 => table_for::<Fp16>(src),
-        Dtype::Fp32 => table_for::<Fp32>(src),
+        Dtype::Bf16 => table_for::<Bf16>(src, b),
+        Dtype::Fp16 => table_for::<Fp16>(src, b),
+        Dtype::Fp32 => table_for::<Fp32>(src, b),
         Dtype::Raw => None,
     }
 }
 
-fn table_for<T: V2>(src: &[u8]) -> Option<ColTab> {
-    let m = src.len() / T::W;
-    if m < LAG_N + PMIN {
+fn table_for<T: V2>(src: &[u8], b: usize) -> Option<ColTab> {
+    if src.len() < T::W * (LAG_N + PMIN) + T::W {
         return None;
     }
+    // the grid of block 0 (its phase, V2.7 step 3): element i is in column i mod P
+    let phi = crate::v2::choose_phase::<T>(&src[..src.len().min(b)]).0;
+    let src = &src[phi..];
+    let m = src.len() / T::W;
     SCRATCH.with(|s| {
         let s = &mut *s.borrow_mut();
         let nw = m.min(WINDOW);
@@ -286,7 +303,16 @@ fn table_for<T: V2>(src: &[u8]) -> Option<ColTab> {
                 .chunks_exact(T::W)
                 .map(|xb| ((T::load(xb, 0) >> sh) & T::EMAX) as u8),
         );
-        let p = find_period(&s.keys)?;
+        // exponent fields 0 (zeros, subnormals) take the mean of the others in the
+        // search, so that scattered zeros or zero lines do not drown the channels
+        let (tot, cnt) = s.keys.iter().fold((0u64, 0u64), |a, &e| (a.0 + e as u64, a.1 + (e != 0) as u64));
+        if cnt == 0 {
+            return None;
+        }
+        let r = (tot / cnt) as u8;
+        s.search.clear();
+        s.search.extend(s.keys.iter().map(|&e| if e == 0 { r } else { e }));
+        let p = find_period(&s.search)?;
         let ct = column_offsets(&s.keys, p)?;
         // the gain: stride-13 sample over the first min(m, 13·16384) elements
         let ms = m.min(SAMPLE_STRIDE * GAIN_SAMPLES);
@@ -369,7 +395,7 @@ mod tests {
         let mut r = Rng(99);
         let d: Vec<u8> = (0..WINDOW).flat_map(|_| bf16(r.gauss() * 0.01)).collect();
         assert_eq!(find_period(&exps(&d)), None);
-        assert!(table_for::<Bf16>(&d).is_none());
+        assert!(table_for::<Bf16>(&d, 1 << 16).is_none());
         // constant exponents: no lag differs
         assert_eq!(find_period(&[120u8; WINDOW]), None);
         // too short for the search
@@ -471,7 +497,7 @@ mod tests {
     #[test]
     fn the_encoder_takes_a_table_on_channel_data() {
         let d = channels(131072, 384, 7);
-        let ct = table_for::<Bf16>(&d).expect("a table");
+        let ct = table_for::<Bf16>(&d, 1 << 16).expect("a table");
         assert_eq!(ct.p, 384);
     }
 }

@@ -63,7 +63,7 @@ fn compress_impl(
         let limit = HEADER_LEN + n;
         // version 2: the column table (FORMAT.md §V2.9) sits between header and block table
         let ct = if opts.format == VERSION_2 {
-            crate::coltab::encoder_table(dtype, src)
+            crate::coltab::encoder_table(dtype, src, b)
         } else {
             None
         };

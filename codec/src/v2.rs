@@ -408,7 +408,7 @@ pub(crate) fn encode_block_v2(
 /// The block's phase: the `φ < W` whose 1/13 sample has the smallest estimated
 /// cost (FORMAT.md §V2.6; ties: smaller φ), and that sample's statistics.
 #[inline(always)]
-fn choose_phase<T: V2>(blk: &[u8]) -> (usize, Stats) {
+pub(crate) fn choose_phase<T: V2>(blk: &[u8]) -> (usize, Stats) {
     let mut best = (u64::MAX, 0, Stats::default());
     for phi in 0..T::W {
         let m = (blk.len() - phi) / T::W;
