@@ -26,7 +26,7 @@ const LAG_N: usize = 2048;
 /// Elements the search and the offsets read: `min(m, WINDOW)` from the frame start.
 const WINDOW: usize = 32768;
 /// Most stride-13 samples of the table's gain estimate.
-const GAIN_SAMPLES: usize = 16384;
+const GAIN_SAMPLES: usize = 4096;
 
 /// A frame's column table: period `p` and the offsets `off[0..p]` (−8..=7).
 #[derive(Clone)]
@@ -115,24 +115,90 @@ fn eshift<T: V2>() -> u32 {
 }
 
 /// Rotates (`INV = false`) or un-rotates the exponent field of every whole element of
-/// `buf` in place; element 0 of `buf` lies in column `col0 mod P`.
+/// `buf` in place; element 0 of `buf` lies in column `col0 mod P`. Inlined, so that it
+/// is vectorised with the caller's target features (the AVX2 encoder and decoder).
+#[inline(always)]
 pub(crate) fn rotate<T: V2, const INV: bool>(buf: &mut [u8], col0: usize, ct: &ColTab) {
     let n = buf.len() / T::W;
-    let (p, sh, emax) = (ct.p, eshift::<T>(), T::EMAX);
+    let p = ct.p;
     let mut col = col0 % p;
     let mut i = 0;
     while i < n {
         let len = (n - i).min(p - col);
         let offs = &ct.off[col..col + len];
         let run = &mut buf[i * T::W..(i + len) * T::W];
-        for (xb, &c) in run.chunks_exact_mut(T::W).zip(offs.iter()) {
-            let x = T::load(xb, 0);
-            let e = (x >> sh) & emax;
-            let r = rot::<INV>(e, c, emax);
-            T::store(xb, 0, (x & !(emax << sh)) | (r << sh));
+        if T::W == 2 {
+            rot16::<INV>(run, offs, eshift::<T>() as u16, T::EMAX as i16);
+        } else {
+            rot32::<INV>(run, offs);
         }
         i += len;
         col = 0;
+    }
+}
+
+/// [`rot`] on 16-bit lanes, branch-free (bf16, fp16), 16 elements at a time so
+/// that the loop vectorises.
+#[inline(always)]
+fn rot16<const INV: bool>(run: &mut [u8], offs: &[i8], sh: u16, emax: i16) {
+    #[inline(always)]
+    fn one<const INV: bool>(x: u16, c: i8, sh: u16, emax: i16) -> u16 {
+        let e = ((x >> sh) as i16) & emax;
+        let c = if INV { -(c as i16) } else { c as i16 };
+        let mut t = e - 1 - c;
+        t += emax & (t >> 15);
+        t -= emax & !((t - emax) >> 15);
+        let r = (t + 1) & -((e != 0) as i16);
+        (x & !((emax as u16) << sh)) | ((r as u16) << sh)
+    }
+    let mut xs = run.chunks_exact_mut(32);
+    let mut os = offs.chunks_exact(16);
+    for (xb, o) in (&mut xs).zip(&mut os) {
+        let xb: &mut [u8; 32] = xb.try_into().unwrap();
+        let o: &[i8; 16] = o.try_into().unwrap();
+        let mut y = [0u16; 16];
+        for k in 0..16 {
+            y[k] = one::<INV>(u16::from_le_bytes([xb[2 * k], xb[2 * k + 1]]), o[k], sh, emax);
+        }
+        for k in 0..16 {
+            xb[2 * k..2 * k + 2].copy_from_slice(&y[k].to_le_bytes());
+        }
+    }
+    for (xb, &c) in xs.into_remainder().chunks_exact_mut(2).zip(os.remainder().iter()) {
+        let y = one::<INV>(u16::from_le_bytes([xb[0], xb[1]]), c, sh, emax);
+        xb.copy_from_slice(&y.to_le_bytes());
+    }
+}
+
+/// [`rot`] on fp32 elements, branch-free, 8 at a time.
+#[inline(always)]
+fn rot32<const INV: bool>(run: &mut [u8], offs: &[i8]) {
+    #[inline(always)]
+    fn one<const INV: bool>(x: u32, c: i8) -> u32 {
+        let e = ((x >> 23) & 0xFF) as i32;
+        let c = if INV { -(c as i32) } else { c as i32 };
+        let mut t = e - 1 - c;
+        t += 255 & (t >> 31);
+        t -= 255 & !((t - 255) >> 31);
+        let r = (t + 1) & -((e != 0) as i32);
+        (x & !(0xFF << 23)) | ((r as u32) << 23)
+    }
+    let mut xs = run.chunks_exact_mut(32);
+    let mut os = offs.chunks_exact(8);
+    for (xb, o) in (&mut xs).zip(&mut os) {
+        let xb: &mut [u8; 32] = xb.try_into().unwrap();
+        let mut y = [0u32; 8];
+        for k in 0..8 {
+            let x = u32::from_le_bytes([xb[4 * k], xb[4 * k + 1], xb[4 * k + 2], xb[4 * k + 3]]);
+            y[k] = one::<INV>(x, o[k]);
+        }
+        for k in 0..8 {
+            xb[4 * k..4 * k + 4].copy_from_slice(&y[k].to_le_bytes());
+        }
+    }
+    for (xb, &c) in xs.into_remainder().chunks_exact_mut(4).zip(os.remainder().iter()) {
+        let y = one::<INV>(u32::from_le_bytes([xb[0], xb[1], xb[2], xb[3]]), c);
+        xb.copy_from_slice(&y.to_le_bytes());
     }
 }
 
@@ -140,6 +206,7 @@ pub(crate) fn rotate<T: V2, const INV: bool>(buf: &mut [u8], col0: usize, ct: &C
 /// whose grid element 0 lies in column `col0`: without lines they are the grid; with
 /// lines (`elided[j]`: grid line `j` is elided) they are the grid's kept lines in
 /// order, `gbytes` the grid's length in bytes.
+#[inline(always)]
 pub(crate) fn rotate_kept<T: V2, const INV: bool>(
     kept: &mut [u8],
     elided: Option<&[bool]>,
@@ -161,6 +228,59 @@ pub(crate) fn rotate_kept<T: V2, const INV: bool>(
     }
 }
 
+/// The exponent histogram of a block's sample, kept elements `0, 13, 26, … < k` of
+/// `kept` (as [`rotate_kept`] lays them out), with every field rotated: the `hc` of
+/// the rotated sample's statistics (rotation changes neither zeros nor low bits, so
+/// the rest of the statistics is the plain sample's).
+pub(crate) fn sample_hist_rotated<T: V2>(
+    kept: &[u8],
+    k: usize,
+    elided: Option<&[bool]>,
+    col0: usize,
+    ct: &ColTab,
+) -> [u32; 256] {
+    let (sh, emax, p) = (eshift::<T>(), T::EMAX, ct.p);
+    let per = crate::v2::LINE / T::W;
+    let mut h = [0u32; 256];
+    // the grid line of kept line `kl` (asked in ascending order): lines walked once
+    let mut cur: Option<(usize, usize)> = None;
+    let mut grid_line = |kl: usize| -> usize {
+        let Some(el) = elided else { return kl };
+        loop {
+            match cur {
+                Some((k, g)) if k == kl => return g,
+                _ => {
+                    let (nk, mut g) = cur.map_or((0, 0), |(k, g)| (k + 1, g + 1));
+                    while el[g] {
+                        g += 1;
+                    }
+                    cur = Some((nk, g));
+                }
+            }
+        }
+    };
+    // the column of grid element g, advanced from the previous one (no division
+    // per sample unless a jump of P or more, over elided lines)
+    let (mut gp, mut cg) = (0usize, col0 % p);
+    for j in (0..k).step_by(SAMPLE_STRIDE) {
+        let g = grid_line(j / per) * per + j % per;
+        let d = g - gp;
+        if d < p {
+            cg += d;
+            if cg >= p {
+                cg -= p;
+            }
+        } else {
+            cg = (col0 + g) % p;
+        }
+        gp = g;
+        let x = T::load(kept, j);
+        let e = (x >> sh) & emax;
+        h[rot::<false>(e, ct.off[cg], emax) as usize] += 1;
+    }
+    h
+}
+
 /// Column of grid element 0 of the block that starts at input byte `blk_start`, with
 /// phase `phi`: `floor((blk_start + phi) / W)` (mod `P` where used).
 pub(crate) fn grid_col0<T: V2>(blk_start: usize, phi: usize) -> usize {
@@ -175,6 +295,8 @@ struct Scratch {
     keys: Vec<u8>,
     /// `keys` with zeros replaced by the mean of the nonzero ones (the search's input)
     search: Vec<u8>,
+    /// column sums and counts
+    acc: Vec<u32>,
 }
 
 thread_local! {
@@ -196,6 +318,27 @@ pub fn set_encoder_table(on: bool) {
 /// `4·D(p) ≤ 5·Dmin` (multiples of a period score alike: take the fundamental). A
 /// period that divides 16 is not found (every lag is its multiple).
 pub fn find_period(e: &[u8]) -> Option<usize> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU has the features the function is compiled for.
+            return unsafe { find_period_avx2(e) };
+        }
+    }
+    find_period_body::<false>(e)
+}
+
+/// # Safety
+/// The CPU must support AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn find_period_avx2(e: &[u8]) -> Option<usize> {
+    find_period_body::<true>(e)
+}
+
+/// `V`: compiled for AVX2 (32-byte `vpsadbw`).
+#[inline(always)]
+fn find_period_body<const V: bool>(e: &[u8]) -> Option<usize> {
     if e.len() < LAG_N + PMIN {
         return None;
     }
@@ -205,7 +348,7 @@ pub fn find_period(e: &[u8]) -> Option<usize> {
     let nl = pmax / PMIN;
     for (k, dk) in d.iter_mut().enumerate().take(nl) {
         let b = &e[(k + 1) * PMIN..(k + 1) * PMIN + LAG_N];
-        *dk = sad(a, b);
+        *dk = sad::<V>(a, b);
     }
     let d = &d[..nl];
     let dmin = *d.iter().min()? as u64;
@@ -217,18 +360,43 @@ pub fn find_period(e: &[u8]) -> Option<usize> {
     Some((k + 1) * PMIN)
 }
 
-/// `Σ |a_i − b_i|` (vectorises to `psadbw` with AVX2 or SSE2).
+/// `Σ |a_i − b_i|` over whole 32-byte chunks (`psadbw` on x86-64; `V`: the caller is
+/// compiled for AVX2).
 #[inline(always)]
-fn sad(a: &[u8], b: &[u8]) -> u32 {
-    let mut s = 0u32;
-    for (ca, cb) in a.chunks_exact(64).zip(b.chunks_exact(64)) {
-        let mut t = 0u16;
-        for (&x, &y) in ca.iter().zip(cb.iter()) {
-            t += x.abs_diff(y) as u16;
+fn sad<const V: bool>(a: &[u8], b: &[u8]) -> u32 {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::*;
+        if V {
+            let n = a.len().min(b.len()) / 32;
+            // SAFETY: V: AVX2; every load reads 32 bytes inside `a` or `b`.
+            return unsafe {
+                let mut acc = _mm256_setzero_si256();
+                for k in 0..n {
+                    let x = _mm256_loadu_si256(a.as_ptr().add(32 * k) as *const __m256i);
+                    let y = _mm256_loadu_si256(b.as_ptr().add(32 * k) as *const __m256i);
+                    acc = _mm256_add_epi64(acc, _mm256_sad_epu8(x, y));
+                }
+                let h = _mm_add_epi64(_mm256_castsi256_si128(acc), _mm256_extracti128_si256(acc, 1));
+                (_mm_cvtsi128_si64(h) + _mm_cvtsi128_si64(_mm_unpackhi_epi64(h, h))) as u32
+            };
         }
-        s += t as u32;
+        let n = a.len().min(b.len()) / 16;
+        // SAFETY: SSE2 is part of x86-64; every load reads 16 bytes inside `a` or `b`.
+        unsafe {
+            let mut acc = _mm_setzero_si128();
+            for k in 0..n {
+                let x = _mm_loadu_si128(a.as_ptr().add(16 * k) as *const __m128i);
+                let y = _mm_loadu_si128(b.as_ptr().add(16 * k) as *const __m128i);
+                acc = _mm_add_epi64(acc, _mm_sad_epu8(x, y));
+            }
+            (_mm_cvtsi128_si64(acc) + _mm_cvtsi128_si64(_mm_unpackhi_epi64(acc, acc))) as u32
+        }
     }
-    s
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        a.iter().zip(b.iter()).map(|(&x, &y)| x.abs_diff(y) as u32).sum()
+    }
 }
 
 /// Column offsets for period `p` from exponent fields `e`: per column `j`, `S_j` and
@@ -237,36 +405,45 @@ fn sad(a: &[u8], b: &[u8]) -> u32 {
 /// −8, 7)` (the column mean minus `ref`, rounded half up), 0 where `n_j = 0`.
 /// `None` if every `e_i` is 0.
 pub fn column_offsets(e: &[u8], p: usize) -> Option<ColTab> {
-    let mut s = vec_sum(e, p);
-    let (tot, cnt) = s.iter().fold((0u64, 0u64), |a, &(x, y)| (a.0 + x as u64, a.1 + y as u64));
-    if cnt == 0 {
-        return None;
-    }
-    let r = (tot / cnt) as i64;
     let mut ct = ColTab { p, off: [0; PMAX] };
-    for (j, (sj, nj)) in s.drain(..).enumerate() {
-        if nj == 0 {
-            continue;
-        }
-        let (sj, nj) = (sj as i64, nj as i64);
-        let c = (2 * (sj - r * nj) + nj).div_euclid(2 * nj);
-        ct.off[j] = c.clamp(-8, 7) as i8;
-    }
-    Some(ct)
+    column_offsets_into(e, p, &mut Vec::new(), &mut ct).then_some(ct)
 }
 
-/// Per column of period `p`: (sum, count) of the nonzero values of `e`, row by row
-/// (each row is a vector add).
-fn vec_sum(e: &[u8], p: usize) -> Vec<(u32, u32)> {
-    let mut s = vec![0u32; p];
-    let mut n = vec![0u32; p];
-    for row in e.chunks(p) {
+/// [`column_offsets`] into `ct`, with `acc` as scratch; false if every `e_i` is 0.
+fn column_offsets_into(e: &[u8], p: usize, acc: &mut Vec<u32>, ct: &mut ColTab) -> bool {
+    // per column: sum and count of the nonzero values, row by row (vector adds),
+    // over rows of q = a multiple of p of at least 256 (then folded to p)
+    let q = p * 256usize.div_ceil(p);
+    acc.clear();
+    acc.resize(2 * q, 0);
+    let (s, n) = acc.split_at_mut(q);
+    for row in e.chunks(q) {
         for ((sj, nj), &x) in s.iter_mut().zip(n.iter_mut()).zip(row.iter()) {
             *sj += x as u32;
             *nj += (x != 0) as u32;
         }
     }
-    s.into_iter().zip(n).collect()
+    for j in p..q {
+        s[j % p] += s[j];
+        n[j % p] += n[j];
+    }
+    let (s, n) = (&s[..p], &n[..p]);
+    let tot: u64 = s.iter().map(|&x| x as u64).sum();
+    let cnt: u64 = n.iter().map(|&x| x as u64).sum();
+    if cnt == 0 {
+        return false;
+    }
+    let r = (tot / cnt) as i64;
+    ct.p = p;
+    for j in 0..p {
+        let (sj, nj) = (s[j] as i64, n[j] as i64);
+        ct.off[j] = if nj == 0 {
+            0
+        } else {
+            (2 * (sj - r * nj) + nj).div_euclid(2 * nj).clamp(-8, 7) as i8
+        };
+    }
+    true
 }
 
 /// The encoder's column table for a frame of type `dtype` and blocks of `b` bytes
@@ -286,6 +463,26 @@ pub(crate) fn encoder_table(dtype: Dtype, src: &[u8], b: usize) -> Option<ColTab
 }
 
 fn table_for<T: V2>(src: &[u8], b: usize) -> Option<ColTab> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU has the features the function is compiled for.
+            return unsafe { table_for_avx2::<T>(src, b) };
+        }
+    }
+    table_for_body::<T>(src, b)
+}
+
+/// # Safety
+/// The CPU must support AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn table_for_avx2<T: V2>(src: &[u8], b: usize) -> Option<ColTab> {
+    table_for_body::<T>(src, b)
+}
+
+#[inline(always)]
+fn table_for_body<T: V2>(src: &[u8], b: usize) -> Option<ColTab> {
     if src.len() < T::W * (LAG_N + PMIN) + T::W {
         return None;
     }
@@ -296,31 +493,36 @@ fn table_for<T: V2>(src: &[u8], b: usize) -> Option<ColTab> {
     SCRATCH.with(|s| {
         let s = &mut *s.borrow_mut();
         let nw = m.min(WINDOW);
-        s.keys.clear();
         let sh = eshift::<T>();
-        s.keys.extend(
-            src[..nw * T::W]
-                .chunks_exact(T::W)
-                .map(|xb| ((T::load(xb, 0) >> sh) & T::EMAX) as u8),
-        );
+        s.keys.resize(nw, 0);
+        for (k, xb) in s.keys.iter_mut().zip(src[..nw * T::W].chunks_exact(T::W)) {
+            *k = ((T::load(xb, 0) >> sh) & T::EMAX) as u8;
+        }
         // exponent fields 0 (zeros, subnormals) take the mean of the others in the
         // search, so that scattered zeros or zero lines do not drown the channels
-        let (tot, cnt) = s.keys.iter().fold((0u64, 0u64), |a, &e| (a.0 + e as u64, a.1 + (e != 0) as u64));
+        // (sums below 2^24: at most 32768 fields of at most 255)
+        let tot: u32 = s.keys.iter().map(|&e| e as u32).sum();
+        let cnt: u32 = s.keys.iter().map(|&e| (e != 0) as u32).sum();
         if cnt == 0 {
             return None;
         }
         let r = (tot / cnt) as u8;
-        s.search.clear();
-        s.search.extend(s.keys.iter().map(|&e| if e == 0 { r } else { e }));
+        s.search.resize(nw, 0);
+        for (f, &e) in s.search.iter_mut().zip(s.keys.iter()) {
+            *f = if e == 0 { r } else { e };
+        }
         let p = find_period(&s.search)?;
-        let ct = column_offsets(&s.keys, p)?;
+        let mut ct = ColTab { p, off: [0; PMAX] };
+        if !column_offsets_into(&s.keys, p, &mut s.acc, &mut ct) {
+            return None;
+        }
         // the gain: stride-13 sample over the first min(m, 13·16384) elements
         let ms = m.min(SAMPLE_STRIDE * GAIN_SAMPLES);
         let (mut hp, mut hc) = ([0u32; 256], [0u32; 256]);
         let (mut nzero, mut lo_or, mut count) = (0u64, 0u32, 0u64);
         let mut col = 0usize;
-        for i in (0..ms).step_by(SAMPLE_STRIDE) {
-            let x = T::load(src, i);
+        for c in src[..ms * T::W].chunks(SAMPLE_STRIDE * T::W) {
+            let x = T::load(c, 0);
             let e = (x >> sh) & T::EMAX;
             hp[e as usize] += 1;
             hc[rot::<false>(e, ct.off[col], T::EMAX) as usize] += 1;
@@ -461,6 +663,29 @@ mod tests {
         let mut b = d.clone();
         rotate::<Bf16, false>(&mut b, 11, &ct);
         assert_ne!(b, d);
+        // the vector loops compute `rot` exactly
+        for (i, (x, y)) in d.chunks_exact(2).zip(b.chunks_exact(2)).enumerate() {
+            let (x, y) = (u16::from_le_bytes([x[0], x[1]]), u16::from_le_bytes([y[0], y[1]]));
+            let e = ((x >> 7) & 0xFF) as u32;
+            assert_eq!(((y >> 7) & 0xFF) as u32, rot::<false>(e, ct.off[(11 + i) % 37], 255));
+            assert_eq!(x & 0x807F, y & 0x807F);
+        }
+        let mut f = d.clone();
+        rotate::<Fp16, true>(&mut f, 5, &ct);
+        for (i, (x, y)) in d.chunks_exact(2).zip(f.chunks_exact(2)).enumerate() {
+            let (x, y) = (u16::from_le_bytes([x[0], x[1]]), u16::from_le_bytes([y[0], y[1]]));
+            let e = ((x >> 10) & 31) as u32;
+            assert_eq!(((y >> 10) & 31) as u32, rot::<true>(e, ct.off[(5 + i) % 37], 31));
+        }
+        let mut f = d.clone();
+        rotate::<Fp32, false>(&mut f, 0, &ct);
+        for (i, (x, y)) in d.chunks_exact(4).zip(f.chunks_exact(4)).enumerate() {
+            let x = u32::from_le_bytes([x[0], x[1], x[2], x[3]]);
+            let y = u32::from_le_bytes([y[0], y[1], y[2], y[3]]);
+            let e = (x >> 23) & 0xFF;
+            assert_eq!((y >> 23) & 0xFF, rot::<false>(e, ct.off[i % 37], 255));
+            assert_eq!(x & 0x807F_FFFF, y & 0x807F_FFFF);
+        }
         rotate::<Bf16, true>(&mut b, 11, &ct);
         assert_eq!(b, d);
         rotate::<Fp16, false>(&mut b, 3, &ct);
@@ -469,6 +694,35 @@ mod tests {
         rotate::<Fp32, false>(&mut b, 40, &ct);
         rotate::<Fp32, true>(&mut b, 40, &ct);
         assert_eq!(b, d);
+    }
+
+    /// The rotated sample histogram equals the histogram of the rotated elements'
+    /// sample, with and without elided lines.
+    #[test]
+    fn rotated_sample_histogram_matches_rotation() {
+        let mut r = Rng(8);
+        let mut ct = ColTab { p: 96, off: [0; PMAX] };
+        for j in 0..96 {
+            ct.off[j] = (r.next() % 16) as i8 - 8;
+        }
+        let grid = channels(4000, 96, 3);
+        let gbytes = grid.len();
+        let nl = gbytes.div_ceil(crate::v2::LINE);
+        for pattern in [0u64, 3, 7] {
+            let elided: Vec<bool> = (0..nl).map(|j| pattern != 0 && (j as u64 * 7 + 1) % 11 < pattern).collect();
+            let mut kept: Vec<u8> = grid
+                .chunks(crate::v2::LINE)
+                .zip(elided.iter())
+                .filter(|(_, &z)| !z)
+                .flat_map(|(c, _)| c.iter().copied())
+                .collect();
+            let k = kept.len() / 2;
+            let el = (pattern != 0).then_some(&elided[..]);
+            let h = sample_hist_rotated::<Bf16>(&kept, k, el, 1234, &ct);
+            rotate_kept::<Bf16, false>(&mut kept, el, gbytes, 1234, &ct);
+            let want = crate::encode::sample_histogram::<Bf16>(&kept, k);
+            assert_eq!(h, want, "pattern {pattern}");
+        }
     }
 
     #[test]
@@ -499,5 +753,57 @@ mod tests {
         let d = channels(131072, 384, 7);
         let ct = table_for::<Bf16>(&d, 1 << 16).expect("a table");
         assert_eq!(ct.p, 384);
+    }
+}
+
+#[cfg(test)]
+mod timing {
+    use super::*;
+    /// `cargo test --release -p nccl-zip-codec --lib coltab_timing -- --ignored --nocapture`
+    #[test]
+    #[ignore]
+    fn coltab_timing() {
+        let Ok(d) = std::fs::read("../bench/data/adam_updates.bf16") else { return };
+        let src = &d[..262144];
+        let t = std::time::Instant::now();
+        for _ in 0..200 {
+            std::hint::black_box(encoder_table(Dtype::Bf16, src, 1 << 16));
+        }
+        eprintln!("encoder_table: {:.1} us", t.elapsed().as_secs_f64() * 1e6 / 200.0);
+        let t = std::time::Instant::now();
+        for _ in 0..200 {
+            std::hint::black_box(crate::v2::choose_phase::<Bf16>(&src[..65536]));
+        }
+        eprintln!("choose_phase: {:.1} us", t.elapsed().as_secs_f64() * 1e6 / 200.0);
+        let e: Vec<u8> = src.chunks_exact(2).take(WINDOW).map(|c| ((u16::from_le_bytes([c[0], c[1]]) >> 7) & 0xFF) as u8).collect();
+        let t = std::time::Instant::now();
+        for _ in 0..200 {
+            std::hint::black_box(find_period(&e));
+        }
+        eprintln!("find_period: {:.1} us", t.elapsed().as_secs_f64() * 1e6 / 200.0);
+        let t = std::time::Instant::now();
+        let mut keys = Vec::new();
+        for _ in 0..200 {
+            keys.clear();
+            keys.extend(src[..WINDOW * 2].chunks_exact(2).map(|xb| ((Bf16::load(xb, 0) >> 7) & 255) as u8));
+            std::hint::black_box(&keys);
+        }
+        eprintln!("extract: {:.1} us", t.elapsed().as_secs_f64() * 1e6 / 200.0);
+        let t = std::time::Instant::now();
+        let mut ct = ColTab { p: 384, off: [0; PMAX] };
+        let mut acc = Vec::new();
+        for _ in 0..200 {
+            std::hint::black_box(column_offsets_into(&keys, 384, &mut acc, &mut ct));
+        }
+        eprintln!("offsets: {:.1} us", t.elapsed().as_secs_f64() * 1e6 / 200.0);
+        eprintln!("period of adam chunk 0: {:?}", find_period(&keys));
+        let mut opts = crate::EncodeOptions::default();
+        opts.format = 2;
+        let mut f = vec![0u8; 262144 + 24];
+        let t = std::time::Instant::now();
+        for _ in 0..200 {
+            std::hint::black_box(crate::compress(src, &mut f, &opts).unwrap());
+        }
+        eprintln!("compress: {:.1} us", t.elapsed().as_secs_f64() * 1e6 / 200.0);
     }
 }

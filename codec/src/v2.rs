@@ -789,15 +789,16 @@ fn encode_coded_body<T: V2, const V: bool>(
         let mut use_col = false;
         let (kept, st, ch) = match col {
             Some((ct, blk_start)) => {
-                s.rot.clear();
-                s.rot.extend_from_slice(&kept[..k_elems * w]);
                 let col0 = crate::coltab::grid_col0::<T>(blk_start, phi);
                 let el = lines.then_some(&s.elided[..]);
-                crate::coltab::rotate_kept::<T, false>(&mut s.rot, el, gbytes, col0, ct);
-                let st_c = Stats::sample::<T>(&s.rot, k_elems);
+                let hc = crate::coltab::sample_hist_rotated::<T>(kept, k_elems, el, col0, ct);
+                let st_c = Stats::from_parts(hc, st.nzero, st.count, st.lo_or);
                 let ch_c = choose::<T>(&st_c, true);
                 if ch_c.value < ch.value {
                     use_col = true;
+                    s.rot.clear();
+                    s.rot.extend_from_slice(&kept[..k_elems * w]);
+                    crate::coltab::rotate_kept::<T, false>(&mut s.rot, el, gbytes, col0, ct);
                     (&s.rot[..], st_c, ch_c)
                 } else {
                     (kept, st, ch)
