@@ -67,8 +67,9 @@ fn compress_impl(
         } else {
             None
         };
-        let table = HEADER_LEN + ct.as_ref().map_or(0, |c| c.bytes());
+        let mut table = HEADER_LEN + ct.as_ref().map_or(0, |c| c.bytes());
         let mut pos = table + 4 * nb;
+        let mut any_col = false;
         let mut stats = FrameStats {
             raw_len: n,
             dtype: Some(dtype),
@@ -85,6 +86,10 @@ fn compress_impl(
                 };
                 match coded {
                     Some((size, kind)) => {
+                        // a version-2 coded block's byte 1 is its flags (COL: bit 2)
+                        any_col |= ct.is_some()
+                            && kind == BlockKind::Coded
+                            && dst[pos + 1] & crate::v2::F_COL != 0;
                         dst[table + 4 * i..table + 4 * i + 4]
                             .copy_from_slice(&(size as u32).to_le_bytes());
                         pos += size;
@@ -97,6 +102,13 @@ fn compress_impl(
                 }
             }
         }
+        if ok && ct.is_some() && !any_col {
+            // no block uses the table: the frame goes without it (FORMAT.md §V2.9)
+            dst.copy_within(table..pos, HEADER_LEN);
+            pos -= table - HEADER_LEN;
+            table = HEADER_LEN;
+        }
+        let ct = if any_col { ct } else { None };
         if ok && pos < limit {
             let mut h = header(dtype, opts, n, crc, false);
             if let Some(c) = &ct {
