@@ -1060,7 +1060,11 @@ fn v2_concurrent_decode_under_tsan_and_asan() {
             .enumerate()
         {
             if frozen::has_coltab(f) {
-                assert_eq!(r, Err("err 2".to_string()), "{san:?} case {i}: COLTAB frame");
+                assert_eq!(
+                    r,
+                    Err("err 2".to_string()),
+                    "{san:?} case {i}: COLTAB frame"
+                );
                 continue;
             }
             assert!(

@@ -38,7 +38,10 @@ fn main() {
     for p in files {
         let data = std::fs::read(&p).unwrap();
         let msgs: Vec<&[u8]> = data.chunks(msg).collect();
-        let mut frames: Vec<Vec<u8>> = msgs.iter().map(|m| vec![0u8; max_compressed_size(m.len())]).collect();
+        let mut frames: Vec<Vec<u8>> = msgs
+            .iter()
+            .map(|m| vec![0u8; max_compressed_size(m.len())])
+            .collect();
         let mut out = vec![0u8; msg];
         let mut row = Vec::new();
         let mut tables = 0;

@@ -158,13 +158,22 @@ fn rot16<const INV: bool>(run: &mut [u8], offs: &[i8], sh: u16, emax: i16) {
         let o: &[i8; 16] = o.try_into().unwrap();
         let mut y = [0u16; 16];
         for k in 0..16 {
-            y[k] = one::<INV>(u16::from_le_bytes([xb[2 * k], xb[2 * k + 1]]), o[k], sh, emax);
+            y[k] = one::<INV>(
+                u16::from_le_bytes([xb[2 * k], xb[2 * k + 1]]),
+                o[k],
+                sh,
+                emax,
+            );
         }
         for k in 0..16 {
             xb[2 * k..2 * k + 2].copy_from_slice(&y[k].to_le_bytes());
         }
     }
-    for (xb, &c) in xs.into_remainder().chunks_exact_mut(2).zip(os.remainder().iter()) {
+    for (xb, &c) in xs
+        .into_remainder()
+        .chunks_exact_mut(2)
+        .zip(os.remainder().iter())
+    {
         let y = one::<INV>(u16::from_le_bytes([xb[0], xb[1]]), c, sh, emax);
         xb.copy_from_slice(&y.to_le_bytes());
     }
@@ -196,7 +205,11 @@ fn rot32<const INV: bool>(run: &mut [u8], offs: &[i8]) {
             xb[4 * k..4 * k + 4].copy_from_slice(&y[k].to_le_bytes());
         }
     }
-    for (xb, &c) in xs.into_remainder().chunks_exact_mut(4).zip(os.remainder().iter()) {
+    for (xb, &c) in xs
+        .into_remainder()
+        .chunks_exact_mut(4)
+        .zip(os.remainder().iter())
+    {
         let y = one::<INV>(u32::from_le_bytes([xb[0], xb[1], xb[2], xb[3]]), c);
         xb.copy_from_slice(&y.to_le_bytes());
     }
@@ -377,7 +390,10 @@ fn sad<const V: bool>(a: &[u8], b: &[u8]) -> u32 {
                     let y = _mm256_loadu_si256(b.as_ptr().add(32 * k) as *const __m256i);
                     acc = _mm256_add_epi64(acc, _mm256_sad_epu8(x, y));
                 }
-                let h = _mm_add_epi64(_mm256_castsi256_si128(acc), _mm256_extracti128_si256(acc, 1));
+                let h = _mm_add_epi64(
+                    _mm256_castsi256_si128(acc),
+                    _mm256_extracti128_si256(acc, 1),
+                );
                 (_mm_cvtsi128_si64(h) + _mm_cvtsi128_si64(_mm_unpackhi_epi64(h, h))) as u32
             };
         }
@@ -395,7 +411,10 @@ fn sad<const V: bool>(a: &[u8], b: &[u8]) -> u32 {
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        a.iter().zip(b.iter()).map(|(&x, &y)| x.abs_diff(y) as u32).sum()
+        a.iter()
+            .zip(b.iter())
+            .map(|(&x, &y)| x.abs_diff(y) as u32)
+            .sum()
     }
 }
 
@@ -574,7 +593,9 @@ mod tests {
         let scales: Vec<f32> = (0..p)
             .map(|j| 2f32.powi(((j * 7 + (r.next() as usize % 5)) % 11) as i32 - 5) * 0.02)
             .collect();
-        (0..n).flat_map(|i| bf16(r.gauss() * scales[i % p])).collect()
+        (0..n)
+            .flat_map(|i| bf16(r.gauss() * scales[i % p]))
+            .collect()
     }
 
     fn exps(b: &[u8]) -> Vec<u8> {
@@ -653,7 +674,10 @@ mod tests {
     fn rotate_round_trips_every_type() {
         let mut r = Rng(5);
         let ct = {
-            let mut c = ColTab { p: 37, off: [0; PMAX] };
+            let mut c = ColTab {
+                p: 37,
+                off: [0; PMAX],
+            };
             for j in 0..37 {
                 c.off[j] = (r.next() % 16) as i8 - 8;
             }
@@ -665,17 +689,29 @@ mod tests {
         assert_ne!(b, d);
         // the vector loops compute `rot` exactly
         for (i, (x, y)) in d.chunks_exact(2).zip(b.chunks_exact(2)).enumerate() {
-            let (x, y) = (u16::from_le_bytes([x[0], x[1]]), u16::from_le_bytes([y[0], y[1]]));
+            let (x, y) = (
+                u16::from_le_bytes([x[0], x[1]]),
+                u16::from_le_bytes([y[0], y[1]]),
+            );
             let e = ((x >> 7) & 0xFF) as u32;
-            assert_eq!(((y >> 7) & 0xFF) as u32, rot::<false>(e, ct.off[(11 + i) % 37], 255));
+            assert_eq!(
+                ((y >> 7) & 0xFF) as u32,
+                rot::<false>(e, ct.off[(11 + i) % 37], 255)
+            );
             assert_eq!(x & 0x807F, y & 0x807F);
         }
         let mut f = d.clone();
         rotate::<Fp16, true>(&mut f, 5, &ct);
         for (i, (x, y)) in d.chunks_exact(2).zip(f.chunks_exact(2)).enumerate() {
-            let (x, y) = (u16::from_le_bytes([x[0], x[1]]), u16::from_le_bytes([y[0], y[1]]));
+            let (x, y) = (
+                u16::from_le_bytes([x[0], x[1]]),
+                u16::from_le_bytes([y[0], y[1]]),
+            );
             let e = ((x >> 10) & 31) as u32;
-            assert_eq!(((y >> 10) & 31) as u32, rot::<true>(e, ct.off[(5 + i) % 37], 31));
+            assert_eq!(
+                ((y >> 10) & 31) as u32,
+                rot::<true>(e, ct.off[(5 + i) % 37], 31)
+            );
         }
         let mut f = d.clone();
         rotate::<Fp32, false>(&mut f, 0, &ct);
@@ -701,7 +737,10 @@ mod tests {
     #[test]
     fn rotated_sample_histogram_matches_rotation() {
         let mut r = Rng(8);
-        let mut ct = ColTab { p: 96, off: [0; PMAX] };
+        let mut ct = ColTab {
+            p: 96,
+            off: [0; PMAX],
+        };
         for j in 0..96 {
             ct.off[j] = (r.next() % 16) as i8 - 8;
         }
@@ -709,7 +748,9 @@ mod tests {
         let gbytes = grid.len();
         let nl = gbytes.div_ceil(crate::v2::LINE);
         for pattern in [0u64, 3, 7] {
-            let elided: Vec<bool> = (0..nl).map(|j| pattern != 0 && (j as u64 * 7 + 1) % 11 < pattern).collect();
+            let elided: Vec<bool> = (0..nl)
+                .map(|j| pattern != 0 && (j as u64 * 7 + 1) % 11 < pattern)
+                .collect();
             let mut kept: Vec<u8> = grid
                 .chunks(crate::v2::LINE)
                 .zip(elided.iter())
@@ -741,7 +782,10 @@ mod tests {
         }
         assert!(ColTab::read(&[15, 0, 0, 0, 0, 0, 0, 0, 0, 0]).is_err());
         assert!(ColTab::read(&[0x01, 0x20, 0]).is_err());
-        assert!(matches!(ColTab::read(&[16, 0, 0]), Err(CodecError::Truncated)));
+        assert!(matches!(
+            ColTab::read(&[16, 0, 0]),
+            Err(CodecError::Truncated)
+        ));
         let mut odd = vec![0u8; 2 + 9];
         odd[0] = 17;
         odd[10] = 0x10;
@@ -763,34 +807,56 @@ mod timing {
     #[test]
     #[ignore]
     fn coltab_timing() {
-        let Ok(d) = std::fs::read("../bench/data/adam_updates.bf16") else { return };
+        let Ok(d) = std::fs::read("../bench/data/adam_updates.bf16") else {
+            return;
+        };
         let src = &d[..262144];
         let t = std::time::Instant::now();
         for _ in 0..200 {
             std::hint::black_box(encoder_table(Dtype::Bf16, src, 1 << 16));
         }
-        eprintln!("encoder_table: {:.1} us", t.elapsed().as_secs_f64() * 1e6 / 200.0);
+        eprintln!(
+            "encoder_table: {:.1} us",
+            t.elapsed().as_secs_f64() * 1e6 / 200.0
+        );
         let t = std::time::Instant::now();
         for _ in 0..200 {
             std::hint::black_box(crate::v2::choose_phase::<Bf16>(&src[..65536]));
         }
-        eprintln!("choose_phase: {:.1} us", t.elapsed().as_secs_f64() * 1e6 / 200.0);
-        let e: Vec<u8> = src.chunks_exact(2).take(WINDOW).map(|c| ((u16::from_le_bytes([c[0], c[1]]) >> 7) & 0xFF) as u8).collect();
+        eprintln!(
+            "choose_phase: {:.1} us",
+            t.elapsed().as_secs_f64() * 1e6 / 200.0
+        );
+        let e: Vec<u8> = src
+            .chunks_exact(2)
+            .take(WINDOW)
+            .map(|c| ((u16::from_le_bytes([c[0], c[1]]) >> 7) & 0xFF) as u8)
+            .collect();
         let t = std::time::Instant::now();
         for _ in 0..200 {
             std::hint::black_box(find_period(&e));
         }
-        eprintln!("find_period: {:.1} us", t.elapsed().as_secs_f64() * 1e6 / 200.0);
+        eprintln!(
+            "find_period: {:.1} us",
+            t.elapsed().as_secs_f64() * 1e6 / 200.0
+        );
         let t = std::time::Instant::now();
         let mut keys = Vec::new();
         for _ in 0..200 {
             keys.clear();
-            keys.extend(src[..WINDOW * 2].chunks_exact(2).map(|xb| ((Bf16::load(xb, 0) >> 7) & 255) as u8));
+            keys.extend(
+                src[..WINDOW * 2]
+                    .chunks_exact(2)
+                    .map(|xb| ((Bf16::load(xb, 0) >> 7) & 255) as u8),
+            );
             std::hint::black_box(&keys);
         }
         eprintln!("extract: {:.1} us", t.elapsed().as_secs_f64() * 1e6 / 200.0);
         let t = std::time::Instant::now();
-        let mut ct = ColTab { p: 384, off: [0; PMAX] };
+        let mut ct = ColTab {
+            p: 384,
+            off: [0; PMAX],
+        };
         let mut acc = Vec::new();
         for _ in 0..200 {
             std::hint::black_box(column_offsets_into(&keys, 384, &mut acc, &mut ct));
@@ -804,6 +870,9 @@ mod timing {
         for _ in 0..200 {
             std::hint::black_box(crate::compress(src, &mut f, &opts).unwrap());
         }
-        eprintln!("compress: {:.1} us", t.elapsed().as_secs_f64() * 1e6 / 200.0);
+        eprintln!(
+            "compress: {:.1} us",
+            t.elapsed().as_secs_f64() * 1e6 / 200.0
+        );
     }
 }

@@ -9,8 +9,8 @@
 
 use std::cell::RefCell;
 
-use crate::coltab::ColTab;
 use crate::codes::{symbol_of, CODE_LENGTHS, ESC, MAXLEN, NCODES, ND, NSYM, ZERO};
+use crate::coltab::ColTab;
 use crate::decode::{
     copy_ascending, dec_segments4, fill_ascending, lane_finish, Lane as DLane, TableSource,
     KEY_SLACK,

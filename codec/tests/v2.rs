@@ -362,7 +362,11 @@ fn v1_frames_still_decode_and_v1_stays_default() {
 /// (block flag bit 2), and codes smaller than without one.
 #[test]
 fn column_table_engages() {
-    for (ty, dt) in [(Ty::Bf16, DtypeHint::Bf16), (Ty::Fp16, DtypeHint::Fp16), (Ty::Fp32, DtypeHint::Fp32)] {
+    for (ty, dt) in [
+        (Ty::Bf16, DtypeHint::Bf16),
+        (Ty::Fp16, DtypeHint::Fp16),
+        (Ty::Fp32, DtypeHint::Fp32),
+    ] {
         let src = channels(ty, 256 << 10, 384, 0.02, 11);
         let st = check(&src, &v2(dt, false, 16));
         let mut f = vec![0u8; max_compressed_size(src.len())];
@@ -459,7 +463,9 @@ fn corrupt_column_tables() {
     let mut o = vec![0u8; src.len()];
     assert_eq!(
         decompress(&g, &mut o),
-        Err(CodecError::Corrupt("COL block in a frame without a column table"))
+        Err(CodecError::Corrupt(
+            "COL block in a frame without a column table"
+        ))
     );
     // COLTAB on a stored frame, and in version 1
     let mut g = f.clone();
