@@ -28,12 +28,13 @@ pub fn frame_info(src: &[u8]) -> Result<FrameInfo, CodecError> {
         (0, (HEADER_LEN as u64).saturating_add(h.raw_len))
     } else {
         let nb = block_count(&h);
-        let table = table_slice(src, nb)?;
+        let (_, t0) = crate::coltab::frame_table(&h, src)?;
+        let table = table_slice(src, t0, nb)?;
         let sum: u64 = table
             .chunks_exact(4)
             .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]) as u64)
             .sum();
-        (nb, HEADER_LEN as u64 + 4 * nb + sum)
+        (nb, t0 as u64 + 4 * nb + sum)
     };
     Ok(FrameInfo {
         raw_len: h.raw_len,
@@ -50,16 +51,17 @@ fn block_count(h: &Header) -> u64 {
     h.raw_len.div_ceil(1u64 << h.block_log2)
 }
 
-/// The block table, bounds-checked against `src`.
-fn table_slice(src: &[u8], nb: u64) -> Result<&[u8], CodecError> {
+/// The block table (at `t0`: after the header and the column table), bounds-checked
+/// against `src`.
+pub(crate) fn table_slice(src: &[u8], t0: usize, nb: u64) -> Result<&[u8], CodecError> {
     let end = nb
         .checked_mul(4)
-        .and_then(|t| t.checked_add(HEADER_LEN as u64))
+        .and_then(|t| t.checked_add(t0 as u64))
         .ok_or(CodecError::Corrupt("block table length overflows"))?;
     if end > src.len() as u64 {
         return Err(CodecError::Truncated);
     }
-    Ok(&src[HEADER_LEN..end as usize])
+    Ok(&src[t0..end as usize])
 }
 
 /// Decompresses one whole frame `src` into `dst` and returns the uncompressed length.
@@ -92,8 +94,9 @@ fn decompress_with<S: TableSource>(
     } else {
         let b = 1usize << h.block_log2;
         let nb = block_count(&h);
-        let table = table_slice(src, nb)?;
-        let mut pos = table.len() + HEADER_LEN;
+        let (ct, t0) = crate::coltab::frame_table(&h, src)?;
+        let table = table_slice(src, t0, nb)?;
+        let mut pos = table.len() + t0;
         for (i, c) in table.chunks_exact(4).enumerate() {
             let size = u32::from_le_bytes([c[0], c[1], c[2], c[3]]) as usize;
             let end = pos.checked_add(size).ok_or(CodecError::Truncated)?;
@@ -102,7 +105,8 @@ fn decompress_with<S: TableSource>(
             }
             let o = i * b;
             let l = b.min(n - o);
-            decode_block_any(h.version, src, pos, size, &mut dst[o..o + l], tables)?;
+            let col = ct.as_ref().map(|c| (c, o));
+            decode_block_any(h.version, src, pos, size, &mut dst[o..o + l], tables, col)?;
             pos = end;
         }
         if pos != src.len() {
@@ -306,9 +310,10 @@ pub(crate) fn decode_block_any<S: TableSource>(
     size: usize,
     out: &mut [u8],
     tables: &mut S,
+    col: Option<(&crate::coltab::ColTab, usize)>,
 ) -> Result<(), CodecError> {
     if version == VERSION_2 {
-        crate::v2::decode_block_v2(src, start, size, out, tables)
+        crate::v2::decode_block_v2(src, start, size, out, tables, col)
     } else {
         decode_block(src, start, size, out, tables)
     }

@@ -61,8 +61,15 @@ fn compress_impl(
         let b = 1usize << opts.block_log2;
         let nb = n.div_ceil(b);
         let limit = HEADER_LEN + n;
-        let table = HEADER_LEN;
-        let mut pos = HEADER_LEN + 4 * nb;
+        // version 2: the column table (FORMAT.md §V2.9) sits between header and block table
+        let ct = if opts.format == VERSION_2 {
+            crate::coltab::encoder_table(dtype, src, b)
+        } else {
+            None
+        };
+        let mut table = HEADER_LEN + ct.as_ref().map_or(0, |c| c.bytes());
+        let mut pos = table + 4 * nb;
+        let mut any_col = false;
         let mut stats = FrameStats {
             raw_len: n,
             dtype: Some(dtype),
@@ -72,12 +79,17 @@ fn compress_impl(
         if ok {
             for (i, blk) in src.chunks(b).enumerate() {
                 let coded = if opts.format == VERSION_2 {
-                    crate::v2::encode_block_v2(dtype, blk, &mut dst[pos..limit], simd)
+                    let col = ct.as_ref().map(|c| (c, i * b));
+                    crate::v2::encode_block_v2(dtype, blk, &mut dst[pos..limit], simd, col)
                 } else {
                     encode_block_with(dtype, blk, &mut dst[pos..limit], simd)
                 };
                 match coded {
                     Some((size, kind)) => {
+                        // a version-2 coded block's byte 1 is its flags (COL: bit 2)
+                        any_col |= ct.is_some()
+                            && kind == BlockKind::Coded
+                            && dst[pos + 1] & crate::v2::F_COL != 0;
                         dst[table + 4 * i..table + 4 * i + 4]
                             .copy_from_slice(&(size as u32).to_le_bytes());
                         pos += size;
@@ -90,8 +102,20 @@ fn compress_impl(
                 }
             }
         }
+        if ok && ct.is_some() && !any_col {
+            // no block uses the table: the frame goes without it (FORMAT.md §V2.9)
+            dst.copy_within(table..pos, HEADER_LEN);
+            pos -= table - HEADER_LEN;
+            table = HEADER_LEN;
+        }
+        let ct = if any_col { ct } else { None };
         if ok && pos < limit {
-            header(dtype, opts, n, crc, false).write(&mut dst[..HEADER_LEN]);
+            let mut h = header(dtype, opts, n, crc, false);
+            if let Some(c) = &ct {
+                h.flags |= FLAG_COLTAB;
+                c.write(&mut dst[HEADER_LEN..table]);
+            }
+            h.write(&mut dst[..HEADER_LEN]);
             stats.frame_len = pos;
             return Ok(stats);
         }

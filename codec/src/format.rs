@@ -14,6 +14,8 @@ pub const HEADER_LEN: usize = 24;
 pub const FLAG_CHECKSUM: u8 = 1;
 /// Flag: the payload is the input verbatim.
 pub const FLAG_STORED: u8 = 2;
+/// Flag (version 2 block frames): a column table follows the header (FORMAT.md §V2.9).
+pub const FLAG_COLTAB: u8 = 4;
 /// Smallest and largest `block_log2`.
 pub const MIN_BLOCK_LOG2: u8 = 12;
 pub const MAX_BLOCK_LOG2: u8 = 20;
@@ -79,7 +81,9 @@ impl Header {
             return Err(CodecError::Corrupt("header checksum mismatch"));
         }
         let flags = src[5];
-        if flags & !(FLAG_CHECKSUM | FLAG_STORED) != 0 {
+        if flags & !(FLAG_CHECKSUM | FLAG_STORED) != 0
+            && (version != VERSION_2 || flags & !(FLAG_CHECKSUM | FLAG_COLTAB) != 0)
+        {
             return Err(CodecError::Corrupt("unknown header flags"));
         }
         let dtype = src[6];

@@ -43,6 +43,7 @@
 //! All functions are thread-safe and use no global mutable state.
 
 pub mod codes;
+pub mod coltab;
 mod decode;
 mod elem;
 mod encode;

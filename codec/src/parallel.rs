@@ -101,7 +101,9 @@ pub fn decompress_parallel(
         return decompress(src, dst);
     }
     // Block offsets; the table is bounded by src.len(), not by a claimed length.
-    let table_end = HEADER_LEN
+    let (ct, t0) = crate::coltab::frame_table(&h, src)?;
+    let ct = ct.as_ref();
+    let table_end = t0
         .checked_add(nb.checked_mul(4).ok_or(CodecError::Truncated)?)
         .ok_or(CodecError::Truncated)?;
     if table_end > src.len() {
@@ -110,7 +112,7 @@ pub fn decompress_parallel(
     let mut offs = Vec::with_capacity(nb + 1);
     let mut pos = table_end;
     offs.push(pos);
-    for c in src[HEADER_LEN..table_end].chunks_exact(4) {
+    for c in src[t0..table_end].chunks_exact(4) {
         pos = pos
             .checked_add(u32::from_le_bytes([c[0], c[1], c[2], c[3]]) as usize)
             .ok_or(CodecError::Truncated)?;
@@ -144,6 +146,7 @@ pub fn decompress_parallel(
                             offs[i + 1] - offs[i],
                             blk_out,
                             &mut tables,
+                            ct.map(|c| (c, i * b)),
                         )?;
                     }
                     Ok(())

@@ -10,6 +10,7 @@
 use std::cell::RefCell;
 
 use crate::codes::{symbol_of, CODE_LENGTHS, ESC, MAXLEN, NCODES, ND, NSYM, ZERO};
+use crate::coltab::ColTab;
 use crate::decode::{
     copy_ascending, dec_segments4, fill_ascending, lane_finish, Lane as DLane, TableSource,
     KEY_SLACK,
@@ -22,7 +23,7 @@ use crate::{CodecError, Dtype};
 /// Block flag bits (coded block byte 1).
 pub const F_Z: u8 = 1;
 pub const F_LINES: u8 = 2;
-/// Reserved for the column table (draft §2); rejected by this decoder.
+/// Exponents rotated by the frame's column table (FORMAT.md §V2.9).
 pub const F_COL: u8 = 4;
 pub const F_EXPLICIT: u8 = 8;
 pub const F_NO_LO0: u8 = 16;
@@ -378,6 +379,8 @@ struct Scratch {
     elided: Vec<bool>,
     seg_bits: Vec<u32>,
     seg_zeros: Vec<u32>,
+    /// the kept elements rotated by the column table
+    rot: Vec<u8>,
 }
 
 thread_local! {
@@ -385,17 +388,19 @@ thread_local! {
 }
 
 /// Encodes one block as version 2 into `out` (the room left below the frame limit).
-/// `simd = false`: the portable path only ([`crate::compress_scalar`]).
+/// `simd = false`: the portable path only ([`crate::compress_scalar`]). `col`: the
+/// frame's column table and the block's first input byte.
 pub(crate) fn encode_block_v2(
     dtype: Dtype,
     blk: &[u8],
     out: &mut [u8],
     simd: bool,
+    col: Option<(&ColTab, usize)>,
 ) -> Option<(usize, BlockKind)> {
     crate::encode::encode_block_by(blk, out, |o| match dtype {
-        Dtype::Bf16 => encode_coded::<Bf16>(blk, o, simd),
-        Dtype::Fp16 => encode_coded::<Fp16>(blk, o, simd),
-        Dtype::Fp32 => encode_coded::<Fp32>(blk, o, simd),
+        Dtype::Bf16 => encode_coded::<Bf16>(blk, o, simd, col),
+        Dtype::Fp16 => encode_coded::<Fp16>(blk, o, simd, col),
+        Dtype::Fp32 => encode_coded::<Fp32>(blk, o, simd, col),
         Dtype::Raw => None,
     })
 }
@@ -403,7 +408,7 @@ pub(crate) fn encode_block_v2(
 /// The block's phase: the `φ < W` whose 1/13 sample has the smallest estimated
 /// cost (FORMAT.md §V2.6; ties: smaller φ), and that sample's statistics.
 #[inline(always)]
-fn choose_phase<T: V2>(blk: &[u8]) -> (usize, Stats) {
+pub(crate) fn choose_phase<T: V2>(blk: &[u8]) -> (usize, Stats) {
     let mut best = (u64::MAX, 0, Stats::default());
     for phi in 0..T::W {
         let m = (blk.len() - phi) / T::W;
@@ -454,6 +459,16 @@ impl Default for Stats {
 }
 
 impl Stats {
+    /// Statistics from their parts (the column table's gain estimate, `coltab`).
+    pub(crate) fn from_parts(hc: [u32; 256], nzero: u64, count: u64, lo_or: u32) -> Stats {
+        Stats {
+            hc,
+            nzero,
+            count,
+            lo_or,
+        }
+    }
+
     /// Adds elements `0 .. n` of `b` (detection).
     #[inline(always)]
     pub(crate) fn add<T: V2>(&mut self, b: &[u8], n: usize) {
@@ -670,7 +685,12 @@ fn put_packed(out: &mut [u8], vals: impl Iterator<Item = u32>, w: u32) -> usize 
     p
 }
 
-fn encode_coded<T: V2>(blk: &[u8], out: &mut [u8], simd: bool) -> Option<usize> {
+fn encode_coded<T: V2>(
+    blk: &[u8],
+    out: &mut [u8],
+    simd: bool,
+    col: Option<(&ColTab, usize)>,
+) -> Option<usize> {
     SCRATCH.with(|s| {
         let s = &mut *s.borrow_mut();
         #[cfg(target_arch = "x86_64")]
@@ -680,11 +700,11 @@ fn encode_coded<T: V2>(blk: &[u8], out: &mut [u8], simd: bool) -> Option<usize> 
                 && std::is_x86_feature_detected!("bmi2")
             {
                 // SAFETY: the CPU has the features the function is compiled for.
-                return unsafe { encode_coded_avx2::<T>(blk, out, s) };
+                return unsafe { encode_coded_avx2::<T>(blk, out, s, col) };
             }
         }
         let _ = simd;
-        encode_coded_body::<T, false>(blk, out, s)
+        encode_coded_body::<T, false>(blk, out, s, col)
     })
 }
 
@@ -692,8 +712,13 @@ fn encode_coded<T: V2>(blk: &[u8], out: &mut [u8], simd: bool) -> Option<usize> 
 /// The CPU must support AVX2 and BMI2.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,bmi1,bmi2")]
-unsafe fn encode_coded_avx2<T: V2>(blk: &[u8], out: &mut [u8], s: &mut Scratch) -> Option<usize> {
-    encode_coded_body::<T, true>(blk, out, s)
+unsafe fn encode_coded_avx2<T: V2>(
+    blk: &[u8],
+    out: &mut [u8],
+    s: &mut Scratch,
+    col: Option<(&ColTab, usize)>,
+) -> Option<usize> {
+    encode_coded_body::<T, true>(blk, out, s, col)
 }
 
 /// The coded-block encoder (FORMAT.md §V2.7). `V`: compiled for AVX2+BMI2, so full
@@ -703,6 +728,7 @@ fn encode_coded_body<T: V2, const V: bool>(
     blk: &[u8],
     out: &mut [u8],
     s: &mut Scratch,
+    col: Option<(&ColTab, usize)>,
 ) -> Option<usize> {
     let l = blk.len();
     let w = T::W;
@@ -758,6 +784,28 @@ fn encode_coded_body<T: V2, const V: bool>(
             phase_st
         };
         let ch = choose::<T>(&st, true);
+        // column table (FORMAT.md §V2.9): the kept elements with their exponents
+        // rotated by their columns' offsets, when that sample codes cheaper
+        let mut use_col = false;
+        let (kept, st, ch) = match col {
+            Some((ct, blk_start)) => {
+                let col0 = crate::coltab::grid_col0::<T>(blk_start, phi);
+                let el = lines.then_some(&s.elided[..]);
+                let hc = crate::coltab::sample_hist_rotated::<T>(kept, k_elems, el, col0, ct);
+                let st_c = Stats::from_parts(hc, st.nzero, st.count, st.lo_or);
+                let ch_c = choose::<T>(&st_c, true);
+                if ch_c.value < ch.value {
+                    use_col = true;
+                    s.rot.clear();
+                    s.rot.extend_from_slice(&kept[..k_elems * w]);
+                    crate::coltab::rotate_kept::<T, false>(&mut s.rot, el, gbytes, col0, ct);
+                    (&s.rot[..], st_c, ch_c)
+                } else {
+                    (kept, st, ch)
+                }
+            }
+            None => (kept, st, ch),
+        };
         let words = crate::codes::canonical_words(&ch.lens);
         let ss = 1usize << SS_LOG2;
         let ns = k_elems.div_ceil(ss);
@@ -973,6 +1021,9 @@ fn encode_coded_body<T: V2, const V: bool>(
         if lines {
             flags |= F_LINES;
         }
+        if use_col {
+            flags |= F_COL;
+        }
         if ch.k.is_none() {
             flags |= F_EXPLICIT;
         }
@@ -1065,13 +1116,15 @@ fn corrupt(why: &'static str) -> CodecError {
     CodecError::Corrupt(why)
 }
 
-/// Decodes block `src[start..start + size]` of a version-2 frame into `out`.
+/// Decodes block `src[start..start + size]` of a version-2 frame into `out`. `col`:
+/// the frame's column table and the block's first output byte (in the frame).
 pub(crate) fn decode_block_v2<S: TableSource>(
     src: &[u8],
     start: usize,
     size: usize,
     out: &mut [u8],
     tables: &mut S,
+    col: Option<(&ColTab, usize)>,
 ) -> Result<(), CodecError> {
     if size == 0 {
         return Err(corrupt("empty block"));
@@ -1093,9 +1146,9 @@ pub(crate) fn decode_block_v2<S: TableSource>(
             fill_ascending(out, b[1]);
             Ok(())
         }
-        MODE_BF16 => decode_coded::<Bf16, S>(b, out, tables),
-        MODE_FP16 => decode_coded::<Fp16, S>(b, out, tables),
-        MODE_FP32 => decode_coded::<Fp32, S>(b, out, tables),
+        MODE_BF16 => decode_coded::<Bf16, S>(b, out, tables, col),
+        MODE_FP16 => decode_coded::<Fp16, S>(b, out, tables, col),
+        MODE_FP32 => decode_coded::<Fp32, S>(b, out, tables, col),
         _ => Err(corrupt("unknown block mode")),
     }
 }
@@ -1322,15 +1375,16 @@ fn decode_coded<T: V2, S: TableSource>(
     b: &[u8],
     out: &mut [u8],
     tables: &mut S,
+    col: Option<(&ColTab, usize)>,
 ) -> Result<(), CodecError> {
     #[cfg(target_arch = "x86_64")]
     {
         if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("bmi2") {
             // SAFETY: the CPU has the features the function is compiled for.
-            return unsafe { decode_coded_avx2::<T, S>(b, out, tables) };
+            return unsafe { decode_coded_avx2::<T, S>(b, out, tables, col) };
         }
     }
-    decode_coded_body::<T, S, false>(b, out, tables)
+    decode_coded_body::<T, S, false>(b, out, tables, col)
 }
 
 /// # Safety
@@ -1341,8 +1395,9 @@ unsafe fn decode_coded_avx2<T: V2, S: TableSource>(
     b: &[u8],
     out: &mut [u8],
     tables: &mut S,
+    col: Option<(&ColTab, usize)>,
 ) -> Result<(), CodecError> {
-    decode_coded_body::<T, S, true>(b, out, tables)
+    decode_coded_body::<T, S, true>(b, out, tables, col)
 }
 
 /// Decodes a group's sub-segments (`lanes`, `n[q]` elements each) through version
@@ -1444,14 +1499,20 @@ fn decode_coded_body<T: V2, S: TableSource, const V: bool>(
     b: &[u8],
     out: &mut [u8],
     tables: &mut S,
+    col: Option<(&ColTab, usize)>,
 ) -> Result<(), CodecError> {
     let w = T::W;
     let l = out.len();
     let mut cur = Cur { b, p: 1 };
     let flags = cur.u8()?;
-    if flags & (F_COL | F_BYTECODE | 0x80) != 0 {
+    if flags & (F_BYTECODE | 0x80) != 0 {
         return Err(corrupt("unsupported block flags"));
     }
+    let colb = match (flags & F_COL != 0, col) {
+        (false, _) => None,
+        (true, Some(c)) => Some(c),
+        (true, None) => return Err(corrupt("COL block in a frame without a column table")),
+    };
     if w != 4 && flags & (F_NO_LO0 | F_NO_LO1) != 0 {
         return Err(corrupt("omitted low planes outside fp32"));
     }
@@ -1665,7 +1726,8 @@ fn decode_coded_body<T: V2, S: TableSource, const V: bool>(
             bit = lane.end;
             pe = lane.pend;
         }
-        let direct = !lines;
+        // COL: elements are un-rotated in the group buffer before they are written
+        let direct = !lines && colb.is_none();
         let done = match set {
             Some(set) => {
                 let dst = if direct {
@@ -1749,8 +1811,12 @@ fn decode_coded_body<T: V2, S: TableSource, const V: bool>(
             j += g;
             continue;
         }
-        let bytes = &tmp_store.get_or_insert_with(|| [0; LANES * 1024 * 4])[..n_group * w];
+        let bytes = &mut tmp_store.get_or_insert_with(|| [0; LANES * 1024 * 4])[..n_group * w];
+        let col0 = colb.map(|(ct, bs)| (ct, crate::coltab::grid_col0::<T>(bs, phi)));
         if !lines {
+            if let Some((ct, c0)) = col0 {
+                crate::coltab::rotate::<T, true>(bytes, c0 + i0, ct);
+            }
             copy_ascending(&mut grid_out[i0 * w..i0 * w + bytes.len()], bytes);
         } else {
             let mut q = 0;
@@ -1766,6 +1832,9 @@ fn decode_coded_body<T: V2, S: TableSource, const V: bool>(
                 let lb = LINE.min(gbytes - gl * LINE);
                 if q + lb > bytes.len() {
                     return Err(corrupt("kept line split across groups"));
+                }
+                if let Some((ct, c0)) = col0 {
+                    crate::coltab::rotate::<T, true>(&mut bytes[q..q + lb], c0 + gl * LINE / w, ct);
                 }
                 copy_ascending(&mut grid_out[gl * LINE..gl * LINE + lb], &bytes[q..q + lb]);
                 q += lb;

@@ -212,6 +212,27 @@ proptest! {
     }
 
     #[test]
+    fn prop_channels(seed in any::<u64>(), ty in 0usize..3, n in 0usize..200_000,
+                     width in 16usize..3000, off in 0usize..4, zero_lines in 0u32..40,
+                     hint in 0usize..4, specials_too in any::<bool>()) {
+        let ty = [Ty::Bf16, Ty::Fp16, Ty::Fp32][ty];
+        let mut b = channels(ty, n + 4, width, 0.03, seed);
+        let mut r = Rng::new(seed ^ 1);
+        for c in b.chunks_mut(64) {
+            if (r.next_u64() % 100) < zero_lines as u64 { c.fill(0); }
+        }
+        if specials_too {
+            let sp = specials(ty, b.len(), seed);
+            for (i, c) in b.chunks_mut(ty.width()).enumerate() {
+                if i % 37 == 0 { c.copy_from_slice(&sp[i * ty.width()..(i + 1) * ty.width()]); }
+            }
+        }
+        let src = &b[off.min(b.len())..(off + n).min(b.len())];
+        let dtype = [DtypeHint::Auto, DtypeHint::Bf16, DtypeHint::Fp16, DtypeHint::Fp32][hint];
+        check(src, &v2(dtype, seed % 2 == 0, 12 + (seed % 5) as u8));
+    }
+
+    #[test]
     fn prop_corrupt_never_panics(seed in any::<u64>(), flips in 1usize..4, cut in any::<bool>()) {
         let src = specials(Ty::Bf16, 9000, seed);
         let mut src = src;
@@ -261,6 +282,11 @@ fn corrupt_samples() -> Vec<(&'static str, Vec<u8>, EncodeOptions)> {
         (
             "relu",
             relu_like(Ty::Bf16, 9000, 6),
+            v2(DtypeHint::Auto, true, 12),
+        ),
+        (
+            "coltab",
+            channels(Ty::Bf16, 12_000, 96, 0.05, 7),
             v2(DtypeHint::Auto, true, 12),
         ),
     ]
@@ -330,4 +356,142 @@ fn v1_frames_still_decode_and_v1_stays_default() {
         ..EncodeOptions::default()
     };
     assert!(compress(&src, &mut f, &bad).is_err());
+}
+
+/// Channel-structured data gets a column table (header flag bit 2) and COL blocks
+/// (block flag bit 2), and codes smaller than without one.
+#[test]
+fn column_table_engages() {
+    for (ty, dt) in [
+        (Ty::Bf16, DtypeHint::Bf16),
+        (Ty::Fp16, DtypeHint::Fp16),
+        (Ty::Fp32, DtypeHint::Fp32),
+    ] {
+        let src = channels(ty, 256 << 10, 384, 0.02, 11);
+        let st = check(&src, &v2(dt, false, 16));
+        let mut f = vec![0u8; max_compressed_size(src.len())];
+        let n = compress(&src, &mut f, &v2(dt, false, 16)).unwrap();
+        assert_eq!(f[5] & 4, 4, "{ty:?}: no COLTAB");
+        assert_eq!(u16::from_le_bytes([f[24], f[25]]), 384, "{ty:?}: period");
+        let t0 = 24 + 2 + 192;
+        let nb = st.blocks_coded as usize + st.blocks_raw as usize + st.blocks_fill as usize;
+        let mut pos = t0 + 4 * nb;
+        let mut col = 0;
+        for i in 0..nb {
+            let sz = u32::from_le_bytes(f[t0 + 4 * i..t0 + 4 * i + 4].try_into().unwrap()) as usize;
+            col += (f[pos] >= 2 && f[pos + 1] & 4 != 0) as usize;
+            pos += sz;
+        }
+        assert_eq!(pos, n);
+        assert_eq!(col, nb, "{ty:?}: every block uses the table");
+        // the same values with the channels shuffled away (a column-free layout) code larger
+        let mut r = Rng::new(3);
+        let w = ty.width();
+        let mut shuf = src.clone();
+        for i in (1..shuf.len() / w).rev() {
+            let j = (r.next_u64() % (i as u64 + 1)) as usize;
+            for b in 0..w {
+                shuf.swap(i * w + b, j * w + b);
+            }
+        }
+        let ns = compress(&shuf, &mut f, &v2(dt, false, 16)).unwrap();
+        assert_eq!(f[5] & 4, 0, "{ty:?}: a table on shuffled data");
+        assert!(n * 40 < ns * 39, "{ty:?}: with table {n}, shuffled {ns}");
+    }
+}
+
+/// Gaussian data without channels gets no table (and so no cost beyond the search).
+#[test]
+fn no_column_table_without_channels() {
+    for ty in [Ty::Bf16, Ty::Fp16, Ty::Fp32] {
+        let src = gaussian(ty, 256 << 10, 0.02, 12);
+        let mut f = vec![0u8; max_compressed_size(src.len())];
+        compress(&src, &mut f, &v2(DtypeHint::Auto, false, 16)).unwrap();
+        assert_eq!(f[5] & 4, 0, "{ty:?}");
+    }
+}
+
+/// Rewrites header bytes 0..20's CRC after an edit.
+fn fix_header_crc(f: &mut [u8]) {
+    let c = crc32c::crc32c(&f[..20]);
+    f[20..24].copy_from_slice(&c.to_le_bytes());
+}
+
+/// A COLTAB frame with a bad period, a table of the wrong length, COL blocks without
+/// COLTAB, COLTAB on a stored frame or in version 1, nonzero padding: all rejected.
+#[test]
+fn corrupt_column_tables() {
+    let src = channels(Ty::Bf16, 100_000, 384, 0.05, 13);
+    let mut f = vec![0u8; max_compressed_size(src.len())];
+    let n = compress(&src, &mut f, &v2(DtypeHint::Auto, false, 16)).unwrap();
+    f.truncate(n);
+    assert_eq!(f[5] & 4, 4);
+    let mut out = vec![0u8; src.len()];
+    assert_eq!(decompress(&f, &mut out).unwrap(), src.len());
+    assert!(out == src);
+    let err = |g: &[u8]| {
+        let mut o = vec![0u8; src.len()];
+        let e1 = decompress(g, &mut o).is_err();
+        let e2 = decompress_parallel(g, &mut o, 2).is_err();
+        let e3 = frame_info(g).is_err() || e1;
+        e1 && e2 && e3
+    };
+    // bad P: below 16, above 8192
+    for p in [0u16, 15, 8193, 0xFFFF] {
+        let mut g = f.clone();
+        g[24..26].copy_from_slice(&p.to_le_bytes());
+        assert!(err(&g), "P = {p} accepted");
+    }
+    // a table of the wrong length: P one column more or fewer (the block table moves)
+    for p in [383u16, 385, 386, 382] {
+        let mut g = f.clone();
+        g[24..26].copy_from_slice(&p.to_le_bytes());
+        assert!(err(&g), "P = {p} accepted");
+    }
+    // table bytes missing or extra
+    let mut g = f.clone();
+    g.remove(30);
+    assert!(err(&g), "short table accepted");
+    let mut g = f.clone();
+    g.insert(30, 0);
+    assert!(err(&g), "long table accepted");
+    // COL blocks without COLTAB: drop the flag and the table
+    let mut g = f.clone();
+    g[5] &= !4;
+    g.drain(24..24 + 2 + 192);
+    fix_header_crc(&mut g);
+    let mut o = vec![0u8; src.len()];
+    assert_eq!(
+        decompress(&g, &mut o),
+        Err(CodecError::Corrupt(
+            "COL block in a frame without a column table"
+        ))
+    );
+    // COLTAB on a stored frame, and in version 1
+    let mut g = f.clone();
+    g[5] |= 2;
+    fix_header_crc(&mut g);
+    assert!(err(&g));
+    let mut g = f.clone();
+    g[4] = 1;
+    fix_header_crc(&mut g);
+    assert!(err(&g));
+    // an odd P (the encoder searches multiples of 16; decoders take any P in
+    // 16..=8192): a table inserted into a frame without COL blocks decodes, and its
+    // padding nibble must be zero
+    let src = gaussian(Ty::Bf16, 100_000, 0.05, 14);
+    let mut f = vec![0u8; max_compressed_size(src.len())];
+    let n = compress(&src, &mut f, &v2(DtypeHint::Bf16, false, 16)).unwrap();
+    f.truncate(n);
+    assert_eq!(f[5] & 4, 0);
+    let mut tab = vec![17u8, 0];
+    tab.extend((0..9).map(|i| if i == 8 { 0x07 } else { 0x9F }));
+    f.splice(24..24, tab);
+    f[5] |= 4;
+    fix_header_crc(&mut f);
+    let mut o = vec![0u8; src.len()];
+    assert_eq!(decompress(&f, &mut o).unwrap(), src.len());
+    assert!(o == src);
+    f[26 + 8] |= 0x10;
+    assert!(err(&f), "padding nibble accepted");
 }

@@ -175,6 +175,39 @@ fn cases_v2() -> Vec<Case> {
         opts: o(Bf16, false, 12),
         input: || moe_dispatch(2, 16, 256, 0.5, 124),
     });
+    // the column table (FORMAT.md §V2.9): COLTAB frames, COL blocks
+    v.push(Case {
+        name: "coltab_bf16_384",
+        opts: o(Auto, true, 14),
+        input: || channels(Ty::Bf16, 70_000, 384, 0.05, 125),
+    });
+    v.push(Case {
+        name: "coltab_bf16_lines",
+        opts: o(Bf16, false, 12),
+        input: || {
+            // P = 1040, zero lines, -0.0, NaN, an odd length
+            let mut b = channels(Ty::Bf16, 40_001, 1040, 0.1, 126);
+            let mut r = Rng::new(126);
+            for c in b.chunks_mut(64) {
+                if r.next_u64() % 8 == 0 {
+                    c.fill(0);
+                }
+            }
+            b[1000..1002].copy_from_slice(&0x8000u16.to_le_bytes());
+            b[3000..3002].copy_from_slice(&0x7FC1u16.to_le_bytes());
+            b
+        },
+    });
+    v.push(Case {
+        name: "coltab_fp16_phase1",
+        opts: o(Auto, false, 13),
+        input: || [vec![7u8], channels(Ty::Fp16, 36_000, 96, 0.01, 127)].concat(),
+    });
+    v.push(Case {
+        name: "coltab_fp32_1536",
+        opts: o(Fp32, true, 15),
+        input: || channels(Ty::Fp32, 100_000, 1536, 1.0, 128),
+    });
     v
 }
 

@@ -80,7 +80,18 @@ pub static VECTORS_V2: &[Vector] = embed_vectors!(
     "fp32_holding_bf16",
     "moe_partial",
     "relu_fp32_specials_odd",
+    "coltab_bf16_384",
+    "coltab_bf16_lines",
+    "coltab_fp16_phase1",
+    "coltab_fp32_1536",
 );
+
+/// A version-2 frame with a column table (header flag `COLTAB`, FORMAT.md §V2.9): the
+/// GPU decoder `nzc_decode_v2` does not apply column tables yet and rejects such a
+/// frame as it rejects every unknown header flag (`ST_HEADER`).
+pub fn has_coltab(frame: &[u8]) -> bool {
+    frame.len() >= 24 && frame[4] == 2 && frame[5] & 4 != 0
+}
 
 /// The MANIFEST's vectors in its order, each with its options and embedded bytes.
 pub fn manifest() -> Vec<(&'static Vector, EncodeOptions)> {

@@ -273,3 +273,17 @@ pub fn bf16_in_fp32(bf16: &[u8]) -> Vec<u8> {
         .flat_map(|c| [0, 0, c[0], c[1]])
         .collect()
 }
+
+/// Activation-like rows of `width` channels: N(0, s_j^2) with a per-channel scale
+/// `s_j = sigma * 2^u_j`, `u_j` uniform in -5..=5 (a channel's exponent is predicted
+/// by its column, docs/FORMAT.md §V2.9).
+pub fn channels(ty: Ty, nbytes: usize, width: usize, sigma: f64, seed: u64) -> Vec<u8> {
+    let mut r = Rng::new(seed);
+    let scales: Vec<f64> = (0..width)
+        .map(|_| sigma * 2f64.powi((r.next_u64() % 11) as i32 - 5))
+        .collect();
+    encode(
+        ty,
+        (0..nbytes / ty.width()).map(move |i| r.gauss() * scales[i % width]),
+    )
+}

@@ -1,0 +1,878 @@
+//! The column table of frame format version 2 (docs/FORMAT.md §V2.9): a period `P`
+//! found from the frame's bytes and a 4-bit exponent offset per column, shared by the
+//! frame's blocks. A block with the `COL` flag codes each element's exponent field `e`
+//! rotated by its column's offset, `rot(e, c) = 1 + (e − 1 − c) mod EMAX` (`e = 0`
+//! stays 0), so an activation whose channels sit at different scales codes as if they
+//! shared one. The rotation is a bijection of `1..=EMAX`, so every element stays
+//! exact, and it is a pass over the elements before the encoder's split (and after the
+//! decoder's join): the coding loops do not change.
+//!
+//! Every decision here is an integer function of the input bytes (a GPU encoder can
+//! reproduce it, or take the table from the host as a parameter).
+
+use std::cell::{Cell, RefCell};
+
+use crate::elem::{Bf16, Fp16, Fp32};
+use crate::encode::SAMPLE_STRIDE;
+use crate::format::*;
+use crate::v2::{choose, Stats, V2};
+use crate::{CodecError, Dtype};
+
+/// Smallest and largest period (elements).
+pub const PMIN: usize = 16;
+pub const PMAX: usize = 8192;
+/// The period search compares the first `LAG_N` elements with those `p` later.
+const LAG_N: usize = 2048;
+/// Elements the search and the offsets read: `min(m, WINDOW)` from the frame start.
+const WINDOW: usize = 32768;
+/// Most stride-13 samples of the table's gain estimate.
+const GAIN_SAMPLES: usize = 4096;
+
+/// A frame's column table: period `p` and the offsets `off[0..p]` (−8..=7).
+#[derive(Clone)]
+pub struct ColTab {
+    pub p: usize,
+    pub off: [i8; PMAX],
+}
+
+impl ColTab {
+    /// Bytes the table takes after the frame header: u16 `P`, then `ceil(P/2)`.
+    pub fn bytes(&self) -> usize {
+        2 + self.p.div_ceil(2)
+    }
+
+    /// Writes the table (`self.bytes()` bytes).
+    pub fn write(&self, out: &mut [u8]) {
+        out[0..2].copy_from_slice(&(self.p as u16).to_le_bytes());
+        let t = &mut out[2..2 + self.p.div_ceil(2)];
+        t.fill(0);
+        for j in 0..self.p {
+            t[j / 2] |= ((self.off[j] as u8) & 15) << (4 * (j % 2));
+        }
+    }
+
+    /// Reads a table from `src` (the bytes after the header); returns it and its length.
+    pub fn read(src: &[u8]) -> Result<(ColTab, usize), CodecError> {
+        if src.len() < 2 {
+            return Err(CodecError::Truncated);
+        }
+        let p = u16::from_le_bytes([src[0], src[1]]) as usize;
+        if !(PMIN..=PMAX).contains(&p) {
+            return Err(CodecError::Corrupt("column table period out of range"));
+        }
+        let len = 2 + p.div_ceil(2);
+        if src.len() < len {
+            return Err(CodecError::Truncated);
+        }
+        let mut ct = ColTab { p, off: [0; PMAX] };
+        for j in 0..p {
+            let nib = (src[2 + j / 2] >> (4 * (j % 2))) & 15;
+            ct.off[j] = ((nib << 4) as i8) >> 4;
+        }
+        if p % 2 == 1 && src[len - 1] >> 4 != 0 {
+            return Err(CodecError::Corrupt("nonzero column table padding"));
+        }
+        Ok((ct, len))
+    }
+}
+
+/// Where a frame's block table starts, and its column table if the header says
+/// `COLTAB` (version 2 block frames only; the header parser refuses it elsewhere).
+pub(crate) fn frame_table(h: &Header, src: &[u8]) -> Result<(Option<ColTab>, usize), CodecError> {
+    if h.flags & FLAG_COLTAB == 0 {
+        return Ok((None, HEADER_LEN));
+    }
+    let (ct, len) = ColTab::read(&src[HEADER_LEN.min(src.len())..])?;
+    Ok((Some(ct), HEADER_LEN + len))
+}
+
+/// `rot(e, c)` (`INV = false`) or its inverse `1 + (e − 1 + c) mod EMAX` on an
+/// exponent field `e` in `0..=emax`; 0 stays 0.
+#[inline(always)]
+pub(crate) fn rot<const INV: bool>(e: u32, c: i8, emax: u32) -> u32 {
+    let c = if INV { -(c as i32) } else { c as i32 };
+    let mut t = e as i32 - 1 - c;
+    if t < 0 {
+        t += emax as i32;
+    } else if t >= emax as i32 {
+        t -= emax as i32;
+    }
+    if e == 0 {
+        0
+    } else {
+        (t + 1) as u32
+    }
+}
+
+/// Bit position of the exponent field of `T`.
+#[inline(always)]
+fn eshift<T: V2>() -> u32 {
+    match T::MODE {
+        MODE_BF16 => 7,
+        MODE_FP16 => 10,
+        _ => 23,
+    }
+}
+
+/// Rotates (`INV = false`) or un-rotates the exponent field of every whole element of
+/// `buf` in place; element 0 of `buf` lies in column `col0 mod P`. Inlined, so that it
+/// is vectorised with the caller's target features (the AVX2 encoder and decoder).
+#[inline(always)]
+pub(crate) fn rotate<T: V2, const INV: bool>(buf: &mut [u8], col0: usize, ct: &ColTab) {
+    let n = buf.len() / T::W;
+    let p = ct.p;
+    let mut col = col0 % p;
+    let mut i = 0;
+    while i < n {
+        let len = (n - i).min(p - col);
+        let offs = &ct.off[col..col + len];
+        let run = &mut buf[i * T::W..(i + len) * T::W];
+        if T::W == 2 {
+            rot16::<INV>(run, offs, eshift::<T>() as u16, T::EMAX as i16);
+        } else {
+            rot32::<INV>(run, offs);
+        }
+        i += len;
+        col = 0;
+    }
+}
+
+/// [`rot`] on 16-bit lanes, branch-free (bf16, fp16), 16 elements at a time so
+/// that the loop vectorises.
+#[inline(always)]
+fn rot16<const INV: bool>(run: &mut [u8], offs: &[i8], sh: u16, emax: i16) {
+    #[inline(always)]
+    fn one<const INV: bool>(x: u16, c: i8, sh: u16, emax: i16) -> u16 {
+        let e = ((x >> sh) as i16) & emax;
+        let c = if INV { -(c as i16) } else { c as i16 };
+        let mut t = e - 1 - c;
+        t += emax & (t >> 15);
+        t -= emax & !((t - emax) >> 15);
+        let r = (t + 1) & -((e != 0) as i16);
+        (x & !((emax as u16) << sh)) | ((r as u16) << sh)
+    }
+    let mut xs = run.chunks_exact_mut(32);
+    let mut os = offs.chunks_exact(16);
+    for (xb, o) in (&mut xs).zip(&mut os) {
+        let xb: &mut [u8; 32] = xb.try_into().unwrap();
+        let o: &[i8; 16] = o.try_into().unwrap();
+        let mut y = [0u16; 16];
+        for k in 0..16 {
+            y[k] = one::<INV>(
+                u16::from_le_bytes([xb[2 * k], xb[2 * k + 1]]),
+                o[k],
+                sh,
+                emax,
+            );
+        }
+        for k in 0..16 {
+            xb[2 * k..2 * k + 2].copy_from_slice(&y[k].to_le_bytes());
+        }
+    }
+    for (xb, &c) in xs
+        .into_remainder()
+        .chunks_exact_mut(2)
+        .zip(os.remainder().iter())
+    {
+        let y = one::<INV>(u16::from_le_bytes([xb[0], xb[1]]), c, sh, emax);
+        xb.copy_from_slice(&y.to_le_bytes());
+    }
+}
+
+/// [`rot`] on fp32 elements, branch-free, 8 at a time.
+#[inline(always)]
+fn rot32<const INV: bool>(run: &mut [u8], offs: &[i8]) {
+    #[inline(always)]
+    fn one<const INV: bool>(x: u32, c: i8) -> u32 {
+        let e = ((x >> 23) & 0xFF) as i32;
+        let c = if INV { -(c as i32) } else { c as i32 };
+        let mut t = e - 1 - c;
+        t += 255 & (t >> 31);
+        t -= 255 & !((t - 255) >> 31);
+        let r = (t + 1) & -((e != 0) as i32);
+        (x & !(0xFF << 23)) | ((r as u32) << 23)
+    }
+    let mut xs = run.chunks_exact_mut(32);
+    let mut os = offs.chunks_exact(8);
+    for (xb, o) in (&mut xs).zip(&mut os) {
+        let xb: &mut [u8; 32] = xb.try_into().unwrap();
+        let mut y = [0u32; 8];
+        for k in 0..8 {
+            let x = u32::from_le_bytes([xb[4 * k], xb[4 * k + 1], xb[4 * k + 2], xb[4 * k + 3]]);
+            y[k] = one::<INV>(x, o[k]);
+        }
+        for k in 0..8 {
+            xb[4 * k..4 * k + 4].copy_from_slice(&y[k].to_le_bytes());
+        }
+    }
+    for (xb, &c) in xs
+        .into_remainder()
+        .chunks_exact_mut(4)
+        .zip(os.remainder().iter())
+    {
+        let y = one::<INV>(u32::from_le_bytes([xb[0], xb[1], xb[2], xb[3]]), c);
+        xb.copy_from_slice(&y.to_le_bytes());
+    }
+}
+
+/// Rotates (`INV = false`) or un-rotates the kept elements `kept` of a block's grid
+/// whose grid element 0 lies in column `col0`: without lines they are the grid; with
+/// lines (`elided[j]`: grid line `j` is elided) they are the grid's kept lines in
+/// order, `gbytes` the grid's length in bytes.
+#[inline(always)]
+pub(crate) fn rotate_kept<T: V2, const INV: bool>(
+    kept: &mut [u8],
+    elided: Option<&[bool]>,
+    gbytes: usize,
+    col0: usize,
+    ct: &ColTab,
+) {
+    let Some(el) = elided else {
+        return rotate::<T, INV>(kept, col0, ct);
+    };
+    let mut q = 0;
+    for (j, &z) in el.iter().enumerate() {
+        if z {
+            continue;
+        }
+        let lb = crate::v2::LINE.min(gbytes - j * crate::v2::LINE);
+        rotate::<T, INV>(&mut kept[q..q + lb], col0 + j * crate::v2::LINE / T::W, ct);
+        q += lb;
+    }
+}
+
+/// The exponent histogram of a block's sample, kept elements `0, 13, 26, … < k` of
+/// `kept` (as [`rotate_kept`] lays them out), with every field rotated: the `hc` of
+/// the rotated sample's statistics (rotation changes neither zeros nor low bits, so
+/// the rest of the statistics is the plain sample's).
+pub(crate) fn sample_hist_rotated<T: V2>(
+    kept: &[u8],
+    k: usize,
+    elided: Option<&[bool]>,
+    col0: usize,
+    ct: &ColTab,
+) -> [u32; 256] {
+    let (sh, emax, p) = (eshift::<T>(), T::EMAX, ct.p);
+    let per = crate::v2::LINE / T::W;
+    let mut h = [0u32; 256];
+    // the grid line of kept line `kl` (asked in ascending order): lines walked once
+    let mut cur: Option<(usize, usize)> = None;
+    let mut grid_line = |kl: usize| -> usize {
+        let Some(el) = elided else { return kl };
+        loop {
+            match cur {
+                Some((k, g)) if k == kl => return g,
+                _ => {
+                    let (nk, mut g) = cur.map_or((0, 0), |(k, g)| (k + 1, g + 1));
+                    while el[g] {
+                        g += 1;
+                    }
+                    cur = Some((nk, g));
+                }
+            }
+        }
+    };
+    // the column of grid element g, advanced from the previous one (no division
+    // per sample unless a jump of P or more, over elided lines)
+    let (mut gp, mut cg) = (0usize, col0 % p);
+    for j in (0..k).step_by(SAMPLE_STRIDE) {
+        let g = grid_line(j / per) * per + j % per;
+        let d = g - gp;
+        if d < p {
+            cg += d;
+            if cg >= p {
+                cg -= p;
+            }
+        } else {
+            cg = (col0 + g) % p;
+        }
+        gp = g;
+        let x = T::load(kept, j);
+        let e = (x >> sh) & emax;
+        h[rot::<false>(e, ct.off[cg], emax) as usize] += 1;
+    }
+    h
+}
+
+/// Column of grid element 0 of the block that starts at input byte `blk_start`, with
+/// phase `phi`: `floor((blk_start + phi) / W)` (mod `P` where used).
+pub(crate) fn grid_col0<T: V2>(blk_start: usize, phi: usize) -> usize {
+    (blk_start + phi) / T::W
+}
+
+// ---------------------------------------------------------------------------------
+// The encoder's table (FORMAT.md §V2.9, normative)
+
+#[derive(Default)]
+struct Scratch {
+    keys: Vec<u8>,
+    /// `keys` with zeros replaced by the mean of the nonzero ones (the search's input)
+    search: Vec<u8>,
+    /// column sums and counts
+    acc: Vec<u32>,
+}
+
+thread_local! {
+    static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
+    static ENCODER_TABLE: Cell<bool> = const { Cell::new(true) };
+}
+
+/// Benchmarks only (`examples/coltab_speed.rs`): `false` makes this thread's version-2
+/// encoder write no column table (frames that do not follow §V2.9's rule).
+#[doc(hidden)]
+pub fn set_encoder_table(on: bool) {
+    ENCODER_TABLE.with(|c| c.set(on));
+}
+
+/// The period of exponent fields `e` (the first `min(m, WINDOW)` elements): `None`
+/// when no lag stands out. Lags `p = 16, 32, … ≤ min(8192, len − 2048)`;
+/// `D(p) = Σ_{i<2048} |e_i − e_{i+p}|`; a period only if `8·Dmin·L < 7·ΣD` (the best
+/// lag at least 1/8 below the mean of the `L` lags), then the smallest `p` with
+/// `4·D(p) ≤ 5·Dmin` (multiples of a period score alike: take the fundamental). A
+/// period that divides 16 is not found (every lag is its multiple).
+pub fn find_period(e: &[u8]) -> Option<usize> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU has the features the function is compiled for.
+            return unsafe { find_period_avx2(e) };
+        }
+    }
+    find_period_body::<false>(e)
+}
+
+/// # Safety
+/// The CPU must support AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn find_period_avx2(e: &[u8]) -> Option<usize> {
+    find_period_body::<true>(e)
+}
+
+/// `V`: compiled for AVX2 (32-byte `vpsadbw`).
+#[inline(always)]
+fn find_period_body<const V: bool>(e: &[u8]) -> Option<usize> {
+    if e.len() < LAG_N + PMIN {
+        return None;
+    }
+    let pmax = PMAX.min(e.len() - LAG_N) / PMIN * PMIN;
+    let a = &e[..LAG_N];
+    let mut d = [0u32; PMAX / PMIN];
+    let nl = pmax / PMIN;
+    for (k, dk) in d.iter_mut().enumerate().take(nl) {
+        let b = &e[(k + 1) * PMIN..(k + 1) * PMIN + LAG_N];
+        *dk = sad::<V>(a, b);
+    }
+    let d = &d[..nl];
+    let dmin = *d.iter().min()? as u64;
+    let dsum: u64 = d.iter().map(|&x| x as u64).sum();
+    if 8 * dmin * nl as u64 >= 7 * dsum {
+        return None;
+    }
+    let k = d.iter().position(|&x| 4 * x as u64 <= 5 * dmin)?;
+    Some((k + 1) * PMIN)
+}
+
+/// `Σ |a_i − b_i|` over whole 32-byte chunks (`psadbw` on x86-64; `V`: the caller is
+/// compiled for AVX2).
+#[inline(always)]
+fn sad<const V: bool>(a: &[u8], b: &[u8]) -> u32 {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::*;
+        if V {
+            let n = a.len().min(b.len()) / 32;
+            // SAFETY: V: AVX2; every load reads 32 bytes inside `a` or `b`.
+            return unsafe {
+                let mut acc = _mm256_setzero_si256();
+                for k in 0..n {
+                    let x = _mm256_loadu_si256(a.as_ptr().add(32 * k) as *const __m256i);
+                    let y = _mm256_loadu_si256(b.as_ptr().add(32 * k) as *const __m256i);
+                    acc = _mm256_add_epi64(acc, _mm256_sad_epu8(x, y));
+                }
+                let h = _mm_add_epi64(
+                    _mm256_castsi256_si128(acc),
+                    _mm256_extracti128_si256(acc, 1),
+                );
+                (_mm_cvtsi128_si64(h) + _mm_cvtsi128_si64(_mm_unpackhi_epi64(h, h))) as u32
+            };
+        }
+        let n = a.len().min(b.len()) / 16;
+        // SAFETY: SSE2 is part of x86-64; every load reads 16 bytes inside `a` or `b`.
+        unsafe {
+            let mut acc = _mm_setzero_si128();
+            for k in 0..n {
+                let x = _mm_loadu_si128(a.as_ptr().add(16 * k) as *const __m128i);
+                let y = _mm_loadu_si128(b.as_ptr().add(16 * k) as *const __m128i);
+                acc = _mm_add_epi64(acc, _mm_sad_epu8(x, y));
+            }
+            (_mm_cvtsi128_si64(acc) + _mm_cvtsi128_si64(_mm_unpackhi_epi64(acc, acc))) as u32
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        a.iter()
+            .zip(b.iter())
+            .map(|(&x, &y)| x.abs_diff(y) as u32)
+            .sum()
+    }
+}
+
+/// Column offsets for period `p` from exponent fields `e`: per column `j`, `S_j` and
+/// `n_j`, the sum and count of the nonzero `e_i` with `i mod p = j`;
+/// `ref = floor(ΣS / Σn)`; `c_j = clamp(floor((2(S_j − ref·n_j) + n_j) / (2 n_j)),
+/// −8, 7)` (the column mean minus `ref`, rounded half up), 0 where `n_j = 0`.
+/// `None` if every `e_i` is 0.
+pub fn column_offsets(e: &[u8], p: usize) -> Option<ColTab> {
+    let mut ct = ColTab { p, off: [0; PMAX] };
+    column_offsets_into(e, p, &mut Vec::new(), &mut ct).then_some(ct)
+}
+
+/// [`column_offsets`] into `ct`, with `acc` as scratch; false if every `e_i` is 0.
+fn column_offsets_into(e: &[u8], p: usize, acc: &mut Vec<u32>, ct: &mut ColTab) -> bool {
+    // per column: sum and count of the nonzero values, row by row (vector adds),
+    // over rows of q = a multiple of p of at least 256 (then folded to p)
+    let q = p * 256usize.div_ceil(p);
+    acc.clear();
+    acc.resize(2 * q, 0);
+    let (s, n) = acc.split_at_mut(q);
+    for row in e.chunks(q) {
+        for ((sj, nj), &x) in s.iter_mut().zip(n.iter_mut()).zip(row.iter()) {
+            *sj += x as u32;
+            *nj += (x != 0) as u32;
+        }
+    }
+    for j in p..q {
+        s[j % p] += s[j];
+        n[j % p] += n[j];
+    }
+    let (s, n) = (&s[..p], &n[..p]);
+    let tot: u64 = s.iter().map(|&x| x as u64).sum();
+    let cnt: u64 = n.iter().map(|&x| x as u64).sum();
+    if cnt == 0 {
+        return false;
+    }
+    let r = (tot / cnt) as i64;
+    ct.p = p;
+    for j in 0..p {
+        let (sj, nj) = (s[j] as i64, n[j] as i64);
+        ct.off[j] = if nj == 0 {
+            0
+        } else {
+            (2 * (sj - r * nj) + nj).div_euclid(2 * nj).clamp(-8, 7) as i8
+        };
+    }
+    true
+}
+
+/// The encoder's column table for a frame of type `dtype` and blocks of `b` bytes
+/// (FORMAT.md §V2.9): period and offsets from the first `min(m, 32768)` elements at
+/// block 0's phase, kept only if the frame's stride-13 sample codes cheaper with it
+/// by more than twice the table's bits.
+pub(crate) fn encoder_table(dtype: Dtype, src: &[u8], b: usize) -> Option<ColTab> {
+    if !ENCODER_TABLE.with(|c| c.get()) {
+        return None;
+    }
+    match dtype {
+        Dtype::Bf16 => table_for::<Bf16>(src, b),
+        Dtype::Fp16 => table_for::<Fp16>(src, b),
+        Dtype::Fp32 => table_for::<Fp32>(src, b),
+        Dtype::Raw => None,
+    }
+}
+
+fn table_for<T: V2>(src: &[u8], b: usize) -> Option<ColTab> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU has the features the function is compiled for.
+            return unsafe { table_for_avx2::<T>(src, b) };
+        }
+    }
+    table_for_body::<T>(src, b)
+}
+
+/// # Safety
+/// The CPU must support AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn table_for_avx2<T: V2>(src: &[u8], b: usize) -> Option<ColTab> {
+    table_for_body::<T>(src, b)
+}
+
+#[inline(always)]
+fn table_for_body<T: V2>(src: &[u8], b: usize) -> Option<ColTab> {
+    if src.len() < T::W * (LAG_N + PMIN) + T::W {
+        return None;
+    }
+    // the grid of block 0 (its phase, V2.7 step 3): element i is in column i mod P
+    let phi = crate::v2::choose_phase::<T>(&src[..src.len().min(b)]).0;
+    let src = &src[phi..];
+    let m = src.len() / T::W;
+    SCRATCH.with(|s| {
+        let s = &mut *s.borrow_mut();
+        let nw = m.min(WINDOW);
+        let sh = eshift::<T>();
+        s.keys.resize(nw, 0);
+        for (k, xb) in s.keys.iter_mut().zip(src[..nw * T::W].chunks_exact(T::W)) {
+            *k = ((T::load(xb, 0) >> sh) & T::EMAX) as u8;
+        }
+        // exponent fields 0 (zeros, subnormals) take the mean of the others in the
+        // search, so that scattered zeros or zero lines do not drown the channels
+        // (sums below 2^24: at most 32768 fields of at most 255)
+        let tot: u32 = s.keys.iter().map(|&e| e as u32).sum();
+        let cnt: u32 = s.keys.iter().map(|&e| (e != 0) as u32).sum();
+        if cnt == 0 {
+            return None;
+        }
+        let r = (tot / cnt) as u8;
+        s.search.resize(nw, 0);
+        for (f, &e) in s.search.iter_mut().zip(s.keys.iter()) {
+            *f = if e == 0 { r } else { e };
+        }
+        let p = find_period(&s.search)?;
+        let mut ct = ColTab { p, off: [0; PMAX] };
+        if !column_offsets_into(&s.keys, p, &mut s.acc, &mut ct) {
+            return None;
+        }
+        // the gain: stride-13 sample over the first min(m, 13·16384) elements
+        let ms = m.min(SAMPLE_STRIDE * GAIN_SAMPLES);
+        let (mut hp, mut hc) = ([0u32; 256], [0u32; 256]);
+        let (mut nzero, mut lo_or, mut count) = (0u64, 0u32, 0u64);
+        let mut col = 0usize;
+        for c in src[..ms * T::W].chunks(SAMPLE_STRIDE * T::W) {
+            let x = T::load(c, 0);
+            let e = (x >> sh) & T::EMAX;
+            hp[e as usize] += 1;
+            hc[rot::<false>(e, ct.off[col], T::EMAX) as usize] += 1;
+            nzero += (x == 0) as u64;
+            lo_or |= x;
+            count += 1;
+            col += SAMPLE_STRIDE;
+            if col >= p {
+                col -= p;
+            }
+        }
+        let vp = choose::<T>(&Stats::from_parts(hp, nzero, count, lo_or), false).value;
+        let vc = choose::<T>(&Stats::from_parts(hc, nzero, count, lo_or), false).value;
+        // value ≈ bits of the ms sampled-over elements; saved frame bits ≈ (vp − vc)·m/ms
+        let gain = (vp.saturating_sub(vc) as u128) * m as u128;
+        (gain > 16 * ct.bytes() as u128 * ms as u128).then_some(ct)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Rng(u64);
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0
+        }
+        /// Roughly Gaussian in units of 1 (sum of 4 uniforms, centred).
+        fn gauss(&mut self) -> f32 {
+            let mut s = 0.0;
+            for _ in 0..4 {
+                s += (self.next() >> 40) as f32 / (1u64 << 24) as f32;
+            }
+            (s - 2.0) * 1.7
+        }
+    }
+
+    fn bf16(v: f32) -> [u8; 2] {
+        ((v.to_bits() >> 16) as u16).to_le_bytes()
+    }
+
+    /// bf16 values whose scale depends on the column (`i mod p`): 2^(k mod 9 − 4)·σ.
+    fn channels(n: usize, p: usize, seed: u64) -> Vec<u8> {
+        let mut r = Rng(seed | 1);
+        let scales: Vec<f32> = (0..p)
+            .map(|j| 2f32.powi(((j * 7 + (r.next() as usize % 5)) % 11) as i32 - 5) * 0.02)
+            .collect();
+        (0..n)
+            .flat_map(|i| bf16(r.gauss() * scales[i % p]))
+            .collect()
+    }
+
+    fn exps(b: &[u8]) -> Vec<u8> {
+        b.chunks_exact(2)
+            .map(|c| ((u16::from_le_bytes([c[0], c[1]]) >> 7) & 0xFF) as u8)
+            .collect()
+    }
+
+    #[test]
+    fn finds_a_known_period() {
+        // (a period dividing 16 is not found: every lag tried is its multiple)
+        for p in [48, 80, 384, 1536, 4096] {
+            let d = channels(WINDOW, p, p as u64);
+            assert_eq!(find_period(&exps(&d)), Some(p), "period {p}");
+        }
+    }
+
+    #[test]
+    fn no_period_in_iid_data() {
+        let mut r = Rng(99);
+        let d: Vec<u8> = (0..WINDOW).flat_map(|_| bf16(r.gauss() * 0.01)).collect();
+        assert_eq!(find_period(&exps(&d)), None);
+        assert!(table_for::<Bf16>(&d, 1 << 16).is_none());
+        // constant exponents: no lag differs
+        assert_eq!(find_period(&[120u8; WINDOW]), None);
+        // too short for the search
+        assert_eq!(find_period(&exps(&channels(LAG_N, 16, 1))), None);
+    }
+
+    #[test]
+    fn offsets_follow_the_column_means() {
+        // column j's exponent is 100 + (j mod 5) − 2: mean 100, offsets j mod 5 − 2
+        let p = 40;
+        let e: Vec<u8> = (0..4000).map(|i| (100 + (i % p) % 5) as u8 - 2).collect();
+        let ct = column_offsets(&e, p).unwrap();
+        for j in 0..p {
+            assert_eq!(ct.off[j] as i32, (j % 5) as i32 - 2, "column {j}");
+        }
+        // clamped to -8..=7, zeros ignored, an all-zero column has offset 0
+        let e: Vec<u8> = (0..1600)
+            .map(|i| match i % 16 {
+                0 => 130,
+                1 => 70,
+                2 => 0,
+                _ => 100,
+            })
+            .collect();
+        let ct = column_offsets(&e, 16).unwrap();
+        assert_eq!((ct.off[0], ct.off[1], ct.off[2], ct.off[3]), (7, -8, 0, 0));
+        assert!(column_offsets(&[0u8; 64], 16).is_none());
+    }
+
+    #[test]
+    fn rotation_is_a_bijection() {
+        for (emax, ws) in [(255u32, 8), (31, 5)] {
+            let _ = ws;
+            for c in -8i8..=7 {
+                let mut seen = vec![false; emax as usize + 1];
+                for e in 0..=emax {
+                    let r = rot::<false>(e, c, emax);
+                    assert!(r <= emax);
+                    assert_eq!(r == 0, e == 0);
+                    assert!(!seen[r as usize]);
+                    seen[r as usize] = true;
+                    assert_eq!(rot::<true>(r, c, emax), e);
+                }
+            }
+        }
+        // e − c where it stays in 1..=EMAX
+        assert_eq!(rot::<false>(120, 3, 255), 117);
+        assert_eq!(rot::<false>(2, 3, 255), 254);
+        assert_eq!(rot::<false>(250, -7, 255), 2);
+    }
+
+    #[test]
+    fn rotate_round_trips_every_type() {
+        let mut r = Rng(5);
+        let ct = {
+            let mut c = ColTab {
+                p: 37,
+                off: [0; PMAX],
+            };
+            for j in 0..37 {
+                c.off[j] = (r.next() % 16) as i8 - 8;
+            }
+            c
+        };
+        let d: Vec<u8> = (0..4 * 1000).map(|_| r.next() as u8).collect();
+        let mut b = d.clone();
+        rotate::<Bf16, false>(&mut b, 11, &ct);
+        assert_ne!(b, d);
+        // the vector loops compute `rot` exactly
+        for (i, (x, y)) in d.chunks_exact(2).zip(b.chunks_exact(2)).enumerate() {
+            let (x, y) = (
+                u16::from_le_bytes([x[0], x[1]]),
+                u16::from_le_bytes([y[0], y[1]]),
+            );
+            let e = ((x >> 7) & 0xFF) as u32;
+            assert_eq!(
+                ((y >> 7) & 0xFF) as u32,
+                rot::<false>(e, ct.off[(11 + i) % 37], 255)
+            );
+            assert_eq!(x & 0x807F, y & 0x807F);
+        }
+        let mut f = d.clone();
+        rotate::<Fp16, true>(&mut f, 5, &ct);
+        for (i, (x, y)) in d.chunks_exact(2).zip(f.chunks_exact(2)).enumerate() {
+            let (x, y) = (
+                u16::from_le_bytes([x[0], x[1]]),
+                u16::from_le_bytes([y[0], y[1]]),
+            );
+            let e = ((x >> 10) & 31) as u32;
+            assert_eq!(
+                ((y >> 10) & 31) as u32,
+                rot::<true>(e, ct.off[(5 + i) % 37], 31)
+            );
+        }
+        let mut f = d.clone();
+        rotate::<Fp32, false>(&mut f, 0, &ct);
+        for (i, (x, y)) in d.chunks_exact(4).zip(f.chunks_exact(4)).enumerate() {
+            let x = u32::from_le_bytes([x[0], x[1], x[2], x[3]]);
+            let y = u32::from_le_bytes([y[0], y[1], y[2], y[3]]);
+            let e = (x >> 23) & 0xFF;
+            assert_eq!((y >> 23) & 0xFF, rot::<false>(e, ct.off[i % 37], 255));
+            assert_eq!(x & 0x807F_FFFF, y & 0x807F_FFFF);
+        }
+        rotate::<Bf16, true>(&mut b, 11, &ct);
+        assert_eq!(b, d);
+        rotate::<Fp16, false>(&mut b, 3, &ct);
+        rotate::<Fp16, true>(&mut b, 3, &ct);
+        assert_eq!(b, d);
+        rotate::<Fp32, false>(&mut b, 40, &ct);
+        rotate::<Fp32, true>(&mut b, 40, &ct);
+        assert_eq!(b, d);
+    }
+
+    /// The rotated sample histogram equals the histogram of the rotated elements'
+    /// sample, with and without elided lines.
+    #[test]
+    fn rotated_sample_histogram_matches_rotation() {
+        let mut r = Rng(8);
+        let mut ct = ColTab {
+            p: 96,
+            off: [0; PMAX],
+        };
+        for j in 0..96 {
+            ct.off[j] = (r.next() % 16) as i8 - 8;
+        }
+        let grid = channels(4000, 96, 3);
+        let gbytes = grid.len();
+        let nl = gbytes.div_ceil(crate::v2::LINE);
+        for pattern in [0u64, 3, 7] {
+            let elided: Vec<bool> = (0..nl)
+                .map(|j| pattern != 0 && (j as u64 * 7 + 1) % 11 < pattern)
+                .collect();
+            let mut kept: Vec<u8> = grid
+                .chunks(crate::v2::LINE)
+                .zip(elided.iter())
+                .filter(|(_, &z)| !z)
+                .flat_map(|(c, _)| c.iter().copied())
+                .collect();
+            let k = kept.len() / 2;
+            let el = (pattern != 0).then_some(&elided[..]);
+            let h = sample_hist_rotated::<Bf16>(&kept, k, el, 1234, &ct);
+            rotate_kept::<Bf16, false>(&mut kept, el, gbytes, 1234, &ct);
+            let want = crate::encode::sample_histogram::<Bf16>(&kept, k);
+            assert_eq!(h, want, "pattern {pattern}");
+        }
+    }
+
+    #[test]
+    fn table_bytes_round_trip() {
+        for p in [16usize, 17, 385, 8192] {
+            let mut ct = ColTab { p, off: [0; PMAX] };
+            for j in 0..p {
+                ct.off[j] = ((j * 5) % 16) as i8 - 8;
+            }
+            let mut b = vec![0u8; ct.bytes()];
+            ct.write(&mut b);
+            let (c2, len) = ColTab::read(&b).unwrap();
+            assert_eq!(len, ct.bytes());
+            assert_eq!(c2.p, p);
+            assert_eq!(&c2.off[..p], &ct.off[..p]);
+        }
+        assert!(ColTab::read(&[15, 0, 0, 0, 0, 0, 0, 0, 0, 0]).is_err());
+        assert!(ColTab::read(&[0x01, 0x20, 0]).is_err());
+        assert!(matches!(
+            ColTab::read(&[16, 0, 0]),
+            Err(CodecError::Truncated)
+        ));
+        let mut odd = vec![0u8; 2 + 9];
+        odd[0] = 17;
+        odd[10] = 0x10;
+        assert!(ColTab::read(&odd).is_err());
+    }
+
+    #[test]
+    fn the_encoder_takes_a_table_on_channel_data() {
+        let d = channels(131072, 384, 7);
+        let ct = table_for::<Bf16>(&d, 1 << 16).expect("a table");
+        assert_eq!(ct.p, 384);
+    }
+}
+
+#[cfg(test)]
+mod timing {
+    use super::*;
+    /// `cargo test --release -p nccl-zip-codec --lib coltab_timing -- --ignored --nocapture`
+    #[test]
+    #[ignore]
+    fn coltab_timing() {
+        let Ok(d) = std::fs::read("../bench/data/adam_updates.bf16") else {
+            return;
+        };
+        let src = &d[..262144];
+        let t = std::time::Instant::now();
+        for _ in 0..200 {
+            std::hint::black_box(encoder_table(Dtype::Bf16, src, 1 << 16));
+        }
+        eprintln!(
+            "encoder_table: {:.1} us",
+            t.elapsed().as_secs_f64() * 1e6 / 200.0
+        );
+        let t = std::time::Instant::now();
+        for _ in 0..200 {
+            std::hint::black_box(crate::v2::choose_phase::<Bf16>(&src[..65536]));
+        }
+        eprintln!(
+            "choose_phase: {:.1} us",
+            t.elapsed().as_secs_f64() * 1e6 / 200.0
+        );
+        let e: Vec<u8> = src
+            .chunks_exact(2)
+            .take(WINDOW)
+            .map(|c| ((u16::from_le_bytes([c[0], c[1]]) >> 7) & 0xFF) as u8)
+            .collect();
+        let t = std::time::Instant::now();
+        for _ in 0..200 {
+            std::hint::black_box(find_period(&e));
+        }
+        eprintln!(
+            "find_period: {:.1} us",
+            t.elapsed().as_secs_f64() * 1e6 / 200.0
+        );
+        let t = std::time::Instant::now();
+        let mut keys = Vec::new();
+        for _ in 0..200 {
+            keys.clear();
+            keys.extend(
+                src[..WINDOW * 2]
+                    .chunks_exact(2)
+                    .map(|xb| ((Bf16::load(xb, 0) >> 7) & 255) as u8),
+            );
+            std::hint::black_box(&keys);
+        }
+        eprintln!("extract: {:.1} us", t.elapsed().as_secs_f64() * 1e6 / 200.0);
+        let t = std::time::Instant::now();
+        let mut ct = ColTab {
+            p: 384,
+            off: [0; PMAX],
+        };
+        let mut acc = Vec::new();
+        for _ in 0..200 {
+            std::hint::black_box(column_offsets_into(&keys, 384, &mut acc, &mut ct));
+        }
+        eprintln!("offsets: {:.1} us", t.elapsed().as_secs_f64() * 1e6 / 200.0);
+        eprintln!("period of adam chunk 0: {:?}", find_period(&keys));
+        let mut opts = crate::EncodeOptions::default();
+        opts.format = 2;
+        let mut f = vec![0u8; 262144 + 24];
+        let t = std::time::Instant::now();
+        for _ in 0..200 {
+            std::hint::black_box(crate::compress(src, &mut f, &opts).unwrap());
+        }
+        eprintln!(
+            "compress: {:.1} us",
+            t.elapsed().as_secs_f64() * 1e6 / 200.0
+        );
+    }
+}
