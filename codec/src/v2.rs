@@ -286,28 +286,36 @@ fn kraft(lens: &[u8; NSYM]) -> u32 {
 /// 12 bits by the normative adjustment. Every symbol gets a length in 1..=12.
 pub(crate) fn explicit_lengths(cnt: &[u64; NSYM]) -> [u8; NSYM] {
     let mut weight = [0u64; 2 * NSYM];
-    let mut parent = [usize::MAX; 2 * NSYM];
-    // live nodes sorted by (weight, node number): the two smallest are in front,
-    // and a new node (the largest number yet) goes after every node of its weight
-    let mut live = [0usize; NSYM];
+    let mut parent = [0usize; 2 * NSYM];
+    // Two queues, each sorted by (weight, node number): the leaves, sorted once, and
+    // the merged nodes in the order they are made (a merged weight is never below
+    // an earlier one, and numbers grow), so the smaller front is the live node with
+    // the smallest (weight, number), as the rule removes it. (weight, symbol) sorts
+    // as one integer.
+    let mut leaves = [0u64; NSYM];
     for s in 0..NSYM {
         weight[s] = 16 * cnt[s] + 1;
-        live[s] = s;
+        leaves[s] = weight[s] << 5 | s as u64;
     }
-    live.sort_by_key(|&s| (weight[s], s));
-    let mut nlive = NSYM;
+    leaves.sort_unstable();
+    let (mut li, mut mi) = (0usize, NSYM);
     let mut next = NSYM;
     for _ in 0..NSYM - 1 {
-        let (a, b) = (live[0], live[1]);
-        live.copy_within(2..nlive, 0);
-        nlive -= 2;
-        weight[next] = weight[a] + weight[b];
-        parent[a] = next;
-        parent[b] = next;
-        let at = live[..nlive].partition_point(|&n| weight[n] <= weight[next]);
-        live.copy_within(at..nlive, at + 1);
-        live[at] = next;
-        nlive += 1;
+        let mut pick = [0usize; 2];
+        for p in pick.iter_mut() {
+            // a leaf wins a tie on weight: its number is smaller
+            let leaf = (leaves.get(li).copied().unwrap_or(0) & 31) as usize;
+            *p = if li < NSYM && (mi >= next || weight[leaf] <= weight[mi]) {
+                li += 1;
+                leaf
+            } else {
+                mi += 1;
+                mi - 1
+            };
+        }
+        weight[next] = weight[pick[0]] + weight[pick[1]];
+        parent[pick[0]] = next;
+        parent[pick[1]] = next;
         next += 1;
     }
     // depths, parents before children (a parent's number is larger)
@@ -1392,7 +1400,9 @@ fn key_group<T: V2, const V: bool>(
         }
     }
     let w = T::W;
-    let mut ex = [[0u8; 1024 + 8]; 3];
+    // Z's spread planes: zeroed on a Z block's first group only (an eager array
+    // would clear 3 KiB per group of every block)
+    let mut ex_store: Option<[[u8; 1024 + 8]; 3]> = None;
     for q in 0..g {
         let l = &lanes[q];
         let (n, pp, pe) = (l.n, l.pp, l.pend);
@@ -1414,6 +1424,7 @@ fn key_group<T: V2, const V: bool>(
             // element, key 0 and plane bytes 0, joins to 0), 8 elements at a time
             let np = if T::W == 4 { 3 } else { 1 };
             let src = [p1, lo1, lo0];
+            let ex = ex_store.get_or_insert([[0u8; 1024 + 8]; 3]);
             let mut j = 0;
             for (c, k8) in ks.chunks(8).enumerate() {
                 let mut m = 0usize;
@@ -1426,7 +1437,7 @@ fn key_group<T: V2, const V: bool>(
                 }
                 j += m.count_ones() as usize;
             }
-            let [e1, el1, el0] = &ex;
+            let [e1, el1, el0] = &*ex;
             let (e1, el1, el0) = (&e1[..], &el1[..], &el0[..]);
             let lo = |e: &'_ [u8], v: &[u8]| if v.is_empty() { 0 } else { e.len().min(n) };
             T::join_v2(ks, &e1[..n], &el1[..lo(el1, lo1)], &el0[..lo(el0, lo0)], o);
@@ -1897,4 +1908,82 @@ mod tests {
             }
         }
     }
+
+    /// The rule's Huffman as written (FORMAT.md §V2.6): a list of live nodes sorted
+    /// by (weight, number), the two smallest removed, their parent inserted.
+    fn explicit_lengths_ref(cnt: &[u64; NSYM]) -> [u8; NSYM] {
+        let mut weight = [0u64; 2 * NSYM];
+        let mut parent = [usize::MAX; 2 * NSYM];
+        let mut live: Vec<usize> = (0..NSYM).collect();
+        for s in 0..NSYM {
+            weight[s] = 16 * cnt[s] + 1;
+        }
+        let mut next = NSYM;
+        for _ in 0..NSYM - 1 {
+            live.sort_by_key(|&n| (weight[n], n));
+            let (a, b) = (live[0], live[1]);
+            live.drain(..2);
+            weight[next] = weight[a] + weight[b];
+            parent[a] = next;
+            parent[b] = next;
+            live.push(next);
+            next += 1;
+        }
+        let mut depth = [0u32; 2 * NSYM];
+        for n in (0..next - 1).rev() {
+            depth[n] = depth[parent[n]] + 1;
+        }
+        let mut lens = [0u32; NSYM];
+        lens.copy_from_slice(&depth[..NSYM]);
+        if lens.iter().any(|&l| l > MAXLEN) {
+            for l in lens.iter_mut() {
+                *l = (*l).min(MAXLEN);
+            }
+            let mut k: u32 = lens.iter().map(|&l| 1u32 << (MAXLEN - l)).sum();
+            while k > 1 << MAXLEN {
+                let s = (0..NSYM)
+                    .filter(|&s| lens[s] < MAXLEN)
+                    .max_by_key(|&s| (lens[s], std::cmp::Reverse(weight[s]), s))
+                    .unwrap();
+                lens[s] += 1;
+                k -= 1 << (MAXLEN - lens[s]);
+            }
+            while k < 1 << MAXLEN {
+                let s = (0..NSYM)
+                    .max_by_key(|&s| (lens[s], weight[s], std::cmp::Reverse(s)))
+                    .unwrap();
+                k += 1 << (MAXLEN - lens[s]);
+                lens[s] -= 1;
+            }
+        }
+        lens.map(|l| l as u8)
+    }
+
+    /// The two-queue Huffman gives the rule's lengths: random, sparse, skewed and
+    /// tied counts (ties between leaves and merged nodes included).
+    #[test]
+    fn explicit_lengths_match_the_rule() {
+        let mut x = 0x9E37_79B9_7F4A_7C15u64;
+        let mut rnd = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        for case in 0..20000 {
+            let mut cnt = [0u64; NSYM];
+            for c in cnt.iter_mut() {
+                let r = rnd();
+                *c = match case % 5 {
+                    0 => r % 4,
+                    1 => r % 3000,
+                    2 => (1u64 << (r % 17)) & !1,
+                    3 => if r % 3 == 0 { 0 } else { r % 65536 },
+                    _ => [0, 1, 2, 4, 8][(r % 5) as usize],
+                };
+            }
+            assert_eq!(explicit_lengths(&cnt), explicit_lengths_ref(&cnt), "{cnt:?}");
+        }
+    }
+
 }
