@@ -409,19 +409,20 @@ pub(crate) fn encode_block_v2(
 }
 
 /// The block's phase: the `φ < W` whose 1/13 sample has the smallest estimated
-/// cost (FORMAT.md §V2.6; ties: smaller φ), and that sample's statistics.
+/// cost (FORMAT.md §V2.6; ties: smaller φ), that sample's statistics and its static
+/// code choice.
 #[inline(always)]
-fn choose_phase<T: V2>(blk: &[u8]) -> (usize, Stats) {
-    let mut best = (u64::MAX, 0, Stats::default());
+fn choose_phase<T: V2>(blk: &[u8]) -> (usize, Stats, Static) {
+    let mut best: Option<(usize, Stats, Static)> = None;
     for phi in 0..T::W {
         let m = (blk.len() - phi) / T::W;
         let st = Stats::sample::<T>(&blk[phi..], m);
-        let c = choose::<T>(&st, false).value;
-        if c < best.0 {
-            best = (c, phi, st);
+        let c = choose_static::<T>(&st);
+        if best.as_ref().is_none_or(|b| c.best.value < b.2.best.value) {
+            best = Some((phi, st, c));
         }
     }
-    (best.1, best.2)
+    best.unwrap()
 }
 
 /// What the encoder chose for a block's code.
@@ -477,28 +478,41 @@ impl Stats {
         self.count += n as u64;
     }
 
-    /// Statistics of elements `0, 13, 26, ... < m` of `b` (a block's sample): the
-    /// histogram is version 1's sample histogram (same elements, same counts).
+    /// Statistics of elements `0, 13, 26, ... < m` of `b` (a block's sample), in one
+    /// pass: version 1's sample histogram (four interleaved sub-histograms, so that
+    /// runs of equal exponents do not serialise on one counter) with a 257th bin for
+    /// `x = 0` (folded into `e = 0` at the end), and, in fp32, the OR of the elements.
     #[inline(always)]
     pub(crate) fn sample<T: V2>(b: &[u8], m: usize) -> Stats {
-        let h = crate::encode::sample_histogram::<T>(b, m);
-        let (mut nzero, mut lo_or) = (0u64, 0u32);
-        // zeros have e = 0; `lo_or` matters in fp32 only, and only whether its
-        // bits 0..8 and 8..16 are set
-        if h[0] != 0 {
-            for c in b[..m * T::W].chunks(SAMPLE_STRIDE * T::W) {
-                let x = T::load(c, 0);
-                nzero += (x == 0) as u64;
+        // At most 2^20 / 2 / 13 + 1 < 2^16 samples per block: u16 counts suffice.
+        const _: () = assert!((1usize << MAX_BLOCK_LOG2) / 2 / SAMPLE_STRIDE + 1 < 1 << 16);
+        let mut hs = [[0u16; 257]; 4];
+        let mut lo_or = 0u32;
+        let stride = SAMPLE_STRIDE * T::W;
+        let mut one = |h: &mut [u16; 257], x: u32| {
+            h[(T::exp(x) | ((x == 0) as u32) << 8) as usize] += 1;
+            if T::W == 4 {
                 lo_or |= x;
             }
-        } else if T::W == 4 {
-            for c in b[..m * T::W].chunks(SAMPLE_STRIDE * T::W) {
-                lo_or |= T::load(c, 0);
-                if lo_or & 0xFF00 != 0 && lo_or & 0xFF != 0 {
-                    break;
-                }
-            }
+        };
+        let mut chunks = b[..m * T::W].chunks_exact(4 * stride);
+        for c in &mut chunks {
+            let [h0, h1, h2, h3] = &mut hs;
+            one(h0, T::load(c, 0));
+            one(h1, T::load(c, SAMPLE_STRIDE));
+            one(h2, T::load(c, 2 * SAMPLE_STRIDE));
+            one(h3, T::load(c, 3 * SAMPLE_STRIDE));
         }
+        let done = (m * T::W - chunks.remainder().len()) / T::W;
+        for i in (done..m).step_by(SAMPLE_STRIDE) {
+            one(&mut hs[0], T::load(b, i));
+        }
+        let mut h = [0u32; 256];
+        for (e, x) in h.iter_mut().enumerate() {
+            *x = hs[0][e] as u32 + hs[1][e] as u32 + hs[2][e] as u32 + hs[3][e] as u32;
+        }
+        let nzero = hs.iter().map(|h| h[256] as u64).sum::<u64>();
+        h[0] += nzero as u32;
         Stats {
             hc: h,
             nzero,
@@ -526,12 +540,36 @@ fn robust_max(h: &[u32; 256], emax: u32) -> u32 {
 /// Anchors `choose` tries: `smax - 4 ..= smax + 3`.
 const NANCHORS: usize = 8;
 
-/// Cost and code choice on the sample (FORMAT.md §V2.6). The distance symbols'
-/// counts and code costs are the same under both Z (they count elements with
-/// `e >= 1`), so they are summed once per anchor; Z changes only ZERO and ESC.
-/// Inlined so that the per-code sums are vectorised with the caller's features.
+/// The static part of [`choose`]: the best static candidate and what the explicit
+/// candidates need (per Z: the anchor of its best static code).
+pub(crate) struct Static {
+    best: Choice,
+    /// per Z (clear, set): the index of the anchor of this Z's first cheapest
+    /// static code
+    best_ai: [usize; 2],
+    lo: u32,
+    dcnt: [[u64; ND]; NANCHORS],
+    desc: [u64; NANCHORS],
+    r: u64,
+}
+
+/// Cost and code choice on the sample (FORMAT.md §V2.6).
 #[inline(always)]
 pub(crate) fn choose<T: V2>(st: &Stats, explicit: bool) -> Choice {
+    let s = choose_static::<T>(st);
+    if explicit {
+        choose_explicit::<T>(st, &s)
+    } else {
+        s.best
+    }
+}
+
+/// Static codes (FORMAT.md §V2.6). The distance symbols' counts and code costs are
+/// the same under both Z (they count elements with `e >= 1`), so they are summed
+/// once per anchor; Z changes only ZERO and ESC. Inlined so that the per-code sums
+/// are vectorised with the caller's features.
+#[inline(always)]
+pub(crate) fn choose_static<T: V2>(st: &Stats) -> Static {
     let r: u64 = if T::W == 4 {
         8 + if st.lo_or & 0xFF00 != 0 { 8 } else { 0 } + if st.lo_or & 0xFF != 0 { 8 } else { 0 }
     } else {
@@ -573,6 +611,7 @@ pub(crate) fn choose<T: V2>(st: &Stats, explicit: bool) -> Choice {
         value: u64::MAX,
         code_bits: 0,
     };
+    let mut best_ai = [0usize; 2];
     for z in [false, true] {
         let raw_bits = if z {
             r * (st.count - st.nzero)
@@ -586,15 +625,7 @@ pub(crate) fn choose<T: V2>(st: &Stats, explicit: bool) -> Choice {
         } else {
             (h[0] as u64, 0)
         };
-        let counts = |ai: usize| {
-            let mut cnt = [0u64; NSYM];
-            cnt[..ND].copy_from_slice(&dcnt[ai]);
-            cnt[ZERO] = czero;
-            cnt[ESC] = desc[ai] + esc0;
-            cnt
-        };
         // static codes at every anchor
-        let mut best_ai = 0;
         let mut best_z = u64::MAX;
         for (ai, a) in (lo..=hi).enumerate() {
             let cesc = desc[ai] + esc0;
@@ -617,7 +648,7 @@ pub(crate) fn choose<T: V2>(st: &Stats, explicit: bool) -> Choice {
             let v = SAMPLE_STRIDE as u64 * (bits + base) + overhead;
             if v < best_z {
                 best_z = v;
-                best_ai = ai;
+                best_ai[z as usize] = ai;
             }
             if v < best.value {
                 best = Choice {
@@ -630,24 +661,56 @@ pub(crate) fn choose<T: V2>(st: &Stats, explicit: bool) -> Choice {
                 };
             }
         }
-        // explicit lengths at the anchor of this Z's best static code
-        if explicit {
-            let a = lo + best_ai as u32;
-            let cnt = counts(best_ai);
-            let base = raw_bits + cnt[ESC] * T::EBITS as u64;
-            let lens = explicit_lengths(&cnt);
-            let bits: u64 = (0..NSYM).map(|s| cnt[s] * lens[s] as u64).sum();
-            let v = SAMPLE_STRIDE as u64 * (bits + base) + overhead + 104;
-            if v < best.value {
-                best = Choice {
-                    z,
-                    a,
-                    k: None,
-                    lens,
-                    value: v,
-                    code_bits: bits + base - raw_bits,
-                };
-            }
+    }
+    Static {
+        best,
+        best_ai,
+        lo,
+        dcnt,
+        desc,
+        r,
+    }
+}
+
+/// The explicit candidates (FORMAT.md §V2.6), after the static ones of both Z. The
+/// rule visits Z clear's explicit candidate before Z set's static ones: it wins a
+/// tie with the static best when that best has Z set.
+#[inline(always)]
+pub(crate) fn choose_explicit<T: V2>(st: &Stats, s: &Static) -> Choice {
+    let h = &st.hc;
+    let nesc0 = h[0] as u64 - st.nzero;
+    let mut best = s.best;
+    for z in [false, true] {
+        let raw_bits = if z {
+            s.r * (st.count - st.nzero)
+        } else {
+            s.r * st.count
+        };
+        let overhead = if z { 24 } else { 0 };
+        let (czero, esc0) = if z {
+            (st.nzero, nesc0)
+        } else {
+            (h[0] as u64, 0)
+        };
+        let ai = s.best_ai[z as usize];
+        let a = s.lo + ai as u32;
+        let mut cnt = [0u64; NSYM];
+        cnt[..ND].copy_from_slice(&s.dcnt[ai]);
+        cnt[ZERO] = czero;
+        cnt[ESC] = s.desc[ai] + esc0;
+        let base = raw_bits + cnt[ESC] * T::EBITS as u64;
+        let lens = explicit_lengths(&cnt);
+        let bits: u64 = (0..NSYM).map(|s| cnt[s] * lens[s] as u64).sum();
+        let v = SAMPLE_STRIDE as u64 * (bits + base) + overhead + 104;
+        if v < best.value || (!z && v == best.value && best.z) {
+            best = Choice {
+                z,
+                a,
+                k: None,
+                lens,
+                value: v,
+                code_bits: bits + base - raw_bits,
+            };
         }
     }
     best
@@ -718,7 +781,7 @@ fn encode_coded_body<T: V2, const V: bool>(
         return None;
     }
     {
-        let (phi, phase_st) = choose_phase::<T>(blk);
+        let (phi, phase_st, phase_static) = choose_phase::<T>(blk);
         let m = (l - phi) / w;
         let t = (l - phi) % w;
         let gbytes = m * w;
@@ -760,12 +823,14 @@ fn encode_coded_body<T: V2, const V: bool>(
         };
         let k_elems = kept.len() / w;
         // without lines the kept elements are the grid: the phase's sample
-        let st = if lines {
-            Stats::sample::<T>(kept, k_elems)
+        let (st, ch) = if lines {
+            let st = Stats::sample::<T>(kept, k_elems);
+            let ch = choose::<T>(&st, true);
+            (st, ch)
         } else {
-            phase_st
+            let ch = choose_explicit::<T>(&phase_st, &phase_static);
+            (phase_st, ch)
         };
-        let ch = choose::<T>(&st, true);
         let words = crate::codes::canonical_words(&ch.lens);
         let ss = 1usize << SS_LOG2;
         let ns = k_elems.div_ceil(ss);
