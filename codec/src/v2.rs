@@ -478,41 +478,28 @@ impl Stats {
         self.count += n as u64;
     }
 
-    /// Statistics of elements `0, 13, 26, ... < m` of `b` (a block's sample), in one
-    /// pass: version 1's sample histogram (four interleaved sub-histograms, so that
-    /// runs of equal exponents do not serialise on one counter) with a 257th bin for
-    /// `x = 0` (folded into `e = 0` at the end), and, in fp32, the OR of the elements.
+    /// Statistics of elements `0, 13, 26, ... < m` of `b` (a block's sample): the
+    /// histogram is version 1's sample histogram (same elements, same counts).
     #[inline(always)]
     pub(crate) fn sample<T: V2>(b: &[u8], m: usize) -> Stats {
-        // At most 2^20 / 2 / 13 + 1 < 2^16 samples per block: u16 counts suffice.
-        const _: () = assert!((1usize << MAX_BLOCK_LOG2) / 2 / SAMPLE_STRIDE + 1 < 1 << 16);
-        let mut hs = [[0u16; 257]; 4];
-        let mut lo_or = 0u32;
-        let stride = SAMPLE_STRIDE * T::W;
-        let mut one = |h: &mut [u16; 257], x: u32| {
-            h[(T::exp(x) | ((x == 0) as u32) << 8) as usize] += 1;
-            if T::W == 4 {
+        let h = crate::encode::sample_histogram::<T>(b, m);
+        let (mut nzero, mut lo_or) = (0u64, 0u32);
+        // zeros have e = 0; `lo_or` matters in fp32 only, and only whether its
+        // bits 0..8 and 8..16 are set
+        if h[0] != 0 {
+            for c in b[..m * T::W].chunks(SAMPLE_STRIDE * T::W) {
+                let x = T::load(c, 0);
+                nzero += (x == 0) as u64;
                 lo_or |= x;
             }
-        };
-        let mut chunks = b[..m * T::W].chunks_exact(4 * stride);
-        for c in &mut chunks {
-            let [h0, h1, h2, h3] = &mut hs;
-            one(h0, T::load(c, 0));
-            one(h1, T::load(c, SAMPLE_STRIDE));
-            one(h2, T::load(c, 2 * SAMPLE_STRIDE));
-            one(h3, T::load(c, 3 * SAMPLE_STRIDE));
+        } else if T::W == 4 {
+            for c in b[..m * T::W].chunks(SAMPLE_STRIDE * T::W) {
+                lo_or |= T::load(c, 0);
+                if lo_or & 0xFF00 != 0 && lo_or & 0xFF != 0 {
+                    break;
+                }
+            }
         }
-        let done = (m * T::W - chunks.remainder().len()) / T::W;
-        for i in (done..m).step_by(SAMPLE_STRIDE) {
-            one(&mut hs[0], T::load(b, i));
-        }
-        let mut h = [0u32; 256];
-        for (e, x) in h.iter_mut().enumerate() {
-            *x = hs[0][e] as u32 + hs[1][e] as u32 + hs[2][e] as u32 + hs[3][e] as u32;
-        }
-        let nzero = hs.iter().map(|h| h[256] as u64).sum::<u64>();
-        h[0] += nzero as u32;
         Stats {
             hc: h,
             nzero,
