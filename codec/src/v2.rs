@@ -465,6 +465,7 @@ impl Default for Stats {
 impl Stats {
     /// Adds elements `0 .. n` of `b` (detection).
     #[inline(always)]
+    #[cfg(test)]
     pub(crate) fn add<T: V2>(&mut self, b: &[u8], n: usize) {
         let (mut nzero, mut lo_or) = (0u64, 0u32);
         for xb in b[..n * T::W].chunks_exact(T::W) {
@@ -618,20 +619,18 @@ pub(crate) fn choose_static<T: V2>(st: &Stats) -> Static {
             let cesc = desc[ai] + esc0;
             let base = raw_bits + cesc * T::EBITS as u64;
             let (zf, ef) = (czero as f32, cesc as f32);
-            // exact integers in f32 (as above): compared as they are
-            let mut bits = [0f32; NCODES];
+            // exact integers in f32 (as above), below 2^24: exact as i32
+            let mut bits = [0i32; NCODES];
             for (k, b) in bits.iter_mut().enumerate() {
-                *b = dcost[ai][k] + zf * LENGTHS_F32[ZERO][k] + ef * LENGTHS_F32[ESC][k];
+                let f = dcost[ai][k] + zf * LENGTHS_F32[ZERO][k] + ef * LENGTHS_F32[ESC][k];
+                // SAFETY: `f` is a finite integer in 0..2^24 (above).
+                *b = unsafe { f.to_int_unchecked::<i32>() };
             }
             // `value` grows with the bits: the anchor's first cheapest code is the
             // only one that can replace a best (strictly smaller, first wins)
-            let mut k = 0;
-            for (i, &b) in bits.iter().enumerate() {
-                if b < bits[k] {
-                    k = i;
-                }
-            }
-            let bits = bits[k] as u64;
+            let bmin = *bits.iter().min().unwrap();
+            let k = bits.iter().position(|&b| b == bmin).unwrap();
+            let bits = bmin as u64;
             let v = SAMPLE_STRIDE as u64 * (bits + base) + overhead;
             if v < best_z {
                 best_z = v;
@@ -1871,6 +1870,61 @@ unsafe fn detect_v2_avx2(src: &[u8]) -> Dtype {
     detect_v2_body(src)
 }
 
+/// One detection group's statistics for the 8 (type, phase) candidates (FORMAT.md
+/// §V2.6 "Detection"), from one read of its 16-bit words at phases 0 and 1: bf16's
+/// exponent fields go to `hb[φ][parity]` (`first[φ]`: element 0's, which fp32 at
+/// φ + 2 does not hold), fp16's histograms and every candidate's `nzero`, `lo_or`,
+/// `count` straight to `st`. Equals [`Stats::add`] per candidate (a test checks).
+#[inline(always)]
+fn group_stats(
+    s: &[u8],
+    st: &mut [Stats; 8],
+    hb: &mut [[[u32; 256]; 2]; 2],
+    first: &mut [[u32; 256]; 2],
+) {
+    for phi in 0..2 {
+        // 16-bit words at bytes phi + 2i: 32 at φ = 0, 31 at φ = 1
+        let n = (64 - phi) / 2;
+        let mut wd = [0u32; 32];
+        for (i, w) in wd.iter_mut().enumerate().take(n) {
+            *w = u16::from_le_bytes([s[phi + 2 * i], s[phi + 2 * i + 1]]) as u32;
+        }
+        let [he, ho] = &mut hb[phi];
+        let hf = &mut st[2 + phi].hc;
+        for i in (0..n).step_by(2) {
+            let (x, y) = (wd[i], wd[i + 1]);
+            he[(x >> 7 & 0xFF) as usize] += 1;
+            hf[(x >> 10 & 0x1F) as usize] += 1;
+            if i + 1 < n {
+                ho[(y >> 7 & 0xFF) as usize] += 1;
+                hf[(y >> 10 & 0x1F) as usize] += 1;
+            }
+        }
+        // word 31 at φ = 1 is 0 (not a word): it counts as a zero
+        let nz16 = wd.iter().map(|&x| (x == 0) as u64).sum::<u64>() - (32 - n) as u64;
+        let or16 = wd.iter().fold(0, |a, &x| a | x);
+        first[phi][(wd[0] >> 7 & 0xFF) as usize] += 1;
+        for c in [phi, 2 + phi] {
+            st[c].nzero += nz16;
+            st[c].lo_or |= or16;
+            st[c].count += n as u64;
+        }
+        // fp32 at φ: words (2i, 2i + 1), at φ + 2: words (2i + 1, 2i + 2)
+        for (q, c) in [(0usize, 4 + phi), (1, 6 + phi)] {
+            let m = (64 - phi - 2 * q) / 4;
+            let (mut nz, mut or) = (0u64, 0u32);
+            for i in 0..m {
+                let x = wd[q + 2 * i] | wd[q + 2 * i + 1] << 16;
+                nz += (x == 0) as u64;
+                or |= x;
+            }
+            st[c].nzero += nz;
+            st[c].lo_or |= or;
+            st[c].count += m as u64;
+        }
+    }
+}
+
 #[inline(always)]
 fn detect_v2_body(src: &[u8]) -> Dtype {
     let n = src.len();
@@ -1882,6 +1936,8 @@ fn detect_v2_body(src: &[u8]) -> Dtype {
     // statistics per (type, phase): bf16 0..2, fp16 2..4, fp32 4..8
     let mut st: [Stats; 8] = Default::default();
     let mut used = 0u64;
+    let mut hb = [[[0u32; 256]; 2]; 2];
+    let mut first = [[0u32; 256]; 2];
     for j in 0..g {
         let off = 64 * (j * units / g);
         let s = &src[off..off + 64];
@@ -1889,16 +1945,20 @@ fn detect_v2_body(src: &[u8]) -> Dtype {
             continue;
         }
         used += 1;
-        for phi in 0..2 {
-            st[phi].add::<Bf16>(&s[phi..], (64 - phi) / 2);
-            st[2 + phi].add::<Fp16>(&s[phi..], (64 - phi) / 2);
-        }
-        for phi in 0..4 {
-            st[4 + phi].add::<Fp32>(&s[phi..], (64 - phi) / 4);
-        }
+        group_stats(s, &mut st, &mut hb, &mut first);
     }
     if used == 0 {
         return Dtype::Raw;
+    }
+    // bf16 at φ: both parities; fp32's exponent field is the bf16 one of its high
+    // half: fp32 φ (φ+2) is bf16 φ's odd (even, but the first) elements
+    for phi in 0..2 {
+        for e in 0..256 {
+            let (ev, od) = (hb[phi][0][e], hb[phi][1][e]);
+            st[phi].hc[e] = ev + od;
+            st[4 + phi].hc[e] = od;
+            st[6 + phi].hc[e] = ev - first[phi][e];
+        }
     }
     // (value, bytes covered): compare value / bytes
     let mut best = (u64::MAX, 1u64, Dtype::Raw);
@@ -2035,6 +2095,70 @@ mod tests {
                 };
             }
             assert_eq!(explicit_lengths(&cnt), explicit_lengths_ref(&cnt), "{cnt:?}");
+        }
+    }
+
+
+    /// Detection's shared-read statistics equal [`Stats::add`] per candidate, on
+    /// floats of each type at every offset, zeros, constant runs and random bytes.
+    #[test]
+    fn group_stats_match_add() {
+        let mut x = 0x2545_F491_4F6C_DD1Du64;
+        let mut rnd = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        for case in 0..3000 {
+            let mut g = [0u8; 64];
+            for (i, b) in g.iter_mut().enumerate() {
+                let r = rnd();
+                *b = match case % 6 {
+                    0 => r as u8,
+                    1 => if r % 3 == 0 { 0 } else { r as u8 },
+                    // bf16-like: exponent bytes near 0x3C..0x3F at odd offsets
+                    2 => if (i + case / 6) % 2 == 1 { 0x3C | (r as u8 & 3) } else { r as u8 },
+                    // fp32-like at a random offset
+                    3 => if (i + case / 6) % 4 == 3 { 0x3E | (r as u8 & 1) } else if (i + case / 6) % 4 == 0 { 0 } else { r as u8 },
+                    4 => if r % 5 == 0 { r as u8 } else { 0 },
+                    _ => if (i / 8) % 2 == 0 { 0 } else { (r % 4) as u8 * 0x40 },
+                };
+            }
+            let mut st: [Stats; 8] = Default::default();
+            let mut hb = [[[0u32; 256]; 2]; 2];
+            let mut first = [[0u32; 256]; 2];
+            // two groups, as detection adds them up
+            group_stats(&g, &mut st, &mut hb, &mut first);
+            let mut g2 = g;
+            g2.rotate_left(case % 7);
+            group_stats(&g2, &mut st, &mut hb, &mut first);
+            for phi in 0..2 {
+                for e in 0..256 {
+                    let (ev, od) = (hb[phi][0][e], hb[phi][1][e]);
+                    st[phi].hc[e] = ev + od;
+                    st[4 + phi].hc[e] = od;
+                    st[6 + phi].hc[e] = ev - first[phi][e];
+                }
+            }
+            let mut want: [Stats; 8] = Default::default();
+            for s in [&g[..], &g2[..]] {
+                for phi in 0..2 {
+                    want[phi].add::<Bf16>(&s[phi..], (64 - phi) / 2);
+                    want[2 + phi].add::<Fp16>(&s[phi..], (64 - phi) / 2);
+                }
+                for phi in 0..4 {
+                    want[4 + phi].add::<Fp32>(&s[phi..], (64 - phi) / 4);
+                }
+            }
+            for c in 0..8 {
+                assert_eq!(st[c].hc, want[c].hc, "case {case} candidate {c}");
+                assert_eq!(
+                    (st[c].nzero, st[c].count, st[c].lo_or),
+                    (want[c].nzero, want[c].count, want[c].lo_or),
+                    "case {case} candidate {c}"
+                );
+            }
         }
     }
 
