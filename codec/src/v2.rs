@@ -1438,14 +1438,26 @@ fn key_group<T: V2, const V: bool>(
             lane_finish::<T>(set, stream, &mut keys[q], lanes[q].n, &mut kl[q]);
         }
     }
+    let mut zm = [[0u8; SEG_ELEMS / 8]; LANES];
     for q in 0..g {
         let (k, l) = (&kl[q], &lanes[q]);
         if k.bad != 0 || 8 * k.base as u64 + k.bp != l.end {
             return false;
         }
         if pl.z {
-            let zeros = keys[q][..l.n].iter().filter(|&&k| k == 0).count();
-            if l.n - zeros != l.pend - l.pp {
+            // one bit per key, set for a non-ZERO key, 8 keys a byte (the spread's
+            // masks), and their count
+            let mut kept = 0usize;
+            for (c, m) in zm[q].iter_mut().enumerate().take(l.n.div_ceil(8)) {
+                let v = u64::from_le_bytes(keys[q][8 * c..8 * c + 8].try_into().unwrap());
+                let mut b = nonzero_bytes(v);
+                if 8 * c + 8 > l.n {
+                    b &= (1 << (l.n - 8 * c)) - 1;
+                }
+                *m = b as u8;
+                kept += b.count_ones() as usize;
+            }
+            if kept != l.pend - l.pp {
                 return false;
             }
         }
@@ -1477,11 +1489,8 @@ fn key_group<T: V2, const V: bool>(
             let src = [p1, lo1, lo0];
             let ex = ex_store.get_or_insert([[0u8; 1024 + 8]; 3]);
             let mut j = 0;
-            for (c, k8) in ks.chunks(8).enumerate() {
-                let mut m = 0usize;
-                for (t, &k) in k8.iter().enumerate() {
-                    m |= ((k != 0) as usize) << t;
-                }
+            for (c, &m) in zm[q].iter().enumerate().take(n.div_ceil(8)) {
+                let m = m as usize;
                 for (e, sp) in ex.iter_mut().zip(src.iter()).take(np) {
                     let v = shuffle8::<V>(load64(sp, j), &EXPAND[m]);
                     e[8 * c..8 * c + 8].copy_from_slice(&v.to_le_bytes());
@@ -1495,6 +1504,16 @@ fn key_group<T: V2, const V: bool>(
         }
     }
     true
+}
+
+/// Bit `t` set iff byte `t` of `v` is not 0.
+#[inline(always)]
+fn nonzero_bytes(v: u64) -> u32 {
+    const L7: u64 = 0x7F7F_7F7F_7F7F_7F7F;
+    // high bit of each byte: set iff the byte is not 0
+    let hi = (((v & L7) + L7) | v) & !L7;
+    // gather the 8 high bits into the top byte
+    ((hi >> 7).wrapping_mul(0x0102_0408_1020_4080) >> 56) as u32
 }
 
 /// `V`: compiled for AVX2 (see [`shuffle8`]).
@@ -2159,6 +2178,31 @@ mod tests {
                     "case {case} candidate {c}"
                 );
             }
+        }
+    }
+
+
+    /// `nonzero_bytes` marks exactly the nonzero bytes.
+    #[test]
+    fn nonzero_bytes_marks_bytes() {
+        let mut x = 0x1234_5678_9ABC_DEF1u64;
+        for i in 0..100_000u32 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            // bytes 0 with probability 1/2, and 0x80 / 0x01 / 0xFF edge values
+            let mut v = 0u64;
+            for b in 0..8 {
+                let r = (x >> (8 * b)) as u8;
+                let byte = match (r ^ i as u8) % 6 {
+                    0 | 1 | 2 => 0,
+                    3 => [0x80, 0x01, 0xFF, 0x7F][(r >> 4) as usize % 4],
+                    _ => r,
+                };
+                v |= (byte as u64) << (8 * b);
+            }
+            let want = (0..8).fold(0u32, |m, b| m | (((v >> (8 * b)) as u8 != 0) as u32) << b);
+            assert_eq!(nonzero_bytes(v), want, "{v:#x}");
         }
     }
 
