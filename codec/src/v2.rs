@@ -778,14 +778,18 @@ fn encode_coded_body<T: V2, const V: bool>(
         let mut n_elided = 0;
         let mut runs = 0;
         let mut prev = false;
-        for c in grid.chunks(LINE) {
-            let z = if c.len() == LINE {
+        // whole lines (`chunks_exact`: no per-line length clamp), then the short one
+        let full = grid.chunks_exact(LINE);
+        let last = full.remainder();
+        let short = (!last.is_empty()).then(|| last.iter().fold(0u8, |a, &b| a | b) == 0);
+        for z in full
+            .map(|c| {
                 c.chunks_exact(8)
                     .fold(0u64, |a, b| a | u64::from_le_bytes(b.try_into().unwrap()))
                     == 0
-            } else {
-                c.iter().fold(0u8, |a, &b| a | b) == 0
-            };
+            })
+            .chain(short)
+        {
             s.elided.push(z);
             if z {
                 n_elided += 1;
