@@ -1223,6 +1223,8 @@ fn read_packed(
 
 /// Most sub-segments a block can have: 2^20 bytes / 2 / 256.
 const MAX_NS: usize = (1 << MAX_BLOCK_LOG2) / 2 / 256;
+/// Sub-segments of a 64 KiB block (at most; 256-element sub-segments of bf16).
+const SMALL_NS: usize = (1 << 16) / 2 / 256;
 /// Most lines a block can have.
 const MAX_LINES: usize = (1 << MAX_BLOCK_LOG2) / LINE;
 
@@ -1641,11 +1643,21 @@ fn decode_coded_body<T: V2, S: TableSource, const V: bool>(
     let k_elems = (gbytes - n_elided_bytes) / w;
     let ns = k_elems.div_ceil(ss);
     let head = cur.take(phi)?;
-    let mut seg_bits = [0u32; MAX_NS];
-    let mut seg_zeros = [0u32; MAX_NS];
-    read_packed(&mut cur, ns, iw, base, &mut seg_bits)?;
+    // per sub-segment: bits and ZERO count; blocks up to 64 KiB (at most 128
+    // sub-segments) clear 2 KiB, not the 16 KiB a 1 MiB block's index needs
+    let (mut small, mut big);
+    let (seg_bits, seg_zeros): (&mut [u32], &mut [u32]) = if ns <= SMALL_NS {
+        small = [[0u32; SMALL_NS]; 2];
+        let [b, z] = &mut small;
+        (b, z)
+    } else {
+        big = [[0u32; MAX_NS]; 2];
+        let [b, z] = &mut big;
+        (b, z)
+    };
+    read_packed(&mut cur, ns, iw, base, seg_bits)?;
     if z {
-        read_packed(&mut cur, ns, zw, zbase, &mut seg_zeros)?;
+        read_packed(&mut cur, ns, zw, zbase, seg_zeros)?;
     }
     let mut total_bits = 0u64;
     let mut zsum = 0usize;
