@@ -287,28 +287,36 @@ fn kraft(lens: &[u8; NSYM]) -> u32 {
 /// 12 bits by the normative adjustment. Every symbol gets a length in 1..=12.
 pub(crate) fn explicit_lengths(cnt: &[u64; NSYM]) -> [u8; NSYM] {
     let mut weight = [0u64; 2 * NSYM];
-    let mut parent = [usize::MAX; 2 * NSYM];
-    // live nodes sorted by (weight, node number): the two smallest are in front,
-    // and a new node (the largest number yet) goes after every node of its weight
-    let mut live = [0usize; NSYM];
+    let mut parent = [0usize; 2 * NSYM];
+    // Two queues, each sorted by (weight, node number): the leaves, sorted once, and
+    // the merged nodes in the order they are made (a merged weight is never below
+    // an earlier one, and numbers grow), so the smaller front is the live node with
+    // the smallest (weight, number), as the rule removes it. (weight, symbol) sorts
+    // as one integer.
+    let mut leaves = [0u64; NSYM];
     for s in 0..NSYM {
         weight[s] = 16 * cnt[s] + 1;
-        live[s] = s;
+        leaves[s] = weight[s] << 5 | s as u64;
     }
-    live.sort_by_key(|&s| (weight[s], s));
-    let mut nlive = NSYM;
+    leaves.sort_unstable();
+    let (mut li, mut mi) = (0usize, NSYM);
     let mut next = NSYM;
     for _ in 0..NSYM - 1 {
-        let (a, b) = (live[0], live[1]);
-        live.copy_within(2..nlive, 0);
-        nlive -= 2;
-        weight[next] = weight[a] + weight[b];
-        parent[a] = next;
-        parent[b] = next;
-        let at = live[..nlive].partition_point(|&n| weight[n] <= weight[next]);
-        live.copy_within(at..nlive, at + 1);
-        live[at] = next;
-        nlive += 1;
+        let mut pick = [0usize; 2];
+        for p in pick.iter_mut() {
+            // a leaf wins a tie on weight: its number is smaller
+            let leaf = (leaves.get(li).copied().unwrap_or(0) & 31) as usize;
+            *p = if li < NSYM && (mi >= next || weight[leaf] <= weight[mi]) {
+                li += 1;
+                leaf
+            } else {
+                mi += 1;
+                mi - 1
+            };
+        }
+        weight[next] = weight[pick[0]] + weight[pick[1]];
+        parent[pick[0]] = next;
+        parent[pick[1]] = next;
         next += 1;
     }
     // depths, parents before children (a parent's number is larger)
@@ -406,19 +414,20 @@ pub(crate) fn encode_block_v2(
 }
 
 /// The block's phase: the `φ < W` whose 1/13 sample has the smallest estimated
-/// cost (FORMAT.md §V2.6; ties: smaller φ), and that sample's statistics.
+/// cost (FORMAT.md §V2.6; ties: smaller φ), that sample's statistics and its static
+/// code choice.
 #[inline(always)]
-pub(crate) fn choose_phase<T: V2>(blk: &[u8]) -> (usize, Stats) {
-    let mut best = (u64::MAX, 0, Stats::default());
+pub(crate) fn choose_phase<T: V2>(blk: &[u8]) -> (usize, Stats, Static) {
+    let mut best: Option<(usize, Stats, Static)> = None;
     for phi in 0..T::W {
         let m = (blk.len() - phi) / T::W;
         let st = Stats::sample::<T>(&blk[phi..], m);
-        let c = choose::<T>(&st, false).value;
-        if c < best.0 {
-            best = (c, phi, st);
+        let c = choose_static::<T>(&st);
+        if best.as_ref().is_none_or(|b| c.best.value < b.2.best.value) {
+            best = Some((phi, st, c));
         }
     }
-    (best.1, best.2)
+    best.unwrap()
 }
 
 /// What the encoder chose for a block's code.
@@ -471,6 +480,7 @@ impl Stats {
 
     /// Adds elements `0 .. n` of `b` (detection).
     #[inline(always)]
+    #[cfg(test)]
     pub(crate) fn add<T: V2>(&mut self, b: &[u8], n: usize) {
         let (mut nzero, mut lo_or) = (0u64, 0u32);
         for xb in b[..n * T::W].chunks_exact(T::W) {
@@ -533,12 +543,36 @@ fn robust_max(h: &[u32; 256], emax: u32) -> u32 {
 /// Anchors `choose` tries: `smax - 4 ..= smax + 3`.
 const NANCHORS: usize = 8;
 
-/// Cost and code choice on the sample (FORMAT.md §V2.6). The distance symbols'
-/// counts and code costs are the same under both Z (they count elements with
-/// `e >= 1`), so they are summed once per anchor; Z changes only ZERO and ESC.
-/// Inlined so that the per-code sums are vectorised with the caller's features.
+/// The static part of [`choose`]: the best static candidate and what the explicit
+/// candidates need (per Z: the anchor of its best static code).
+pub(crate) struct Static {
+    best: Choice,
+    /// per Z (clear, set): the index of the anchor of this Z's first cheapest
+    /// static code
+    best_ai: [usize; 2],
+    lo: u32,
+    dcnt: [[u64; ND]; NANCHORS],
+    desc: [u64; NANCHORS],
+    r: u64,
+}
+
+/// Cost and code choice on the sample (FORMAT.md §V2.6).
 #[inline(always)]
 pub(crate) fn choose<T: V2>(st: &Stats, explicit: bool) -> Choice {
+    let s = choose_static::<T>(st);
+    if explicit {
+        choose_explicit::<T>(st, &s)
+    } else {
+        s.best
+    }
+}
+
+/// Static codes (FORMAT.md §V2.6). The distance symbols' counts and code costs are
+/// the same under both Z (they count elements with `e >= 1`), so they are summed
+/// once per anchor; Z changes only ZERO and ESC. Inlined so that the per-code sums
+/// are vectorised with the caller's features.
+#[inline(always)]
+pub(crate) fn choose_static<T: V2>(st: &Stats) -> Static {
     let r: u64 = if T::W == 4 {
         8 + if st.lo_or & 0xFF00 != 0 { 8 } else { 0 } + if st.lo_or & 0xFF != 0 { 8 } else { 0 }
     } else {
@@ -580,6 +614,7 @@ pub(crate) fn choose<T: V2>(st: &Stats, explicit: bool) -> Choice {
         value: u64::MAX,
         code_bits: 0,
     };
+    let mut best_ai = [0usize; 2];
     for z in [false, true] {
         let raw_bits = if z {
             r * (st.count - st.nzero)
@@ -593,38 +628,28 @@ pub(crate) fn choose<T: V2>(st: &Stats, explicit: bool) -> Choice {
         } else {
             (h[0] as u64, 0)
         };
-        let counts = |ai: usize| {
-            let mut cnt = [0u64; NSYM];
-            cnt[..ND].copy_from_slice(&dcnt[ai]);
-            cnt[ZERO] = czero;
-            cnt[ESC] = desc[ai] + esc0;
-            cnt
-        };
         // static codes at every anchor
-        let mut best_ai = 0;
         let mut best_z = u64::MAX;
         for (ai, a) in (lo..=hi).enumerate() {
             let cesc = desc[ai] + esc0;
             let base = raw_bits + cesc * T::EBITS as u64;
             let (zf, ef) = (czero as f32, cesc as f32);
-            // exact integers in f32 (as above): compared as they are
-            let mut bits = [0f32; NCODES];
+            // exact integers in f32 (as above), below 2^24: exact as i32
+            let mut bits = [0i32; NCODES];
             for (k, b) in bits.iter_mut().enumerate() {
-                *b = dcost[ai][k] + zf * LENGTHS_F32[ZERO][k] + ef * LENGTHS_F32[ESC][k];
+                let f = dcost[ai][k] + zf * LENGTHS_F32[ZERO][k] + ef * LENGTHS_F32[ESC][k];
+                // SAFETY: `f` is a finite integer in 0..2^24 (above).
+                *b = unsafe { f.to_int_unchecked::<i32>() };
             }
             // `value` grows with the bits: the anchor's first cheapest code is the
             // only one that can replace a best (strictly smaller, first wins)
-            let mut k = 0;
-            for (i, &b) in bits.iter().enumerate() {
-                if b < bits[k] {
-                    k = i;
-                }
-            }
-            let bits = bits[k] as u64;
+            let bmin = *bits.iter().min().unwrap();
+            let k = bits.iter().position(|&b| b == bmin).unwrap();
+            let bits = bmin as u64;
             let v = SAMPLE_STRIDE as u64 * (bits + base) + overhead;
             if v < best_z {
                 best_z = v;
-                best_ai = ai;
+                best_ai[z as usize] = ai;
             }
             if v < best.value {
                 best = Choice {
@@ -637,24 +662,56 @@ pub(crate) fn choose<T: V2>(st: &Stats, explicit: bool) -> Choice {
                 };
             }
         }
-        // explicit lengths at the anchor of this Z's best static code
-        if explicit {
-            let a = lo + best_ai as u32;
-            let cnt = counts(best_ai);
-            let base = raw_bits + cnt[ESC] * T::EBITS as u64;
-            let lens = explicit_lengths(&cnt);
-            let bits: u64 = (0..NSYM).map(|s| cnt[s] * lens[s] as u64).sum();
-            let v = SAMPLE_STRIDE as u64 * (bits + base) + overhead + 104;
-            if v < best.value {
-                best = Choice {
-                    z,
-                    a,
-                    k: None,
-                    lens,
-                    value: v,
-                    code_bits: bits + base - raw_bits,
-                };
-            }
+    }
+    Static {
+        best,
+        best_ai,
+        lo,
+        dcnt,
+        desc,
+        r,
+    }
+}
+
+/// The explicit candidates (FORMAT.md §V2.6), after the static ones of both Z. The
+/// rule visits Z clear's explicit candidate before Z set's static ones: it wins a
+/// tie with the static best when that best has Z set.
+#[inline(always)]
+pub(crate) fn choose_explicit<T: V2>(st: &Stats, s: &Static) -> Choice {
+    let h = &st.hc;
+    let nesc0 = h[0] as u64 - st.nzero;
+    let mut best = s.best;
+    for z in [false, true] {
+        let raw_bits = if z {
+            s.r * (st.count - st.nzero)
+        } else {
+            s.r * st.count
+        };
+        let overhead = if z { 24 } else { 0 };
+        let (czero, esc0) = if z {
+            (st.nzero, nesc0)
+        } else {
+            (h[0] as u64, 0)
+        };
+        let ai = s.best_ai[z as usize];
+        let a = s.lo + ai as u32;
+        let mut cnt = [0u64; NSYM];
+        cnt[..ND].copy_from_slice(&s.dcnt[ai]);
+        cnt[ZERO] = czero;
+        cnt[ESC] = s.desc[ai] + esc0;
+        let base = raw_bits + cnt[ESC] * T::EBITS as u64;
+        let lens = explicit_lengths(&cnt);
+        let bits: u64 = (0..NSYM).map(|s| cnt[s] * lens[s] as u64).sum();
+        let v = SAMPLE_STRIDE as u64 * (bits + base) + overhead + 104;
+        if v < best.value || (!z && v == best.value && best.z) {
+            best = Choice {
+                z,
+                a,
+                k: None,
+                lens,
+                value: v,
+                code_bits: bits + base - raw_bits,
+            };
         }
     }
     best
@@ -736,7 +793,7 @@ fn encode_coded_body<T: V2, const V: bool>(
         return None;
     }
     {
-        let (phi, phase_st) = choose_phase::<T>(blk);
+        let (phi, phase_st, phase_static) = choose_phase::<T>(blk);
         let m = (l - phi) / w;
         let t = (l - phi) % w;
         let gbytes = m * w;
@@ -747,14 +804,18 @@ fn encode_coded_body<T: V2, const V: bool>(
         let mut n_elided = 0;
         let mut runs = 0;
         let mut prev = false;
-        for c in grid.chunks(LINE) {
-            let z = if c.len() == LINE {
+        // whole lines (`chunks_exact`: no per-line length clamp), then the short one
+        let full = grid.chunks_exact(LINE);
+        let last = full.remainder();
+        let short = (!last.is_empty()).then(|| last.iter().fold(0u8, |a, &b| a | b) == 0);
+        for z in full
+            .map(|c| {
                 c.chunks_exact(8)
                     .fold(0u64, |a, b| a | u64::from_le_bytes(b.try_into().unwrap()))
                     == 0
-            } else {
-                c.iter().fold(0u8, |a, &b| a | b) == 0
-            };
+            })
+            .chain(short)
+        {
             s.elided.push(z);
             if z {
                 n_elided += 1;
@@ -778,12 +839,14 @@ fn encode_coded_body<T: V2, const V: bool>(
         };
         let k_elems = kept.len() / w;
         // without lines the kept elements are the grid: the phase's sample
-        let st = if lines {
-            Stats::sample::<T>(kept, k_elems)
+        let (st, ch) = if lines {
+            let st = Stats::sample::<T>(kept, k_elems);
+            let ch = choose::<T>(&st, true);
+            (st, ch)
         } else {
-            phase_st
+            let ch = choose_explicit::<T>(&phase_st, &phase_static);
+            (phase_st, ch)
         };
-        let ch = choose::<T>(&st, true);
         // column table (FORMAT.md §V2.9): the kept elements with their exponents
         // rotated by their columns' offsets, when that sample codes cheaper
         let mut use_col = false;
@@ -1213,6 +1276,8 @@ fn read_packed(
 
 /// Most sub-segments a block can have: 2^20 bytes / 2 / 256.
 const MAX_NS: usize = (1 << MAX_BLOCK_LOG2) / 2 / 256;
+/// Sub-segments of a 64 KiB block (at most; 256-element sub-segments of bf16).
+const SMALL_NS: usize = (1 << 16) / 2 / 256;
 /// Most lines a block can have.
 const MAX_LINES: usize = (1 << MAX_BLOCK_LOG2) / LINE;
 
@@ -1434,20 +1499,34 @@ fn key_group<T: V2, const V: bool>(
             lane_finish::<T>(set, stream, &mut keys[q], lanes[q].n, &mut kl[q]);
         }
     }
+    let mut zm = [[0u8; SEG_ELEMS / 8]; LANES];
     for q in 0..g {
         let (k, l) = (&kl[q], &lanes[q]);
         if k.bad != 0 || 8 * k.base as u64 + k.bp != l.end {
             return false;
         }
         if pl.z {
-            let zeros = keys[q][..l.n].iter().filter(|&&k| k == 0).count();
-            if l.n - zeros != l.pend - l.pp {
+            // one bit per key, set for a non-ZERO key, 8 keys a byte (the spread's
+            // masks), and their count
+            let mut kept = 0usize;
+            for (c, m) in zm[q].iter_mut().enumerate().take(l.n.div_ceil(8)) {
+                let v = u64::from_le_bytes(keys[q][8 * c..8 * c + 8].try_into().unwrap());
+                let mut b = nonzero_bytes(v);
+                if 8 * c + 8 > l.n {
+                    b &= (1 << (l.n - 8 * c)) - 1;
+                }
+                *m = b as u8;
+                kept += b.count_ones() as usize;
+            }
+            if kept != l.pend - l.pp {
                 return false;
             }
         }
     }
     let w = T::W;
-    let mut ex = [[0u8; 1024 + 8]; 3];
+    // Z's spread planes: zeroed on a Z block's first group only (an eager array
+    // would clear 3 KiB per group of every block)
+    let mut ex_store: Option<[[u8; 1024 + 8]; 3]> = None;
     for q in 0..g {
         let l = &lanes[q];
         let (n, pp, pe) = (l.n, l.pp, l.pend);
@@ -1469,25 +1548,33 @@ fn key_group<T: V2, const V: bool>(
             // element, key 0 and plane bytes 0, joins to 0), 8 elements at a time
             let np = if T::W == 4 { 3 } else { 1 };
             let src = [p1, lo1, lo0];
+            let ex = ex_store.get_or_insert([[0u8; 1024 + 8]; 3]);
             let mut j = 0;
-            for (c, k8) in ks.chunks(8).enumerate() {
-                let mut m = 0usize;
-                for (t, &k) in k8.iter().enumerate() {
-                    m |= ((k != 0) as usize) << t;
-                }
+            for (c, &m) in zm[q].iter().enumerate().take(n.div_ceil(8)) {
+                let m = m as usize;
                 for (e, sp) in ex.iter_mut().zip(src.iter()).take(np) {
                     let v = shuffle8::<V>(load64(sp, j), &EXPAND[m]);
                     e[8 * c..8 * c + 8].copy_from_slice(&v.to_le_bytes());
                 }
                 j += m.count_ones() as usize;
             }
-            let [e1, el1, el0] = &ex;
+            let [e1, el1, el0] = &*ex;
             let (e1, el1, el0) = (&e1[..], &el1[..], &el0[..]);
             let lo = |e: &'_ [u8], v: &[u8]| if v.is_empty() { 0 } else { e.len().min(n) };
             T::join_v2(ks, &e1[..n], &el1[..lo(el1, lo1)], &el0[..lo(el0, lo0)], o);
         }
     }
     true
+}
+
+/// Bit `t` set iff byte `t` of `v` is not 0.
+#[inline(always)]
+fn nonzero_bytes(v: u64) -> u32 {
+    const L7: u64 = 0x7F7F_7F7F_7F7F_7F7F;
+    // high bit of each byte: set iff the byte is not 0
+    let hi = (((v & L7) + L7) | v) & !L7;
+    // gather the 8 high bits into the top byte
+    ((hi >> 7).wrapping_mul(0x0102_0408_1020_4080) >> 56) as u32
 }
 
 /// `V`: compiled for AVX2 (see [`shuffle8`]).
@@ -1617,11 +1704,21 @@ fn decode_coded_body<T: V2, S: TableSource, const V: bool>(
     let k_elems = (gbytes - n_elided_bytes) / w;
     let ns = k_elems.div_ceil(ss);
     let head = cur.take(phi)?;
-    let mut seg_bits = [0u32; MAX_NS];
-    let mut seg_zeros = [0u32; MAX_NS];
-    read_packed(&mut cur, ns, iw, base, &mut seg_bits)?;
+    // per sub-segment: bits and ZERO count; blocks up to 64 KiB (at most 128
+    // sub-segments) clear 2 KiB, not the 16 KiB a 1 MiB block's index needs
+    let (mut small, mut big);
+    let (seg_bits, seg_zeros): (&mut [u32], &mut [u32]) = if ns <= SMALL_NS {
+        small = [[0u32; SMALL_NS]; 2];
+        let [b, z] = &mut small;
+        (b, z)
+    } else {
+        big = [[0u32; MAX_NS]; 2];
+        let [b, z] = &mut big;
+        (b, z)
+    };
+    read_packed(&mut cur, ns, iw, base, seg_bits)?;
     if z {
-        read_packed(&mut cur, ns, zw, zbase, &mut seg_zeros)?;
+        read_packed(&mut cur, ns, zw, zbase, seg_zeros)?;
     }
     let mut total_bits = 0u64;
     let mut zsum = 0usize;
@@ -1877,6 +1974,61 @@ unsafe fn detect_v2_avx2(src: &[u8]) -> Dtype {
     detect_v2_body(src)
 }
 
+/// One detection group's statistics for the 8 (type, phase) candidates (FORMAT.md
+/// §V2.6 "Detection"), from one read of its 16-bit words at phases 0 and 1: bf16's
+/// exponent fields go to `hb[φ][parity]` (`first[φ]`: element 0's, which fp32 at
+/// φ + 2 does not hold), fp16's histograms and every candidate's `nzero`, `lo_or`,
+/// `count` straight to `st`. Equals [`Stats::add`] per candidate (a test checks).
+#[inline(always)]
+fn group_stats(
+    s: &[u8],
+    st: &mut [Stats; 8],
+    hb: &mut [[[u32; 256]; 2]; 2],
+    first: &mut [[u32; 256]; 2],
+) {
+    for phi in 0..2 {
+        // 16-bit words at bytes phi + 2i: 32 at φ = 0, 31 at φ = 1
+        let n = (64 - phi) / 2;
+        let mut wd = [0u32; 32];
+        for (i, w) in wd.iter_mut().enumerate().take(n) {
+            *w = u16::from_le_bytes([s[phi + 2 * i], s[phi + 2 * i + 1]]) as u32;
+        }
+        let [he, ho] = &mut hb[phi];
+        let hf = &mut st[2 + phi].hc;
+        for i in (0..n).step_by(2) {
+            let (x, y) = (wd[i], wd[i + 1]);
+            he[(x >> 7 & 0xFF) as usize] += 1;
+            hf[(x >> 10 & 0x1F) as usize] += 1;
+            if i + 1 < n {
+                ho[(y >> 7 & 0xFF) as usize] += 1;
+                hf[(y >> 10 & 0x1F) as usize] += 1;
+            }
+        }
+        // word 31 at φ = 1 is 0 (not a word): it counts as a zero
+        let nz16 = wd.iter().map(|&x| (x == 0) as u64).sum::<u64>() - (32 - n) as u64;
+        let or16 = wd.iter().fold(0, |a, &x| a | x);
+        first[phi][(wd[0] >> 7 & 0xFF) as usize] += 1;
+        for c in [phi, 2 + phi] {
+            st[c].nzero += nz16;
+            st[c].lo_or |= or16;
+            st[c].count += n as u64;
+        }
+        // fp32 at φ: words (2i, 2i + 1), at φ + 2: words (2i + 1, 2i + 2)
+        for (q, c) in [(0usize, 4 + phi), (1, 6 + phi)] {
+            let m = (64 - phi - 2 * q) / 4;
+            let (mut nz, mut or) = (0u64, 0u32);
+            for i in 0..m {
+                let x = wd[q + 2 * i] | wd[q + 2 * i + 1] << 16;
+                nz += (x == 0) as u64;
+                or |= x;
+            }
+            st[c].nzero += nz;
+            st[c].lo_or |= or;
+            st[c].count += m as u64;
+        }
+    }
+}
+
 #[inline(always)]
 fn detect_v2_body(src: &[u8]) -> Dtype {
     let n = src.len();
@@ -1888,6 +2040,8 @@ fn detect_v2_body(src: &[u8]) -> Dtype {
     // statistics per (type, phase): bf16 0..2, fp16 2..4, fp32 4..8
     let mut st: [Stats; 8] = Default::default();
     let mut used = 0u64;
+    let mut hb = [[[0u32; 256]; 2]; 2];
+    let mut first = [[0u32; 256]; 2];
     for j in 0..g {
         let off = 64 * (j * units / g);
         let s = &src[off..off + 64];
@@ -1895,16 +2049,20 @@ fn detect_v2_body(src: &[u8]) -> Dtype {
             continue;
         }
         used += 1;
-        for phi in 0..2 {
-            st[phi].add::<Bf16>(&s[phi..], (64 - phi) / 2);
-            st[2 + phi].add::<Fp16>(&s[phi..], (64 - phi) / 2);
-        }
-        for phi in 0..4 {
-            st[4 + phi].add::<Fp32>(&s[phi..], (64 - phi) / 4);
-        }
+        group_stats(s, &mut st, &mut hb, &mut first);
     }
     if used == 0 {
         return Dtype::Raw;
+    }
+    // bf16 at φ: both parities; fp32's exponent field is the bf16 one of its high
+    // half: fp32 φ (φ+2) is bf16 φ's odd (even, but the first) elements
+    for phi in 0..2 {
+        for e in 0..256 {
+            let (ev, od) = (hb[phi][0][e], hb[phi][1][e]);
+            st[phi].hc[e] = ev + od;
+            st[4 + phi].hc[e] = od;
+            st[6 + phi].hc[e] = ev - first[phi][e];
+        }
     }
     // (value, bytes covered): compare value / bytes
     let mut best = (u64::MAX, 1u64, Dtype::Raw);
@@ -1966,4 +2124,171 @@ mod tests {
             }
         }
     }
+
+    /// The rule's Huffman as written (FORMAT.md §V2.6): a list of live nodes sorted
+    /// by (weight, number), the two smallest removed, their parent inserted.
+    fn explicit_lengths_ref(cnt: &[u64; NSYM]) -> [u8; NSYM] {
+        let mut weight = [0u64; 2 * NSYM];
+        let mut parent = [usize::MAX; 2 * NSYM];
+        let mut live: Vec<usize> = (0..NSYM).collect();
+        for s in 0..NSYM {
+            weight[s] = 16 * cnt[s] + 1;
+        }
+        let mut next = NSYM;
+        for _ in 0..NSYM - 1 {
+            live.sort_by_key(|&n| (weight[n], n));
+            let (a, b) = (live[0], live[1]);
+            live.drain(..2);
+            weight[next] = weight[a] + weight[b];
+            parent[a] = next;
+            parent[b] = next;
+            live.push(next);
+            next += 1;
+        }
+        let mut depth = [0u32; 2 * NSYM];
+        for n in (0..next - 1).rev() {
+            depth[n] = depth[parent[n]] + 1;
+        }
+        let mut lens = [0u32; NSYM];
+        lens.copy_from_slice(&depth[..NSYM]);
+        if lens.iter().any(|&l| l > MAXLEN) {
+            for l in lens.iter_mut() {
+                *l = (*l).min(MAXLEN);
+            }
+            let mut k: u32 = lens.iter().map(|&l| 1u32 << (MAXLEN - l)).sum();
+            while k > 1 << MAXLEN {
+                let s = (0..NSYM)
+                    .filter(|&s| lens[s] < MAXLEN)
+                    .max_by_key(|&s| (lens[s], std::cmp::Reverse(weight[s]), s))
+                    .unwrap();
+                lens[s] += 1;
+                k -= 1 << (MAXLEN - lens[s]);
+            }
+            while k < 1 << MAXLEN {
+                let s = (0..NSYM)
+                    .max_by_key(|&s| (lens[s], weight[s], std::cmp::Reverse(s)))
+                    .unwrap();
+                k += 1 << (MAXLEN - lens[s]);
+                lens[s] -= 1;
+            }
+        }
+        lens.map(|l| l as u8)
+    }
+
+    /// The two-queue Huffman gives the rule's lengths: random, sparse, skewed and
+    /// tied counts (ties between leaves and merged nodes included).
+    #[test]
+    fn explicit_lengths_match_the_rule() {
+        let mut x = 0x9E37_79B9_7F4A_7C15u64;
+        let mut rnd = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        for case in 0..20000 {
+            let mut cnt = [0u64; NSYM];
+            for c in cnt.iter_mut() {
+                let r = rnd();
+                *c = match case % 5 {
+                    0 => r % 4,
+                    1 => r % 3000,
+                    2 => (1u64 << (r % 17)) & !1,
+                    3 => if r % 3 == 0 { 0 } else { r % 65536 },
+                    _ => [0, 1, 2, 4, 8][(r % 5) as usize],
+                };
+            }
+            assert_eq!(explicit_lengths(&cnt), explicit_lengths_ref(&cnt), "{cnt:?}");
+        }
+    }
+
+
+    /// Detection's shared-read statistics equal [`Stats::add`] per candidate, on
+    /// floats of each type at every offset, zeros, constant runs and random bytes.
+    #[test]
+    fn group_stats_match_add() {
+        let mut x = 0x2545_F491_4F6C_DD1Du64;
+        let mut rnd = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        for case in 0..3000 {
+            let mut g = [0u8; 64];
+            for (i, b) in g.iter_mut().enumerate() {
+                let r = rnd();
+                *b = match case % 6 {
+                    0 => r as u8,
+                    1 => if r % 3 == 0 { 0 } else { r as u8 },
+                    // bf16-like: exponent bytes near 0x3C..0x3F at odd offsets
+                    2 => if (i + case / 6) % 2 == 1 { 0x3C | (r as u8 & 3) } else { r as u8 },
+                    // fp32-like at a random offset
+                    3 => if (i + case / 6) % 4 == 3 { 0x3E | (r as u8 & 1) } else if (i + case / 6) % 4 == 0 { 0 } else { r as u8 },
+                    4 => if r % 5 == 0 { r as u8 } else { 0 },
+                    _ => if (i / 8) % 2 == 0 { 0 } else { (r % 4) as u8 * 0x40 },
+                };
+            }
+            let mut st: [Stats; 8] = Default::default();
+            let mut hb = [[[0u32; 256]; 2]; 2];
+            let mut first = [[0u32; 256]; 2];
+            // two groups, as detection adds them up
+            group_stats(&g, &mut st, &mut hb, &mut first);
+            let mut g2 = g;
+            g2.rotate_left(case % 7);
+            group_stats(&g2, &mut st, &mut hb, &mut first);
+            for phi in 0..2 {
+                for e in 0..256 {
+                    let (ev, od) = (hb[phi][0][e], hb[phi][1][e]);
+                    st[phi].hc[e] = ev + od;
+                    st[4 + phi].hc[e] = od;
+                    st[6 + phi].hc[e] = ev - first[phi][e];
+                }
+            }
+            let mut want: [Stats; 8] = Default::default();
+            for s in [&g[..], &g2[..]] {
+                for phi in 0..2 {
+                    want[phi].add::<Bf16>(&s[phi..], (64 - phi) / 2);
+                    want[2 + phi].add::<Fp16>(&s[phi..], (64 - phi) / 2);
+                }
+                for phi in 0..4 {
+                    want[4 + phi].add::<Fp32>(&s[phi..], (64 - phi) / 4);
+                }
+            }
+            for c in 0..8 {
+                assert_eq!(st[c].hc, want[c].hc, "case {case} candidate {c}");
+                assert_eq!(
+                    (st[c].nzero, st[c].count, st[c].lo_or),
+                    (want[c].nzero, want[c].count, want[c].lo_or),
+                    "case {case} candidate {c}"
+                );
+            }
+        }
+    }
+
+
+    /// `nonzero_bytes` marks exactly the nonzero bytes.
+    #[test]
+    fn nonzero_bytes_marks_bytes() {
+        let mut x = 0x1234_5678_9ABC_DEF1u64;
+        for i in 0..100_000u32 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            // bytes 0 with probability 1/2, and 0x80 / 0x01 / 0xFF edge values
+            let mut v = 0u64;
+            for b in 0..8 {
+                let r = (x >> (8 * b)) as u8;
+                let byte = match (r ^ i as u8) % 6 {
+                    0 | 1 | 2 => 0,
+                    3 => [0x80, 0x01, 0xFF, 0x7F][(r >> 4) as usize % 4],
+                    _ => r,
+                };
+                v |= (byte as u64) << (8 * b);
+            }
+            let want = (0..8).fold(0u32, |m, b| m | (((v >> (8 * b)) as u8 != 0) as u32) << b);
+            assert_eq!(nonzero_bytes(v), want, "{v:#x}");
+        }
+    }
+
 }
