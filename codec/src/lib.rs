@@ -49,6 +49,7 @@ mod encode;
 pub mod format;
 mod parallel;
 mod v2;
+mod v2_byte;
 
 pub use decode::{decompress, frame_info, Decoder};
 pub use encode::{compress, compress_scalar, compress_with_stats};
@@ -68,9 +69,9 @@ pub enum DtypeHint {
     Bf16,
     Fp16,
     Fp32,
-    /// fp8 is recognised but stored raw in format version 1.
+    /// fp8: stored raw in format version 1, byte-coded in version 2.
     Fp8E4m3,
-    /// fp8 is recognised but stored raw in format version 1.
+    /// fp8: stored raw in format version 1, byte-coded in version 2.
     Fp8E5m2,
 }
 
@@ -97,6 +98,10 @@ pub enum Dtype {
     Bf16 = 1,
     Fp16 = 2,
     Fp32 = 3,
+    /// fp8 e4m3 (format version 2 only: byte-coded blocks).
+    Fp8E4m3 = 4,
+    /// fp8 e5m2 (format version 2 only: byte-coded blocks).
+    Fp8E5m2 = 5,
 }
 
 impl Dtype {
@@ -105,6 +110,8 @@ impl Dtype {
             1 => Dtype::Bf16,
             2 => Dtype::Fp16,
             3 => Dtype::Fp32,
+            4 => Dtype::Fp8E4m3,
+            5 => Dtype::Fp8E5m2,
             _ => Dtype::Raw,
         }
     }
@@ -114,6 +121,8 @@ impl Dtype {
             Dtype::Bf16 => "bf16",
             Dtype::Fp16 => "fp16",
             Dtype::Fp32 => "fp32",
+            Dtype::Fp8E4m3 => "e4m3",
+            Dtype::Fp8E5m2 => "e5m2",
         }
     }
 }

@@ -394,8 +394,13 @@ pub(crate) fn encode_block_v2(
 ) -> Option<(usize, BlockKind)> {
     crate::encode::encode_block_by(blk, out, |o| match dtype {
         Dtype::Bf16 => encode_coded::<Bf16>(blk, o, simd),
-        Dtype::Fp16 => encode_coded::<Fp16>(blk, o, simd),
+        // fp16 blocks mostly of subnormals code as FP16N (FORMAT.md §V2.9)
+        Dtype::Fp16 => match crate::v2_byte::f16n_phase(blk) {
+            Some(phi) => crate::v2_byte::encode_f16n(blk, phi, o),
+            None => encode_coded::<Fp16>(blk, o, simd),
+        },
         Dtype::Fp32 => encode_coded::<Fp32>(blk, o, simd),
+        Dtype::Fp8E4m3 | Dtype::Fp8E5m2 => crate::v2_byte::encode_fp8(dtype, blk, o),
         Dtype::Raw => None,
     })
 }
@@ -1096,6 +1101,9 @@ pub(crate) fn decode_block_v2<S: TableSource>(
         MODE_BF16 => decode_coded::<Bf16, S>(b, out, tables),
         MODE_FP16 => decode_coded::<Fp16, S>(b, out, tables),
         MODE_FP32 => decode_coded::<Fp32, S>(b, out, tables),
+        crate::v2_byte::MODE_E4M3 | crate::v2_byte::MODE_E5M2 | crate::v2_byte::MODE_FP16N => {
+            crate::v2_byte::decode_block(b, out)
+        }
         _ => Err(corrupt("unknown block mode")),
     }
 }
@@ -1857,6 +1865,8 @@ fn detect_v2_body(src: &[u8]) -> Dtype {
             best = (value, bytes, dt);
         }
     }
+    // fp8 byte codes and FP16N (FORMAT.md §V2.9)
+    let best = crate::v2_byte::detect_more(src, best);
     // raw unless the estimate saves more than 1/32 of the sampled bits
     if best.0 * 32 >= 31 * 8 * SAMPLE_STRIDE as u64 * best.1 {
         Dtype::Raw
