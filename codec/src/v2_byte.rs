@@ -291,14 +291,171 @@ pub(crate) fn f16n_phase(blk: &[u8]) -> Option<usize> {
 }
 
 /// Encodes an fp8 block (mode 5 or 6 by the frame's type) into `out`; None when the
-/// coded block would not fit in `out` (the caller then writes RAW).
+/// coded block would not fit in `out` (the caller then writes RAW). The transform
+/// (none, SHIFT or LAG, §V2.9 "Transforms") is the one whose coded block is smallest.
 pub(crate) fn encode_fp8(dtype: Dtype, blk: &[u8], out: &mut [u8]) -> Option<usize> {
     let mode = if dtype == Dtype::Fp8E5m2 {
         MODE_E5M2
     } else {
         MODE_E4M3
     };
-    encode_sym::<Byte>(mode, 0, blk, out)
+    let m = blk.len();
+    if m < MIN_CODED_ELEMS {
+        return None;
+    }
+    FP8_SCRATCH.with(|sc| {
+        let sc = &mut *sc.borrow_mut();
+        let (shift_syms, lag_syms, nib) = (&mut sc.shift, &mut sc.lag, &mut sc.nib);
+        // candidates: (bytes, flags, symbols, side bytes)
+        let h0 = histogram(blk);
+        let c0 = coded_bits(&h0, 256);
+        let mut best = (c0.div_ceil(8), 0u8);
+        // SHIFT
+        let nlines = m.div_ceil(SHIFT_LINE);
+        let mut refs = [0u8; MAX_LINES];
+        for (l, r) in refs.iter_mut().enumerate().take(nlines) {
+            let line = &blk[l * SHIFT_LINE..((l + 1) * SHIFT_LINE).min(m)];
+            let sum: u32 = line.iter().map(|&x| (x & 0x7F) as u32).sum();
+            *r = (sum / (4 * line.len() as u32)) as u8;
+        }
+        let mut sorted = [0u8; MAX_LINES];
+        sorted[..nlines].copy_from_slice(&refs[..nlines]);
+        sorted[..nlines].sort_unstable();
+        let centre = sorted[nlines / 2];
+        nib.clear();
+        nib.resize(nlines.div_ceil(2), 0);
+        shift_syms.clear();
+        shift_syms.resize(m, 0);
+        for l in 0..nlines {
+            let n = (refs[l] as i32 - centre as i32 + 8).clamp(0, 15) as u8;
+            nib[l / 2] |= n << (4 * (l & 1));
+            let k = shift_of(centre, n);
+            let (a, b) = (l * SHIFT_LINE, ((l + 1) * SHIFT_LINE).min(m));
+            for (y, &x) in shift_syms[a..b].iter_mut().zip(&blk[a..b]) {
+                *y = (x & 0x80) | (x.wrapping_sub(k) & 0x7F);
+            }
+        }
+        let hs = histogram(shift_syms);
+        let cs = coded_bits(&hs, 256).div_ceil(8) + 1 + nib.len() as u64;
+        if cs < best.0 {
+            best = (cs, T_SHIFT);
+        }
+        // LAG
+        let lag = choose_lag(blk);
+        if let Some(p) = lag {
+            lag_syms.clear();
+            lag_syms.resize(m, 0);
+            lag_syms[..p].copy_from_slice(&blk[..p]);
+            for i in p..m {
+                lag_syms[i] = lag_sym(blk[i], blk[i - p]);
+            }
+            let hl = histogram(lag_syms);
+            let cl = coded_bits(&hl, 256).div_ceil(8) + 2;
+            if cl < best.0 {
+                best = (cl, T_LAG);
+            }
+        }
+        match best.1 {
+            0 => write_sym::<Byte>(mode, 0, &[], blk, blk, out),
+            T_SHIFT => {
+                let mut side = [0u8; 1 + MAX_LINES / 2];
+                side[0] = centre;
+                side[1..1 + nib.len()].copy_from_slice(nib);
+                write_sym::<Byte>(mode, T_SHIFT, &side[..1 + nib.len()], shift_syms, blk, out)
+            }
+            _ => {
+                let p = lag.unwrap() as u16;
+                write_sym::<Byte>(mode, T_LAG, &p.to_le_bytes(), lag_syms, blk, out)
+            }
+        }
+    })
+}
+
+/// Block flag values (byte 1, bits 0-1) of fp8 blocks: the symbol transform.
+pub const T_SHIFT: u8 = 1;
+pub const T_LAG: u8 = 2;
+/// Elements per SHIFT line.
+pub const SHIFT_LINE: usize = 128;
+const MAX_LINES: usize = (1 << MAX_BLOCK_LOG2) / SHIFT_LINE;
+/// LAG candidates: `LAG_UNIT * k`, k = 1..=LAG_MAXK; the search samples every
+/// `LAG_STRIDE`-th element.
+pub const LAG_UNIT: usize = 128;
+pub const LAG_MAXK: usize = 64;
+pub const LAG_STRIDE: usize = 65;
+
+#[derive(Default)]
+struct Fp8Scratch {
+    shift: Vec<u8>,
+    lag: Vec<u8>,
+    nib: Vec<u8>,
+}
+
+thread_local! {
+    static FP8_SCRATCH: std::cell::RefCell<Fp8Scratch> = std::cell::RefCell::new(Fp8Scratch::default());
+}
+
+/// SHIFT's magnitude offset of a line: `4 * (centre + n - 8)` mod 128.
+#[inline(always)]
+fn shift_of(centre: u8, n: u8) -> u8 {
+    ((4 * (centre as i32 + n as i32 - 8)) & 0x7F) as u8
+}
+
+/// LAG's symbol of `x` given `y`, the element `P` before it.
+#[inline(always)]
+fn lag_sym(x: u8, y: u8) -> u8 {
+    ((x ^ y) & 0x80) | (x.wrapping_sub(y) & 0x7F)
+}
+
+/// The LAG distance for an fp8 block, or None (§V2.9 "Transforms").
+fn choose_lag(blk: &[u8]) -> Option<usize> {
+    let m = blk.len();
+    let kmax = LAG_MAXK.min(m / 2 / LAG_UNIT);
+    if kmax == 0 {
+        return None;
+    }
+    let start = kmax * LAG_UNIT;
+    let mut best = (u64::MAX, 0usize);
+    for k in 1..=kmax {
+        let p = k * LAG_UNIT;
+        let mut cost = 0u64;
+        let mut i = start;
+        while i < m {
+            let (x, y) = (blk[i], blk[i - p]);
+            let d = ((x & 0x7F) as i32 - (y & 0x7F) as i32).unsigned_abs().min(16);
+            cost += d as u64 + 8 * ((x ^ y) >> 7) as u64;
+            i += LAG_STRIDE;
+        }
+        if cost < best.0 {
+            best = (cost, p);
+        }
+    }
+    Some(best.1)
+}
+
+fn histogram(b: &[u8]) -> [u64; 256] {
+    // four histograms side by side (no store-to-load chains on repeated bytes)
+    let mut h = [[0u32; 256]; 4];
+    let mut c4 = b.chunks_exact(4);
+    for c in &mut c4 {
+        h[0][c[0] as usize] += 1;
+        h[1][c[1] as usize] += 1;
+        h[2][c[2] as usize] += 1;
+        h[3][c[3] as usize] += 1;
+    }
+    for &x in c4.remainder() {
+        h[0][x as usize] += 1;
+    }
+    let mut cnt = [0u64; 256];
+    for s in 0..256 {
+        cnt[s] = (h[0][s] + h[1][s] + h[2][s] + h[3][s]) as u64;
+    }
+    cnt
+}
+
+/// Code bits of a histogram under its own code lengths.
+fn coded_bits(h: &[u64; 256], n: usize) -> u64 {
+    let lens = code_lengths(h, n);
+    (0..n).map(|s| h[s] * lens[s] as u64).sum()
 }
 
 /// Encodes an fp16 block as FP16N at phase `phi`.
@@ -312,26 +469,31 @@ fn encode_sym<T: SymMode>(mode: u8, phi: usize, blk: &[u8], out: &mut [u8]) -> O
     if l < phi + w * MIN_CODED_ELEMS {
         return None;
     }
+    let grid = &blk[phi..];
+    write_sym::<T>(mode, 0, &[], grid, blk, out)
+}
+
+/// Writes a symbol-code block: `flags`, side bytes (after the code lengths), the
+/// elements of `syms` (fp8: the transformed bytes; FP16N: the grid), head and
+/// tail from `blk`.
+fn write_sym<T: SymMode>(
+    mode: u8,
+    flags: u8,
+    side: &[u8],
+    syms: &[u8],
+    blk: &[u8],
+    out: &mut [u8],
+) -> Option<usize> {
+    let l = blk.len();
+    let w = T::MODE_W;
+    // FP16N passes the grid `blk[phi..]`, fp8 a transformed copy of the block
+    let phi = l - syms.len();
     let m = (l - phi) / w;
     let t = (l - phi) % w;
-    let grid = &blk[phi..phi + m * w];
+    let grid = &syms[..m * w];
     let mut cnt = [0u64; 256];
     if w == 1 {
-        // four histograms side by side (no store-to-load chains on repeated bytes)
-        let mut h = [[0u32; 256]; 4];
-        let mut c4 = grid.chunks_exact(4);
-        for c in &mut c4 {
-            h[0][c[0] as usize] += 1;
-            h[1][c[1] as usize] += 1;
-            h[2][c[2] as usize] += 1;
-            h[3][c[3] as usize] += 1;
-        }
-        for &b in c4.remainder() {
-            h[0][b as usize] += 1;
-        }
-        for s in 0..256 {
-            cnt[s] = (h[0][s] + h[1][s] + h[2][s] + h[3][s]) as u64;
-        }
+        cnt = histogram(grid);
     } else {
         for i in 0..m {
             cnt[T::split(T::load(grid, i)).0] += 1;
@@ -367,12 +529,12 @@ fn encode_sym<T: SymMode>(mode: u8, phi: usize, blk: &[u8], out: &mut [u8]) -> O
     let tbl = T::NSYM.div_ceil(2);
     let idx_bytes = (ns * iw as usize).div_ceil(8);
     let stream_bytes = total_bits.div_ceil(8) as usize;
-    let size = FIXED + tbl + phi + idx_bytes + stream_bytes + t;
+    let size = FIXED + tbl + side.len() + phi + idx_bytes + stream_bytes + t;
     if size > out.len() {
         return None;
     }
     out[0] = mode;
-    out[1] = 0;
+    out[1] = flags;
     out[2] = phi as u8;
     out[3] = iw as u8;
     out[4..6].copy_from_slice(&(base as u16).to_le_bytes());
@@ -383,6 +545,8 @@ fn encode_sym<T: SymMode>(mode: u8, phi: usize, blk: &[u8], out: &mut [u8]) -> O
         out[p + j] = lo | hi << 4;
     }
     p += tbl;
+    out[p..p + side.len()].copy_from_slice(side);
+    p += side.len();
     out[p..p + phi].copy_from_slice(&blk[..phi]);
     p += phi;
     // index
@@ -492,7 +656,9 @@ fn decode_sym<T: SymMode>(b: &[u8], out: &mut [u8]) -> Result<(), CodecError> {
     if b.len() < FIXED + tbl {
         return Err(corrupt("coded block shorter than its layout"));
     }
-    if b[1] != 0 {
+    // fp8: bits 0-1 the transform (0, SHIFT, LAG); FP16N: no flags
+    let transform = b[1];
+    if (T::MODE_W == 1 && transform > T_LAG) || (T::MODE_W != 1 && transform != 0) {
         return Err(corrupt("unknown block flags"));
     }
     let phi = (b[2] & 3) as usize;
@@ -556,6 +722,27 @@ fn decode_sym<T: SymMode>(b: &[u8], out: &mut [u8]) -> Result<(), CodecError> {
         *p = end;
         Ok(r)
     };
+    // side bytes: SHIFT centre and line nibbles, LAG distance
+    let nlines = m.div_ceil(SHIFT_LINE);
+    let (mut centre, mut lag) = (0u8, 0usize);
+    let mut nib = 0..0;
+    if transform == T_SHIFT {
+        centre = b[take(&mut p, 1)?][0];
+        if centre > 31 {
+            return Err(corrupt("shift centre out of range"));
+        }
+        nib = take(&mut p, nlines.div_ceil(2))?;
+        if nlines % 2 == 1 && b[nib.end - 1] >> 4 != 0 {
+            return Err(corrupt("nonzero shift nibble padding"));
+        }
+    } else if transform == T_LAG {
+        let r = take(&mut p, 2)?;
+        lag = u16::from_le_bytes([b[r.start], b[r.start + 1]]) as usize;
+        if lag == 0 || lag >= m {
+            return Err(corrupt("lag distance out of range"));
+        }
+    }
+    let nib = &b[nib];
     let head = take(&mut p, phi)?;
     let idx = take(&mut p, (ns * iw as usize).div_ceil(8))?;
     let total_bits = index_sum(&b[idx.clone()], ns, iw, base)?;
@@ -600,6 +787,23 @@ fn decode_sym<T: SymMode>(b: &[u8], out: &mut [u8]) -> Result<(), CodecError> {
         }
         if pos != end {
             return Err(corrupt("sub-segment length mismatch"));
+        }
+        if transform == T_SHIFT {
+            for (k, x) in buf[..e - a].iter_mut().enumerate() {
+                let l = (a + k) / SHIFT_LINE;
+                let sh = shift_of(centre, nib[l / 2] >> (4 * (l & 1)) & 15);
+                *x = (*x & 0x80) | (x.wrapping_add(sh) & 0x7F);
+            }
+        } else if transform == T_LAG {
+            for k in 0..e - a {
+                let i = a + k;
+                if i < lag {
+                    continue;
+                }
+                let y = if i - lag >= a { buf[i - lag - a] } else { grid[i - lag] };
+                let x = buf[k];
+                buf[k] = ((x ^ y) & 0x80) | (x.wrapping_add(y) & 0x7F);
+            }
         }
         copy_ascending(&mut grid[a * w..e * w], &buf[..(e - a) * w]);
     }
