@@ -851,8 +851,13 @@ pub(crate) fn detect_more(src: &[u8], best: (u64, u64, Dtype)) -> (u64, u64, Dty
     if bytes == 0 {
         return best;
     }
+    // lengths from weights count + 1: a small sample cannot fit a code to itself
     let cost = |h: &[u64; 256], n: usize| -> u64 {
-        let lens = code_lengths(h, n);
+        let mut w = [0u64; 256];
+        for s in 0..n {
+            w[s] = h[s] + 1;
+        }
+        let lens = code_lengths(&w, n);
         (0..n).map(|s| h[s] * lens[s] as u64).sum()
     };
     let stride = crate::encode::SAMPLE_STRIDE as u64;
