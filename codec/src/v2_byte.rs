@@ -160,18 +160,25 @@ pub(crate) fn code_lengths(cnt: &[u64; 256], n: usize) -> [u8; 256] {
         is_used[s] = true;
     }
     live[..nlive].sort_by_key(|&s| (weight[s], s));
-    let mut next = n;
-    while nlive > 1 {
-        let (a, b) = (live[0], live[1]);
-        live.copy_within(2..nlive, 0);
-        nlive -= 2;
-        weight[next] = weight[a] + weight[b];
-        parent[a] = next;
-        parent[b] = next;
-        let at = live[..nlive].partition_point(|&x| weight[x] <= weight[next]);
-        live.copy_within(at..nlive, at + 1);
-        live[at] = next;
-        nlive += 1;
+    // Two queues, the sorted leaves and the parents in creation order (their weights
+    // never decrease), a leaf first on equal weight: the same merges as keeping one
+    // list sorted by (weight, number) with each parent placed after every node of
+    // weight <= its own, in linear time.
+    let (mut li, mut qi, mut next) = (0usize, n, n);
+    for _ in 0..used - 1 {
+        let mut two = [0usize; 2];
+        for t in two.iter_mut() {
+            if li < used && (qi >= next || weight[live[li]] <= weight[qi]) {
+                *t = live[li];
+                li += 1;
+            } else {
+                *t = qi;
+                qi += 1;
+            }
+        }
+        weight[next] = weight[two[0]] + weight[two[1]];
+        parent[two[0]] = next;
+        parent[two[1]] = next;
         next += 1;
     }
     let root = next - 1;
@@ -342,6 +349,7 @@ pub(crate) fn encode_fp8(dtype: Dtype, blk: &[u8], out: &mut [u8]) -> Option<usi
         }
         // LAG
         let lag = choose_lag(blk);
+        let mut hl = None;
         if let Some(p) = lag {
             lag_syms.clear();
             lag_syms.resize(m, 0);
@@ -349,23 +357,23 @@ pub(crate) fn encode_fp8(dtype: Dtype, blk: &[u8], out: &mut [u8]) -> Option<usi
             for i in p..m {
                 lag_syms[i] = lag_sym(blk[i], blk[i - p]);
             }
-            let hl = histogram(lag_syms);
-            let cl = coded_bits(&hl, 256).div_ceil(8) + 2;
+            hl = Some(histogram(lag_syms));
+            let cl = coded_bits(hl.as_ref().unwrap(), 256).div_ceil(8) + 2;
             if cl < best.0 {
                 best = (cl, T_LAG);
             }
         }
         match best.1 {
-            0 => write_sym::<Byte>(mode, 0, &[], blk, blk, out),
+            0 => write_sym::<Byte>(mode, 0, &[], blk, blk, out, Some(&h0)),
             T_SHIFT => {
                 let mut side = [0u8; 1 + MAX_LINES / 2];
                 side[0] = centre;
                 side[1..1 + nib.len()].copy_from_slice(nib);
-                write_sym::<Byte>(mode, T_SHIFT, &side[..1 + nib.len()], shift_syms, blk, out)
+                write_sym::<Byte>(mode, T_SHIFT, &side[..1 + nib.len()], shift_syms, blk, out, Some(&hs))
             }
             _ => {
                 let p = lag.unwrap() as u16;
-                write_sym::<Byte>(mode, T_LAG, &p.to_le_bytes(), lag_syms, blk, out)
+                write_sym::<Byte>(mode, T_LAG, &p.to_le_bytes(), lag_syms, blk, out, hl.as_ref())
             }
         }
     })
@@ -470,7 +478,7 @@ fn encode_sym<T: SymMode>(mode: u8, phi: usize, blk: &[u8], out: &mut [u8]) -> O
         return None;
     }
     let grid = &blk[phi..];
-    write_sym::<T>(mode, 0, &[], grid, blk, out)
+    write_sym::<T>(mode, 0, &[], grid, blk, out, None)
 }
 
 /// Writes a symbol-code block: `flags`, side bytes (after the code lengths), the
@@ -483,6 +491,7 @@ fn write_sym<T: SymMode>(
     syms: &[u8],
     blk: &[u8],
     out: &mut [u8],
+    hist: Option<&[u64; 256]>,
 ) -> Option<usize> {
     let l = blk.len();
     let w = T::MODE_W;
@@ -492,7 +501,9 @@ fn write_sym<T: SymMode>(
     let t = (l - phi) % w;
     let grid = &syms[..m * w];
     let mut cnt = [0u64; 256];
-    if w == 1 {
+    if let Some(h) = hist {
+        cnt = *h;
+    } else if w == 1 {
         cnt = histogram(grid);
     } else {
         for i in 0..m {
@@ -576,7 +587,39 @@ fn write_sym<T: SymMode>(
     {
         let st = &mut out[p..p + stream_bytes];
         let (mut acc, mut nacc, mut q) = (0u64, 0u32, 0usize);
-        for i in 0..m {
+        if w == 1 {
+            // code | length << 16 per byte; two symbols (<= 24 bits) per flush test
+            let mut cl = [0u32; 256];
+            for s in 0..256 {
+                cl[s] = codes[s] as u32 | (lens[s] as u32) << 16;
+            }
+            let mut pairs = grid.chunks_exact(2);
+            for pr in &mut pairs {
+                let (a, b) = (cl[pr[0] as usize], cl[pr[1] as usize]);
+                acc |= ((a & 0xFFFF) as u64) << nacc;
+                nacc += a >> 16;
+                acc |= ((b & 0xFFFF) as u64) << nacc;
+                nacc += b >> 16;
+                if nacc >= 32 {
+                    st[q..q + 4].copy_from_slice(&(acc as u32).to_le_bytes());
+                    q += 4;
+                    acc >>= 32;
+                    nacc -= 32;
+                }
+            }
+            for &x in pairs.remainder() {
+                let a = cl[x as usize];
+                acc |= ((a & 0xFFFF) as u64) << nacc;
+                nacc += a >> 16;
+                if nacc >= 32 {
+                    st[q..q + 4].copy_from_slice(&(acc as u32).to_le_bytes());
+                    q += 4;
+                    acc >>= 32;
+                    nacc -= 32;
+                }
+            }
+        }
+        for i in 0..if w == 1 { 0 } else { m } {
             let (s, raw, rb) = T::split(T::load(grid, i));
             acc |= (codes[s] as u64) << nacc;
             nacc += lens[s] as u32;
@@ -627,6 +670,22 @@ fn load64(s: &[u8], p: usize) -> u64 {
         }
         u64::from_le_bytes(t)
     }
+}
+
+/// Sub-segments decoded side by side.
+const LANES: usize = 4;
+
+/// Decodes one element at bit `*p` of `st` and advances `*p`.
+#[inline(always)]
+fn dec_one<T: SymMode>(st: &[u8], table: &[u16; TABLE], p: &mut u64) -> u32 {
+    let v = load64(st, (*p >> 3) as usize) >> (*p & 7);
+    let te = table[(v & (TABLE as u64 - 1)) as usize];
+    let s = (te & 0xFF) as usize;
+    let ln = (te >> 8) as u32;
+    let rb = T::rawbits(s);
+    let raw = ((v >> ln) & ((1u64 << rb) - 1)) as u32;
+    *p += (ln + rb) as u64;
+    T::join(s, raw)
 }
 
 /// Reads `n` packed `w`-bit index entries (zero padding) and returns their sum.
@@ -757,55 +816,74 @@ fn decode_sym<T: SymMode>(b: &[u8], out: &mut [u8]) -> Result<(), CodecError> {
         return Err(corrupt("nonzero stream padding"));
     }
     copy_ascending(&mut out[..phi], &b[head]);
-    // sub-segments in order, each through a buffer, written ascending
+    // sub-segment bit offsets
     let idxb = &b[idx];
-    let (mut acc, mut nacc, mut q) = (0u64, 0u32, 0usize);
-    let mut pos = 0u64;
-    let mut buf = [0u8; MAX_SEG_BYTES];
+    let mut starts = [0u64; MAX_NS + 1];
+    {
+        let (mut acc, mut nacc, mut q) = (0u64, 0u32, 0usize);
+        for j in 0..ns {
+            while nacc < iw {
+                acc |= (idxb[q] as u64) << nacc;
+                q += 1;
+                nacc += 8;
+            }
+            let len = base as u64 + if iw == 0 { 0 } else { acc & ((1u64 << iw) - 1) };
+            acc >>= iw;
+            nacc -= iw;
+            starts[j + 1] = starts[j] + len;
+        }
+    }
+    // LANES sub-segments decoded side by side into a buffer (independent bit
+    // positions: their loads and table lookups overlap), then written in order
+    let mut buf = [0u8; LANES * MAX_SEG_BYTES];
     let grid = &mut out[phi..phi + m * w];
-    for j in 0..ns {
-        while nacc < iw {
-            acc |= (idxb[q] as u64) << nacc;
-            q += 1;
-            nacc += 8;
+    let mut j0 = 0;
+    while j0 < ns {
+        let nl = LANES.min(ns - j0);
+        let mut pos = [0u64; LANES];
+        pos[..nl].copy_from_slice(&starts[j0..j0 + nl]);
+        let a0 = j0 * ss;
+        let e0 = ((j0 + nl) * ss).min(m);
+        // all lanes but the last have ss elements; lockstep over the shortest
+        let nmin = if nl == LANES { e0 - a0 - (nl - 1) * ss } else { 0 };
+        let nmin = nmin.min(ss);
+        for k in 0..nmin {
+            for (ln_i, p) in pos.iter_mut().enumerate() {
+                let x = dec_one::<T>(st, &table, p);
+                T::store(&mut buf, ln_i * ss + k, x);
+            }
         }
-        let len = base as u64 + if iw == 0 { 0 } else { acc & ((1u64 << iw) - 1) };
-        acc >>= iw;
-        nacc -= iw;
-        let (a, e) = (j * ss, ((j + 1) * ss).min(m));
-        let end = pos + len;
-        for k in 0..e - a {
-            let byte = (pos >> 3) as usize;
-            let v = load64(st, byte) >> (pos & 7);
-            let te = table[(v & (TABLE as u64 - 1)) as usize];
-            let s = (te & 0xFF) as usize;
-            let ln = (te >> 8) as u32;
-            let rb = T::rawbits(s);
-            let raw = ((v >> ln) & ((1u64 << rb) - 1)) as u32;
-            pos += (ln + rb) as u64;
-            T::store(&mut buf, k, T::join(s, raw));
+        for (ln_i, p) in pos.iter_mut().enumerate().take(nl) {
+            let n = (((j0 + ln_i + 1) * ss).min(m)) - (j0 + ln_i) * ss;
+            for k in nmin..n {
+                let x = dec_one::<T>(st, &table, p);
+                T::store(&mut buf, ln_i * ss + k, x);
+            }
+            if *p != starts[j0 + ln_i + 1] {
+                return Err(corrupt("sub-segment length mismatch"));
+            }
         }
-        if pos != end {
-            return Err(corrupt("sub-segment length mismatch"));
-        }
+        let n = e0 - a0;
+        let bufn = &mut buf[..n * w];
         if transform == T_SHIFT {
-            for (k, x) in buf[..e - a].iter_mut().enumerate() {
-                let l = (a + k) / SHIFT_LINE;
+            for (k, x) in bufn.iter_mut().enumerate() {
+                let l = (a0 + k) / SHIFT_LINE;
                 let sh = shift_of(centre, nib[l / 2] >> (4 * (l & 1)) & 15);
                 *x = (*x & 0x80) | (x.wrapping_add(sh) & 0x7F);
             }
         } else if transform == T_LAG {
-            for k in 0..e - a {
-                let i = a + k;
+            for k in 0..n {
+                let i = a0 + k;
                 if i < lag {
                     continue;
                 }
-                let y = if i - lag >= a { buf[i - lag - a] } else { grid[i - lag] };
-                let x = buf[k];
-                buf[k] = ((x ^ y) & 0x80) | (x.wrapping_add(y) & 0x7F);
+                let y = if i - lag >= a0 { bufn[i - lag - a0] } else { grid[i - lag] };
+                let x = bufn[k];
+                bufn[k] = ((x ^ y) & 0x80) | (x.wrapping_add(y) & 0x7F);
             }
         }
-        copy_ascending(&mut grid[a * w..e * w], &buf[..(e - a) * w]);
+        copy_ascending(&mut grid[a0 * w..e0 * w], bufn);
+        j0 += nl;
     }
     copy_ascending(&mut out[l - t..], &b[tail]);
     Ok(())
