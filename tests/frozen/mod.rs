@@ -80,6 +80,10 @@ pub static VECTORS_V2: &[Vector] = embed_vectors!(
     "fp32_holding_bf16",
     "moe_partial",
     "relu_fp32_specials_odd",
+    "fp8_e4m3_gauss",
+    "fp8_e5m2_shift_rows",
+    "fp8_e4m3_lag_rows",
+    "fp16n_subnormal_phase1",
 );
 
 /// The MANIFEST's vectors in its order, each with its options and embedded bytes.
