@@ -33,8 +33,9 @@
 //! * [`frame_info`] reads the header and block table only.
 //! * [`EncodeOptions::format`] picks the frame format written: 1 (default) or 2
 //!   (`docs/FORMAT.md` §V2: exact zeros, zero lines, omitted fp32 low planes, a
-//!   per-block phase, independently decodable sub-segments). Every decoder entry
-//!   point reads both versions; [`detect_v2`] is version 2's type detection.
+//!   per-block phase, independently decodable sub-segments; fp8 byte codes and
+//!   FP16N for mostly-subnormal fp16, §V2.9). Every decoder entry point reads both
+//!   versions; [`detect_v2`] is version 2's type detection.
 //! * [`compress_parallel`] / [`decompress_parallel`] spread the blocks of large buffers
 //!   over threads (same bytes as the single-thread encoder; the parallel decoder does
 //!   not keep the ascending write order).
