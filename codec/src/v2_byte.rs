@@ -200,22 +200,27 @@ pub(crate) fn code_lengths(cnt: &[u64; 256], n: usize) -> [u8; 256] {
             .filter(|&s| is_used[s])
             .map(|s| 1u32 << (MAXLEN - lens[s]))
             .sum();
-        while k > 1 << MAXLEN {
-            // lengthen the longest code shorter than 12 (ties: smaller weight, then larger symbol)
-            let mut best = usize::MAX;
-            for s in 0..n {
-                if !is_used[s] || lens[s] >= MAXLEN {
-                    continue;
-                }
-                if best == usize::MAX
-                    || lens[s] > lens[best]
-                    || (lens[s] == lens[best] && weight[s] <= weight[best])
-                {
-                    best = s;
-                }
+        // lengthen the longest code shorter than 12 (ties: smaller weight, then
+        // larger symbol) while the Kraft sum is over: the chosen code stays the
+        // longest below 12 until it reaches 12, and the others keep their order, so
+        // one sort by (length desc, weight, symbol desc) gives every choice
+        let mut order = [0usize; 256];
+        let mut no = 0;
+        for s in 0..n {
+            if is_used[s] && lens[s] < MAXLEN {
+                order[no] = s;
+                no += 1;
             }
+        }
+        order[..no].sort_unstable_by_key(|&s| (std::cmp::Reverse(lens[s]), weight[s], std::cmp::Reverse(s)));
+        let mut oi = 0;
+        while k > 1 << MAXLEN {
+            let best = order[oi];
             lens[best] += 1;
             k -= 1 << (MAXLEN - lens[best]);
+            if lens[best] == MAXLEN {
+                oi += 1;
+            }
         }
         while k < 1 << MAXLEN {
             // shorten the longest code (ties: larger weight, then smaller symbol)
@@ -422,16 +427,29 @@ fn choose_lag(blk: &[u8]) -> Option<usize> {
         return None;
     }
     let start = kmax * LAG_UNIT;
+    // the sampled elements and, per candidate, the elements P before them, as
+    // arrays (the cost loop then vectorises)
+    const MAXS: usize = (1 << MAX_BLOCK_LOG2) / LAG_STRIDE + 1;
+    let mut xs = [0u8; MAXS];
+    let mut ys = [0u8; MAXS];
+    let mut ns = 0;
+    let mut i = start;
+    while i < m {
+        xs[ns] = blk[i];
+        ns += 1;
+        i += LAG_STRIDE;
+    }
     let mut best = (u64::MAX, 0usize);
     for k in 1..=kmax {
         let p = k * LAG_UNIT;
+        for (j, y) in ys[..ns].iter_mut().enumerate() {
+            *y = blk[start + j * LAG_STRIDE - p];
+        }
         let mut cost = 0u64;
-        let mut i = start;
-        while i < m {
-            let (x, y) = (blk[i], blk[i - p]);
-            let d = ((x & 0x7F) as i32 - (y & 0x7F) as i32).unsigned_abs().min(16);
-            cost += d as u64 + 8 * ((x ^ y) >> 7) as u64;
-            i += LAG_STRIDE;
+        for (&x, &y) in xs[..ns].iter().zip(&ys[..ns]) {
+            let (a, b) = (x & 0x7F, y & 0x7F);
+            let d = a.max(b) - a.min(b);
+            cost += (d.min(16) + 8 * ((x ^ y) >> 7)) as u64;
         }
         if cost < best.0 {
             best = (cost, p);
@@ -950,9 +968,9 @@ pub(crate) fn detect_more(src: &[u8], best: (u64, u64, Dtype)) -> (u64, u64, Dty
             }
         }
     }
-    // fp8: more than 1/32 below every other candidate
+    // fp8: more than 1/16 below every other candidate
     let v = stride * cost(&hb, 256) + 8 * 128;
-    if better(32 * v, 31 * bytes, &best) {
+    if better(16 * v, 15 * bytes, &best) {
         best = (v, bytes, Dtype::Fp8E4m3);
     }
     best
