@@ -934,12 +934,20 @@ fn v2_sweep_decodes_cpu_frames() {
         .iter()
         .map(|c| (cpu_frame(&c.input, &c.opts), c.input.len()))
         .collect();
-    let mut total = 0;
-    for (i, (r, c)) in harness_decode_op(&frames, Launch::Seq, "dec2")
+    let (mut total, mut rejected) = (0, 0);
+    for (i, ((r, c), (f, _))) in harness_decode_op(&frames, Launch::Seq, "dec2")
         .into_iter()
         .zip(&cases)
+        .zip(&frames)
         .enumerate()
     {
+        // frames using FORMAT.md §V2.9 (fp8 detected, FP16N) are rejected as
+        // unknown dtype / mode
+        if let Some(e) = v2_9_use(f) {
+            assert_eq!(r, Err(e.to_string()), "case {i}");
+            rejected += 1;
+            continue;
+        }
         total += c.input.len();
         assert!(
             r.as_deref().ok() == Some(&c.input[..]),
@@ -949,9 +957,10 @@ fn v2_sweep_decodes_cpu_frames() {
             r.err()
         );
     }
+    assert!(rejected < cases.len() / 4, "{rejected} sweep frames use §V2.9");
     eprintln!(
-        "kernels_host: {} v2 sweep frames ({total} bytes) decoded byte for byte",
-        cases.len()
+        "kernels_host: {} v2 sweep frames ({total} bytes) decoded byte for byte, {rejected} using §V2.9 rejected",
+        cases.len() - rejected
     );
 }
 
@@ -1020,7 +1029,20 @@ fn v2_corrupt_frames_rejected_like_cpu_without_oob() {
         let mut out = vec![0u8; *cap];
         decompress(f, &mut out).map(|n| out[..n].to_vec())
     });
-    let rejected = same_decisions(cpu.zip(res), "CPU", "harness");
+    // a frame the CPU decodes with FORMAT.md §V2.9 (not in the kernel) is rejected
+    // by the kernel; the others get the same decision
+    let mut v2_9 = 0;
+    let pairs = cpu.zip(res).zip(&frames).map(|((c, g), (f, _))| {
+        if c.is_ok() && v2_9_use(f).is_some() {
+            assert!(g.is_err(), "a §V2.9 frame accepted by the kernel");
+            v2_9 += 1;
+            (Err("§V2.9".to_string()), g)
+        } else {
+            (c.map_err(|e| e.to_string()), g)
+        }
+    });
+    let rejected = same_decisions(pairs, "CPU", "harness");
+    eprintln!("kernels_host: {v2_9} corrupted frames using §V2.9 (rejected by the kernel)");
     // flips of plane bytes in frames without a checksum decode (to other bytes,
     // as on the CPU); everything else is rejected
     assert!(
