@@ -1866,7 +1866,7 @@ fn detect_v2_body(src: &[u8]) -> Dtype {
         }
     }
     // fp8 byte codes and FP16N (FORMAT.md §V2.9)
-    let best = crate::v2_byte::detect_more(src, best);
+    let best = crate::v2_byte::detect_more(src, best, &st);
     // raw unless the estimate saves more than 1/32 of the sampled bits
     if best.0 * 32 >= 31 * 8 * SAMPLE_STRIDE as u64 * best.1 {
         Dtype::Raw

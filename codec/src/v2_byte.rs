@@ -276,15 +276,16 @@ fn canonical(lens: &[u8; 256], n: usize) -> [u16; 256] {
 // Encoder
 
 /// FP16N's phase for an fp16 block, or None when the block codes as FP16 (§V2.9
-/// "Block"): on the 1/13 sample of each phase, the number of subnormals (`e = 0`,
-/// `x & 0x7FFF != 0`); the phase with more (ties: 0) if they are more than half of
-/// its sample.
+/// "FP16N block encoding"): on the 1/13 sample of each phase, the number of
+/// subnormals (`e = 0`, `x & 0x7FFF != 0`); the phase with more (ties: 0) if they are
+/// more than half of its sample and FP16N's estimate on that sample is below FP16's
+/// (`choose(stats, true)`, V2.6, the smaller of its two phases).
 pub(crate) fn f16n_phase(blk: &[u8]) -> Option<usize> {
-    let mut best: Option<(u64, u64, usize)> = None;
+    if blk.len() < 2 * MIN_CODED_ELEMS + 1 {
+        return None;
+    }
+    let mut best = (0u64, 0u64, 0usize);
     for phi in 0..2 {
-        if blk.len() < phi + 2 * MIN_CODED_ELEMS {
-            return None;
-        }
         let m = (blk.len() - phi) / 2;
         let (mut sub, mut count) = (0u64, 0u64);
         let mut i = 0;
@@ -294,12 +295,38 @@ pub(crate) fn f16n_phase(blk: &[u8]) -> Option<usize> {
             count += 1;
             i += crate::encode::SAMPLE_STRIDE;
         }
-        if best.is_none_or(|b| sub > b.0) {
-            best = Some((sub, count, phi));
+        if phi == 0 || sub > best.0 {
+            best = (sub, count, phi);
         }
     }
-    let (sub, count, phi) = best?;
-    (2 * sub > count).then_some(phi)
+    let (sub, count, phi) = best;
+    if 2 * sub <= count {
+        return None;
+    }
+    // the two estimates on the same sample, in V2.6's units (13 x sample bits + side bits)
+    let g = &blk[phi..];
+    let m = g.len() / 2;
+    let mut h = [0u64; 256];
+    let mut raw = 0u64;
+    let mut i = 0;
+    while i < m {
+        let (v, _, rb) = F16n::split(F16n::load(g, i));
+        h[v] += 1;
+        raw += rb as u64;
+        i += crate::encode::SAMPLE_STRIDE;
+    }
+    let fp16n = crate::encode::SAMPLE_STRIDE as u64 * (coded_bits(&h, F16N_SYMS) + raw)
+        + 8 * F16N_SYMS.div_ceil(2) as u64;
+    // FP16 at its best phase (as V2.7 step 3 would pick it)
+    let fp16 = (0..2)
+        .map(|q| {
+            let mq = (blk.len() - q) / 2;
+            let st = crate::v2::Stats::sample::<crate::elem::Fp16>(&blk[q..], mq);
+            crate::v2::choose::<crate::elem::Fp16>(&st, true).value
+        })
+        .min()
+        .unwrap();
+    (fp16n < fp16).then_some(phi)
 }
 
 /// Encodes an fp8 block (mode 5 or 6 by the frame's type) into `out`; None when the
@@ -912,7 +939,11 @@ fn decode_sym<T: SymMode>(b: &[u8], out: &mut [u8]) -> Result<(), CodecError> {
 
 /// The candidates of §V2.9 "Detection", after version 2's float candidates: `best`
 /// is (value, bytes, type) of the cheapest float candidate; returns the new best.
-pub(crate) fn detect_more(src: &[u8], best: (u64, u64, Dtype)) -> (u64, u64, Dtype) {
+pub(crate) fn detect_more(
+    src: &[u8],
+    best: (u64, u64, Dtype),
+    fst: &[crate::v2::Stats; 8],
+) -> (u64, u64, Dtype) {
     let n = src.len();
     let g = (n / 1024).clamp(1, 64);
     let units = n / 64;
@@ -921,11 +952,12 @@ pub(crate) fn detect_more(src: &[u8], best: (u64, u64, Dtype)) -> (u64, u64, Dty
     let mut raw = [0u64; 2];
     let mut sub = [0u64; 2];
     let mut count = [0u64; 2];
-    let mut bytes = 0u64;
+    let (mut bytes, mut skipped) = (0u64, 0u64);
     for j in 0..g {
         let off = 64 * (j * units / g);
         let s = &src[off..off + 64];
         if crate::encode::all_equal(s) {
+            skipped += 1;
             continue;
         }
         for &x in s {
@@ -947,6 +979,27 @@ pub(crate) fn detect_more(src: &[u8], best: (u64, u64, Dtype)) -> (u64, u64, Dty
     if bytes == 0 {
         return best;
     }
+    // what the new candidates must beat: the float candidates with explicit codes
+    // (V2.6 choose(stats, true): exponent patterns the static codes escape, such as
+    // NaN and subnormal sprinkles, cost them little), as (value, bytes)
+    let mut bar = best;
+    for (c, stc) in fst.iter().enumerate() {
+        let (v, w) = match c {
+            0 | 1 => (crate::v2::choose::<crate::elem::Bf16>(stc, true).value, 2),
+            2 | 3 => (crate::v2::choose::<crate::elem::Fp16>(stc, true).value, 2),
+            _ => (crate::v2::choose::<crate::elem::Fp32>(stc, true).value, 4),
+        };
+        // elements per group at this candidate's phase (V2.6): floor((64 - phi) / W)
+        let phi = match c {
+            0 | 1 => c,
+            2 | 3 => c - 2,
+            _ => c - 4,
+        } as u64;
+        let by = (bytes / 64) * ((64 - phi) / w) * w;
+        if (v as u128) * (bar.1 as u128) < (bar.0 as u128) * (by as u128) {
+            bar = (v, by, bar.2);
+        }
+    }
     // lengths from weights count + 1: a small sample cannot fit a code to itself
     let cost = |h: &[u64; 256], n: usize| -> u64 {
         let mut w = [0u64; 256];
@@ -963,14 +1016,18 @@ pub(crate) fn detect_more(src: &[u8], best: (u64, u64, Dtype)) -> (u64, u64, Dty
     for phi in 0..2 {
         if 2 * sub[phi] > count[phi] {
             let v = stride * (cost(&hv[phi], F16N_SYMS) + raw[phi]) + 8 * (F16N_SYMS as u64 / 2);
-            if better(v, 2 * count[phi], &best) {
+            if better(v, 2 * count[phi], &bar) && better(v, 2 * count[phi], &best) {
                 best = (v, 2 * count[phi], Dtype::Fp16);
             }
         }
     }
     // fp8: more than 1/16 below every other candidate
-    let v = stride * cost(&hb, 256) + 8 * 128;
-    if better(16 * v, 15 * bytes, &best) {
+    // a skipped (all-equal) group costs a byte code at least 1 bit per byte, and
+    // the float modes' zero lines nothing
+    let v = stride * (cost(&hb, 256) + 64 * skipped) + 8 * 128;
+    // (or, when the others would leave the frame raw, at all)
+    let raw = best.0 * 32 >= 31 * 8 * stride * best.1;
+    if (raw || better(16 * v, 15 * bytes, &bar)) && better(v, bytes, &best) {
         best = (v, bytes, Dtype::Fp8E4m3);
     }
     best
