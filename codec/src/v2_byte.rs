@@ -386,8 +386,8 @@ pub(crate) fn encode_fp8(dtype: Dtype, blk: &[u8], out: &mut [u8]) -> Option<usi
             lag_syms.clear();
             lag_syms.resize(m, 0);
             lag_syms[..p].copy_from_slice(&blk[..p]);
-            for i in p..m {
-                lag_syms[i] = lag_sym(blk[i], blk[i - p]);
+            for (o, (&x, &y)) in lag_syms[p..].iter_mut().zip(blk[p..].iter().zip(&blk[..m - p])) {
+                *o = lag_sym(x, y);
             }
             hl = Some(histogram(lag_syms));
             let cl = coded_bits(hl.as_ref().unwrap(), 256).div_ceil(8) + 2;
@@ -472,12 +472,16 @@ fn choose_lag(blk: &[u8]) -> Option<usize> {
         for (j, y) in ys[..ns].iter_mut().enumerate() {
             *y = blk[start + j * LAG_STRIDE - p];
         }
-        let mut cost = 0u64;
-        for (&x, &y) in xs[..ns].iter().zip(&ys[..ns]) {
-            let (a, b) = (x & 0x7F, y & 0x7F);
-            let d = a.max(b) - a.min(b);
-            cost += (d.min(16) + 8 * ((x ^ y) >> 7)) as u64;
-        }
+        // at most 16133 terms of at most 24: fits u32
+        let cost: u32 = xs[..ns]
+            .iter()
+            .zip(&ys[..ns])
+            .map(|(&x, &y)| {
+                let (a, b) = (x & 0x7F, y & 0x7F);
+                (a.abs_diff(b).min(16) + 8 * ((x ^ y) >> 7)) as u32
+            })
+            .sum();
+        let cost = cost as u64;
         if cost < best.0 {
             best = (cost, p);
         }
