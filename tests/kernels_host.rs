@@ -957,7 +957,10 @@ fn v2_sweep_decodes_cpu_frames() {
             r.err()
         );
     }
-    assert!(rejected < cases.len() / 4, "{rejected} sweep frames use §V2.9");
+    assert!(
+        rejected < cases.len() / 4,
+        "{rejected} sweep frames use §V2.9"
+    );
     eprintln!(
         "kernels_host: {} v2 sweep frames ({total} bytes) decoded byte for byte, {rejected} using §V2.9 rejected",
         cases.len() - rejected

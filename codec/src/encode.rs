@@ -176,9 +176,15 @@ impl FrameStats {
 pub(crate) fn resolve_dtype_for(src: &[u8], opts: &EncodeOptions) -> Dtype {
     if opts.format == VERSION_2 && opts.dtype == DtypeHint::Auto && src.len() >= MIN_CODED_INPUT {
         crate::v2::detect_v2(src)
-    } else if opts.format == VERSION_2 && src.len() >= MIN_CODED_INPUT && opts.dtype == DtypeHint::Fp8E4m3 {
+    } else if opts.format == VERSION_2
+        && src.len() >= MIN_CODED_INPUT
+        && opts.dtype == DtypeHint::Fp8E4m3
+    {
         Dtype::Fp8E4m3
-    } else if opts.format == VERSION_2 && src.len() >= MIN_CODED_INPUT && opts.dtype == DtypeHint::Fp8E5m2 {
+    } else if opts.format == VERSION_2
+        && src.len() >= MIN_CODED_INPUT
+        && opts.dtype == DtypeHint::Fp8E5m2
+    {
         Dtype::Fp8E5m2
     } else {
         resolve_dtype(src, opts.dtype)

@@ -212,7 +212,9 @@ pub(crate) fn code_lengths(cnt: &[u64; 256], n: usize) -> [u8; 256] {
                 no += 1;
             }
         }
-        order[..no].sort_unstable_by_key(|&s| (std::cmp::Reverse(lens[s]), weight[s], std::cmp::Reverse(s)));
+        order[..no].sort_unstable_by_key(|&s| {
+            (std::cmp::Reverse(lens[s]), weight[s], std::cmp::Reverse(s))
+        });
         let mut oi = 0;
         while k > 1 << MAXLEN {
             let best = order[oi];
@@ -386,7 +388,10 @@ pub(crate) fn encode_fp8(dtype: Dtype, blk: &[u8], out: &mut [u8]) -> Option<usi
             lag_syms.clear();
             lag_syms.resize(m, 0);
             lag_syms[..p].copy_from_slice(&blk[..p]);
-            for (o, (&x, &y)) in lag_syms[p..].iter_mut().zip(blk[p..].iter().zip(&blk[..m - p])) {
+            for (o, (&x, &y)) in lag_syms[p..]
+                .iter_mut()
+                .zip(blk[p..].iter().zip(&blk[..m - p]))
+            {
                 *o = lag_sym(x, y);
             }
             hl = Some(histogram(lag_syms));
@@ -401,11 +406,27 @@ pub(crate) fn encode_fp8(dtype: Dtype, blk: &[u8], out: &mut [u8]) -> Option<usi
                 let mut side = [0u8; 1 + MAX_LINES / 2];
                 side[0] = centre;
                 side[1..1 + nib.len()].copy_from_slice(nib);
-                write_sym::<Byte>(mode, T_SHIFT, &side[..1 + nib.len()], shift_syms, blk, out, Some(&hs))
+                write_sym::<Byte>(
+                    mode,
+                    T_SHIFT,
+                    &side[..1 + nib.len()],
+                    shift_syms,
+                    blk,
+                    out,
+                    Some(&hs),
+                )
             }
             _ => {
                 let p = lag.unwrap() as u16;
-                write_sym::<Byte>(mode, T_LAG, &p.to_le_bytes(), lag_syms, blk, out, hl.as_ref())
+                write_sym::<Byte>(
+                    mode,
+                    T_LAG,
+                    &p.to_le_bytes(),
+                    lag_syms,
+                    blk,
+                    out,
+                    hl.as_ref(),
+                )
             }
         }
     })
@@ -601,7 +622,11 @@ fn write_sym<T: SymMode>(
     let mut p = FIXED;
     for j in 0..tbl {
         let lo = lens[2 * j];
-        let hi = if 2 * j + 1 < T::NSYM { lens[2 * j + 1] } else { 0 };
+        let hi = if 2 * j + 1 < T::NSYM {
+            lens[2 * j + 1]
+        } else {
+            0
+        };
         out[p + j] = lo | hi << 4;
     }
     p += tbl;
@@ -894,7 +919,11 @@ fn decode_sym<T: SymMode>(b: &[u8], out: &mut [u8]) -> Result<(), CodecError> {
         let a0 = j0 * ss;
         let e0 = ((j0 + nl) * ss).min(m);
         // all lanes but the last have ss elements; lockstep over the shortest
-        let nmin = if nl == LANES { e0 - a0 - (nl - 1) * ss } else { 0 };
+        let nmin = if nl == LANES {
+            e0 - a0 - (nl - 1) * ss
+        } else {
+            0
+        };
         let nmin = nmin.min(ss);
         for k in 0..nmin {
             for (ln_i, p) in pos.iter_mut().enumerate() {
@@ -926,7 +955,11 @@ fn decode_sym<T: SymMode>(b: &[u8], out: &mut [u8]) -> Result<(), CodecError> {
                 if i < lag {
                     continue;
                 }
-                let y = if i - lag >= a0 { bufn[i - lag - a0] } else { grid[i - lag] };
+                let y = if i - lag >= a0 {
+                    bufn[i - lag - a0]
+                } else {
+                    grid[i - lag]
+                };
                 let x = bufn[k];
                 bufn[k] = ((x ^ y) & 0x80) | (x.wrapping_add(y) & 0x7F);
             }

@@ -80,7 +80,9 @@ fn fp8_specials(n: usize, e4m3: bool, seed: u64) -> Vec<u8> {
 fn fp16_subnormal(n: usize, seed: u64) -> Vec<u8> {
     let mut r = Rng::new(seed);
     let mut b = encode(Ty::Fp16, (0..n / 2).map(|_| r.laplace() * 3e-6));
-    let pats: [u16; 8] = [0x0000, 0x8000, 0x7C00, 0xFC00, 0x7E01, 0xFFFF, 0x0001, 0x83FF];
+    let pats: [u16; 8] = [
+        0x0000, 0x8000, 0x7C00, 0xFC00, 0x7E01, 0xFFFF, 0x0001, 0x83FF,
+    ];
     for c in b.chunks_exact_mut(2) {
         if r.next_u64() % 9 == 0 {
             let p = pats[(r.next_u64() % 8) as usize];
@@ -90,7 +92,9 @@ fn fp16_subnormal(n: usize, seed: u64) -> Vec<u8> {
     b
 }
 
-const SIZES: &[usize] = &[0, 1, 63, 64, 65, 127, 129, 1000, 2047, 2049, 4097, 8083, 12345, 65537, 131071];
+const SIZES: &[usize] = &[
+    0, 1, 63, 64, 65, 127, 129, 1000, 2047, 2049, 4097, 8083, 12345, 65537, 131071,
+];
 
 #[test]
 fn fp8_round_trips_every_byte_value() {
@@ -110,7 +114,11 @@ fn fp8_round_trips_every_byte_value() {
     }
     // a skewed histogram over all 256 values codes (mode 5/6), not RAW
     let f = check(&skew, &v2(DtypeHint::Fp8E5m2, false, 16));
-    assert!(block_modes(&f).iter().all(|&(m, _)| m == 6), "{:?}", block_modes(&f));
+    assert!(
+        block_modes(&f).iter().all(|&(m, _)| m == 6),
+        "{:?}",
+        block_modes(&f)
+    );
 }
 
 #[test]
@@ -118,7 +126,11 @@ fn fp8_sizes_and_specials() {
     for &n in SIZES {
         for e4m3 in [true, false] {
             let src = fp8_specials(n, e4m3, n as u64);
-            let hint = if e4m3 { DtypeHint::Fp8E4m3 } else { DtypeHint::Fp8E5m2 };
+            let hint = if e4m3 {
+                DtypeHint::Fp8E4m3
+            } else {
+                DtypeHint::Fp8E5m2
+            };
             for opts in [v2(hint, n % 2 == 0, 12), v2(DtypeHint::Auto, true, 16)] {
                 check(&src, &opts);
             }
@@ -132,7 +144,11 @@ fn fp8_transforms_engage() {
     let g = fp8_gauss(1 << 17, true, 1);
     let f = check(&g, &v2(DtypeHint::Auto, false, 16));
     assert_eq!(f[6], 4, "detected e4m3");
-    assert!(block_modes(&f).iter().all(|&m| m == (5, 0)), "{:?}", block_modes(&f));
+    assert!(
+        block_modes(&f).iter().all(|&m| m == (5, 0)),
+        "{:?}",
+        block_modes(&f)
+    );
     // rows with their own scale (2^-4 .. 2^4): SHIFT
     let mut r = Rng::new(2);
     let vals: Vec<f64> = (0..1 << 17)
@@ -140,7 +156,11 @@ fn fp8_transforms_engage() {
         .collect();
     let s = fp8_scaled(&vals, false);
     let f = check(&s, &v2(DtypeHint::Fp8E5m2, false, 16));
-    assert!(block_modes(&f).iter().all(|&m| m == (6, 1)), "{:?}", block_modes(&f));
+    assert!(
+        block_modes(&f).iter().all(|&m| m == (6, 1)),
+        "{:?}",
+        block_modes(&f)
+    );
     // rows of 768 elements that mostly repeat the row above: LAG
     let row: Vec<f64> = (0..768).map(|_| r.gauss()).collect();
     let vals: Vec<f64> = (0..1 << 17)
@@ -155,8 +175,16 @@ fn fp8_transforms_engage() {
         .collect();
     let a = fp8_scaled(&vals, true);
     let f = check(&a, &v2(DtypeHint::Auto, false, 16));
-    assert!(block_modes(&f).iter().all(|&m| m == (5, 2)), "{:?}", block_modes(&f));
-    assert!(f.len() * 3 < a.len(), "LAG ratio {}", a.len() as f64 / f.len() as f64);
+    assert!(
+        block_modes(&f).iter().all(|&m| m == (5, 2)),
+        "{:?}",
+        block_modes(&f)
+    );
+    assert!(
+        f.len() * 3 < a.len(),
+        "LAG ratio {}",
+        a.len() as f64 / f.len() as f64
+    );
 }
 
 #[test]
@@ -173,10 +201,16 @@ fn fp16_subnormals_code_as_fp16n() {
     for off in 0..2 {
         let f = check(&b[off..], &v2(DtypeHint::Auto, false, 16));
         assert_eq!(f[6], 2, "detected fp16");
-        assert!(block_modes(&f).iter().all(|&(m, _)| m == 7), "{:?}", block_modes(&f));
+        assert!(
+            block_modes(&f).iter().all(|&(m, _)| m == 7),
+            "{:?}",
+            block_modes(&f)
+        );
     }
     // every fp16 pattern round-trips through FP16N
-    let all: Vec<u8> = (0..=u16::MAX).flat_map(|x| (x & 0x83FF).to_le_bytes()).collect();
+    let all: Vec<u8> = (0..=u16::MAX)
+        .flat_map(|x| (x & 0x83FF).to_le_bytes())
+        .collect();
     let all2: Vec<u8> = (0..=u16::MAX).flat_map(|x| x.to_le_bytes()).collect();
     let f = check(&all, &v2(DtypeHint::Fp16, true, 16));
     assert!(block_modes(&f).iter().any(|&(m, _)| m == 7));
@@ -199,7 +233,11 @@ fn fp8_detection_survives_prefix_and_misalignment() {
         }
     }
     // floats, ints and random bytes are not fp8
-    for (ty, want) in [(Ty::Bf16, Dtype::Bf16), (Ty::Fp16, Dtype::Fp16), (Ty::Fp32, Dtype::Fp32)] {
+    for (ty, want) in [
+        (Ty::Bf16, Dtype::Bf16),
+        (Ty::Fp16, Dtype::Fp16),
+        (Ty::Fp32, Dtype::Fp32),
+    ] {
         for sigma in [0.01, 1.0] {
             assert_eq!(detect_v2(&gaussian(ty, 1 << 18, sigma, 3)), want);
         }
@@ -262,7 +300,10 @@ proptest! {
 fn corrupt_sample(which: usize, seed: u64) -> (Vec<u8>, EncodeOptions) {
     let mut r = Rng::new(seed);
     match which {
-        0 => (fp8_specials(9000, true, seed), v2(DtypeHint::Auto, seed % 2 == 0, 12)),
+        0 => (
+            fp8_specials(9000, true, seed),
+            v2(DtypeHint::Auto, seed % 2 == 0, 12),
+        ),
         1 => {
             let row: Vec<f64> = (0..384).map(|_| r.gauss()).collect();
             let vals: Vec<f64> = (0..9000)
@@ -282,14 +323,23 @@ fn corrupt_frames_are_errors() {
         let n = compress(&src, &mut f, &opts).unwrap();
         f.truncate(n);
         let modes = block_modes(&f);
-        assert!(modes.iter().any(|&(m, _)| (5..=7).contains(&m)), "{which}: {modes:?}");
+        assert!(
+            modes.iter().any(|&(m, _)| (5..=7).contains(&m)),
+            "{which}: {modes:?}"
+        );
         let mut out = vec![0u8; src.len()];
         for c in 0..n {
-            assert!(decompress(&f[..c], &mut out).is_err(), "{which}: prefix {c}/{n} decoded");
+            assert!(
+                decompress(&f[..c], &mut out).is_err(),
+                "{which}: prefix {c}/{n} decoded"
+            );
         }
         let mut g = f.clone();
         g.push(0);
-        assert!(decompress(&g, &mut out).is_err(), "{which}: trailing byte accepted");
+        assert!(
+            decompress(&g, &mut out).is_err(),
+            "{which}: trailing byte accepted"
+        );
         let mut silent = 0;
         for i in 0..n {
             for bit in 0..8 {
@@ -297,13 +347,19 @@ fn corrupt_frames_are_errors() {
                 if let Ok(m) = decompress(&f, &mut out) {
                     if out[..m] != src[..] {
                         silent += 1;
-                        assert!(!opts.checksum, "{which}: flip {i}.{bit} wrong bytes with a checksum");
+                        assert!(
+                            !opts.checksum,
+                            "{which}: flip {i}.{bit} wrong bytes with a checksum"
+                        );
                     }
                 }
                 f[i] ^= 1 << bit;
             }
         }
-        eprintln!("sample {which}: {silent} of {} flips decode to other bytes", 8 * n);
+        eprintln!(
+            "sample {which}: {silent} of {} flips decode to other bytes",
+            8 * n
+        );
     }
 }
 
@@ -336,7 +392,11 @@ fn field_corruptions_name_the_field() {
     g[b + 6] = 0xFF; // lengths 15: over 12
     assert!(bad(&g, &mut out));
     let mut g = f.clone();
-    g[b + 6] = if g[b + 6] & 15 == 1 { (g[b + 6] & 0xF0) | 2 } else { (g[b + 6] & 0xF0) | 1 }; // Kraft
+    g[b + 6] = if g[b + 6] & 15 == 1 {
+        (g[b + 6] & 0xF0) | 2
+    } else {
+        (g[b + 6] & 0xF0) | 1
+    }; // Kraft
     assert!(bad(&g, &mut out));
     let mut g = f.clone();
     g[b] = 8; // unknown mode

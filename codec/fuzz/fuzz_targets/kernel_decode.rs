@@ -72,7 +72,9 @@ fn v2_9_use(f: &[u8]) -> bool {
     if f[6] > 3 {
         return true;
     }
-    let Ok(info) = frame_info(f) else { return false };
+    let Ok(info) = frame_info(f) else {
+        return false;
+    };
     let nb = info.blocks as usize;
     let mut pos = 24 + 4 * nb;
     for i in 0..nb {
