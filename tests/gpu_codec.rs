@@ -384,8 +384,8 @@ fn gpu_corrupt_frames_rejected_like_cpu() {
     }
 }
 
-/// Format 2 (`nzc_decode_v2`): the 24 frozen v2 vectors (the 4 with a column table
-/// rejected: the kernel does not decode COLTAB frames), the sweep's inputs as v2
+/// Format 2 (`nzc_decode_v2`): the 28 frozen v2 vectors (the 4 with a column table
+/// and the 4 fp8/FP16N ones rejected: the kernel decodes neither), the sweep's inputs as v2
 /// CPU frames, and corrupted v2 frames decided as the CPU decides; each kernel
 /// rejects the other format's frames.
 #[test]
@@ -397,9 +397,14 @@ fn gpu_decode_v2_matches_cpu() {
         .map(|(v, _)| (v.frame.to_vec(), v.input.len()))
         .collect();
     for ((v, _), r) in man.iter().zip(gpu_decode_format(&g, &frames, 2)) {
-        if frozen::has_coltab(v.frame) {
-            // column tables (FORMAT.md V2.9) are not decoded by the kernel: ST_HEADER
-            assert!(r.is_err(), "v2 vector {}: COLTAB frame accepted", v.name);
+        if frozen::kernel_lacks(v.frame).is_some() {
+            // column tables (FORMAT.md V2.9) and fp8/FP16N (V2.10) are not decoded by
+            // the kernel
+            assert!(
+                r.is_err(),
+                "v2 vector {}: V2.9/V2.10 frame accepted",
+                v.name
+            );
             continue;
         }
         assert_eq!(r.as_deref().ok(), Some(v.input), "v2 vector {}", v.name);
@@ -430,8 +435,8 @@ fn gpu_decode_v2_matches_cpu() {
         .zip(&dec)
         .enumerate()
     {
-        if frozen::has_coltab(f) {
-            assert!(r.is_err(), "v2 case {i}: COLTAB frame accepted");
+        if frozen::kernel_lacks(f).is_some() {
+            assert!(r.is_err(), "v2 case {i}: V2.9/V2.10 frame accepted");
             continue;
         }
         assert!(
@@ -442,7 +447,11 @@ fn gpu_decode_v2_matches_cpu() {
     }
     let mut rng = rand::rngs::StdRng::seed_from_u64(0xC0FFEE2);
     let mut bad = Vec::new();
-    for (f0, n) in dec.iter().filter(|(f, _)| !frozen::has_coltab(f)).take(8) {
+    for (f0, n) in dec
+        .iter()
+        .filter(|(f, _)| frozen::kernel_lacks(f).is_none())
+        .take(8)
+    {
         for t in 0..24 {
             let mut f = f0.clone();
             match t % 3 {

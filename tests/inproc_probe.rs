@@ -29,10 +29,7 @@ fn probes_of_small_messages_run_here_and_the_messages_go_inline() {
     transfer_and_check(&s, &r, &warm, 16 << 10);
     let codec1 = st.codec_ns.load(Relaxed);
     assert!(codec1 > codec0, "the warm-up went through the codec");
-    let (inline0, bypass0) = (
-        st.chunks_inline.load(Relaxed),
-        st.bypassed.load(Relaxed),
-    );
+    let (inline0, bypass0) = (st.chunks_inline.load(Relaxed), st.bypassed.load(Relaxed));
     transfer_and_check(&s, &r, &msgs, 16 << 10);
     let inline = st.chunks_inline.load(Relaxed) - inline0;
     let bypassed = st.bypassed.load(Relaxed) - bypass0;
@@ -48,5 +45,9 @@ fn probes_of_small_messages_run_here_and_the_messages_go_inline() {
         inline, n as u64,
         "every message after the warm-up went inline, probes included"
     );
-    assert_eq!(st.chunks_compressed.load(Relaxed), 0, "a random chunk came out smaller");
+    assert_eq!(
+        st.chunks_compressed.load(Relaxed),
+        0,
+        "a random chunk came out smaller"
+    );
 }

@@ -856,7 +856,7 @@ fn v2_sweep(seed: u64, count: usize) -> Vec<EncCase> {
 #[test]
 fn v2_frozen_vectors_decode_byte_for_byte() {
     let man = frozen::manifest_v2();
-    assert_eq!(man.len(), 24, "codec/tests/vectors/v2 holds 24 vectors");
+    assert_eq!(man.len(), 28, "codec/tests/vectors/v2 holds 28 vectors");
     let frames: Vec<(Vec<u8>, usize)> = man
         .iter()
         .map(|(v, opts)| {
@@ -869,20 +869,22 @@ fn v2_frozen_vectors_decode_byte_for_byte() {
             (v.frame.to_vec(), v.input.len())
         })
         .collect();
-    let mut coltab = 0;
+    let mut unknown = 0;
     for ((v, _), r) in man
         .iter()
         .zip(harness_decode_op(&frames, Launch::Seq, "dec2"))
     {
-        if frozen::has_coltab(v.frame) {
-            // column tables are not decoded by the kernels: a header error
-            assert_eq!(r, Err("err 2".to_string()), "COLTAB vector {}", v.name);
-            coltab += 1;
-            continue;
+        // FORMAT.md §V2.9's column tables and §V2.10's modes (fp8 frames: header
+        // dtype 4/5; FP16N: block mode 7) are not in the kernel: it rejects them
+        match frozen::kernel_lacks(v.frame) {
+            Some(want) => {
+                assert_eq!(r, Err(want.to_string()), "vector {}", v.name);
+                unknown += 1;
+            }
+            None => assert_eq!(r.as_deref().ok(), Some(v.input), "vector {}", v.name),
         }
-        assert_eq!(r.as_deref().ok(), Some(v.input), "vector {}", v.name);
     }
-    assert_eq!(coltab, 4, "the coltab_* vectors have column tables");
+    assert!(unknown >= 8, "the coltab_* and §V2.10 vectors are rejected");
     // each kernel rejects the other format's frames (ST_HEADER)
     let v1: Vec<(Vec<u8>, usize)> = frozen::manifest()
         .iter()
@@ -913,18 +915,21 @@ fn v2_sweep_decodes_cpu_frames() {
         .iter()
         .map(|c| (cpu_frame(&c.input, &c.opts), c.input.len()))
         .collect();
-    let mut total = 0;
+    let (mut total, mut rejected) = (0, 0);
     for (i, ((r, c), (f, _))) in harness_decode_op(&frames, Launch::Seq, "dec2")
         .into_iter()
         .zip(&cases)
         .zip(&frames)
         .enumerate()
     {
-        total += c.input.len();
-        if frozen::has_coltab(f) {
-            assert_eq!(r, Err("err 2".to_string()), "case {i}: COLTAB frame");
+        // frames using FORMAT.md §V2.9 (a column table) or §V2.10 (fp8 detected,
+        // FP16N) are rejected as a header error / an unknown mode
+        if let Some(e) = frozen::kernel_lacks(f) {
+            assert_eq!(r, Err(e.to_string()), "case {i}");
+            rejected += 1;
             continue;
         }
+        total += c.input.len();
         assert!(
             r.as_deref().ok() == Some(&c.input[..]),
             "case {i}: n={} opts={:?}: {:?}",
@@ -933,9 +938,13 @@ fn v2_sweep_decodes_cpu_frames() {
             r.err()
         );
     }
+    assert!(
+        rejected < cases.len() / 4,
+        "{rejected} sweep frames use §V2.9/§V2.10"
+    );
     eprintln!(
-        "kernels_host: {} v2 sweep frames ({total} bytes) decoded byte for byte",
-        cases.len()
+        "kernels_host: {} v2 sweep frames ({total} bytes) decoded byte for byte, {rejected} using §V2.9/§V2.10 rejected",
+        cases.len() - rejected
     );
 }
 
@@ -1004,7 +1013,20 @@ fn v2_corrupt_frames_rejected_like_cpu_without_oob() {
         let mut out = vec![0u8; *cap];
         decompress(f, &mut out).map(|n| out[..n].to_vec())
     });
-    let rejected = same_decisions(cpu.zip(res), "CPU", "harness");
+    // a frame the CPU decodes with FORMAT.md §V2.9/§V2.10 (not in the kernel) is rejected
+    // by the kernel; the others get the same decision
+    let mut v2_9 = 0;
+    let pairs = cpu.zip(res).zip(&frames).map(|((c, g), (f, _))| {
+        if c.is_ok() && frozen::kernel_lacks(f).is_some() {
+            assert!(g.is_err(), "a §V2.9/§V2.10 frame accepted by the kernel");
+            v2_9 += 1;
+            (Err("§V2.9/§V2.10".to_string()), g)
+        } else {
+            (c.map_err(|e| e.to_string()), g)
+        }
+    });
+    let rejected = same_decisions(pairs, "CPU", "harness");
+    eprintln!("kernels_host: {v2_9} corrupted frames using §V2.9/§V2.10 (rejected by the kernel)");
     // flips of plane bytes in frames without a checksum decode (to other bytes,
     // as on the CPU); everything else is rejected
     assert!(
@@ -1034,16 +1056,12 @@ fn v2_concurrent_decode_under_tsan_and_asan() {
             .iter()
             .zip(harness_decode_op(&vec_frames, launch, "dec2"))
         {
-            if frozen::has_coltab(v.frame) {
-                assert_eq!(r, Err("err 2".to_string()), "COLTAB vector {}", v.name);
-                continue;
-            }
-            assert_eq!(
-                r.as_deref().ok(),
-                Some(v.input),
-                "vector {} (seed {seed})",
-                v.name
-            );
+            // §V2.9/§V2.10 vectors: rejected, as in v2_frozen_vectors_decode_byte_for_byte
+            let want = match frozen::kernel_lacks(v.frame) {
+                Some(e) => Err(e.to_string()),
+                None => Ok(v.input.to_vec()),
+            };
+            assert_eq!(r, want, "vector {} (seed {seed})", v.name);
         }
     }
     let cases = v2_sweep(0x0002_C0C0, 24);
@@ -1059,11 +1077,11 @@ fn v2_concurrent_decode_under_tsan_and_asan() {
             .zip(&frames)
             .enumerate()
         {
-            if frozen::has_coltab(f) {
+            if let Some(e) = frozen::kernel_lacks(f) {
                 assert_eq!(
                     r,
-                    Err("err 2".to_string()),
-                    "{san:?} case {i}: COLTAB frame"
+                    Err(e.to_string()),
+                    "{san:?} case {i}: §V2.9/§V2.10 frame"
                 );
                 continue;
             }

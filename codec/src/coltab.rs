@@ -477,7 +477,7 @@ pub(crate) fn encoder_table(dtype: Dtype, src: &[u8], b: usize) -> Option<ColTab
         Dtype::Bf16 => table_for::<Bf16>(src, b),
         Dtype::Fp16 => table_for::<Fp16>(src, b),
         Dtype::Fp32 => table_for::<Fp32>(src, b),
-        Dtype::Raw => None,
+        Dtype::Raw | Dtype::Fp8E4m3 | Dtype::Fp8E5m2 => None,
     }
 }
 

@@ -200,6 +200,16 @@ impl FrameStats {
 pub(crate) fn resolve_dtype_for(src: &[u8], opts: &EncodeOptions) -> Dtype {
     if opts.format == VERSION_2 && opts.dtype == DtypeHint::Auto && src.len() >= MIN_CODED_INPUT {
         crate::v2::detect_v2(src)
+    } else if opts.format == VERSION_2
+        && src.len() >= MIN_CODED_INPUT
+        && opts.dtype == DtypeHint::Fp8E4m3
+    {
+        Dtype::Fp8E4m3
+    } else if opts.format == VERSION_2
+        && src.len() >= MIN_CODED_INPUT
+        && opts.dtype == DtypeHint::Fp8E5m2
+    {
+        Dtype::Fp8E5m2
     } else {
         resolve_dtype(src, opts.dtype)
     }
@@ -361,7 +371,7 @@ fn encode_block_with(
         Dtype::Bf16 => encode_coded::<Bf16>(blk, o, simd),
         Dtype::Fp16 => encode_coded::<Fp16>(blk, o, simd),
         Dtype::Fp32 => encode_coded::<Fp32>(blk, o, simd),
-        Dtype::Raw => None,
+        Dtype::Raw | Dtype::Fp8E4m3 | Dtype::Fp8E5m2 => None,
     })
 }
 

@@ -87,7 +87,7 @@ impl Header {
             return Err(CodecError::Corrupt("unknown header flags"));
         }
         let dtype = src[6];
-        if dtype > 3 {
+        if dtype > 3 && !(version == VERSION_2 && dtype <= 5) {
             return Err(CodecError::Corrupt("unknown dtype"));
         }
         let block_log2 = src[7];

@@ -33,8 +33,9 @@
 //! * [`frame_info`] reads the header and block table only.
 //! * [`EncodeOptions::format`] picks the frame format written: 1 (default) or 2
 //!   (`docs/FORMAT.md` §V2: exact zeros, zero lines, omitted fp32 low planes, a
-//!   per-block phase, independently decodable sub-segments). Every decoder entry
-//!   point reads both versions; [`detect_v2`] is version 2's type detection.
+//!   per-block phase, independently decodable sub-segments; fp8 byte codes and
+//!   FP16N for mostly-subnormal fp16, §V2.10). Every decoder entry point reads both
+//!   versions; [`detect_v2`] is version 2's type detection.
 //! * [`compress_parallel`] / [`decompress_parallel`] spread the blocks of large buffers
 //!   over threads (same bytes as the single-thread encoder; the parallel decoder does
 //!   not keep the ascending write order).
@@ -50,6 +51,7 @@ mod encode;
 pub mod format;
 mod parallel;
 mod v2;
+mod v2_byte;
 
 pub use decode::{decompress, frame_info, Decoder};
 pub use encode::{compress, compress_scalar, compress_with_stats};
@@ -69,9 +71,9 @@ pub enum DtypeHint {
     Bf16,
     Fp16,
     Fp32,
-    /// fp8 is recognised but stored raw in format version 1.
+    /// fp8: stored raw in format version 1, byte-coded in version 2.
     Fp8E4m3,
-    /// fp8 is recognised but stored raw in format version 1.
+    /// fp8: stored raw in format version 1, byte-coded in version 2.
     Fp8E5m2,
 }
 
@@ -98,6 +100,10 @@ pub enum Dtype {
     Bf16 = 1,
     Fp16 = 2,
     Fp32 = 3,
+    /// fp8 e4m3 (format version 2 only: byte-coded blocks).
+    Fp8E4m3 = 4,
+    /// fp8 e5m2 (format version 2 only: byte-coded blocks).
+    Fp8E5m2 = 5,
 }
 
 impl Dtype {
@@ -106,6 +112,8 @@ impl Dtype {
             1 => Dtype::Bf16,
             2 => Dtype::Fp16,
             3 => Dtype::Fp32,
+            4 => Dtype::Fp8E4m3,
+            5 => Dtype::Fp8E5m2,
             _ => Dtype::Raw,
         }
     }
@@ -115,6 +123,8 @@ impl Dtype {
             Dtype::Bf16 => "bf16",
             Dtype::Fp16 => "fp16",
             Dtype::Fp32 => "fp32",
+            Dtype::Fp8E4m3 => "e4m3",
+            Dtype::Fp8E5m2 => "e5m2",
         }
     }
 }

@@ -407,8 +407,13 @@ pub(crate) fn encode_block_v2(
 ) -> Option<(usize, BlockKind)> {
     crate::encode::encode_block_by(blk, out, |o| match dtype {
         Dtype::Bf16 => encode_coded::<Bf16>(blk, o, simd, col),
-        Dtype::Fp16 => encode_coded::<Fp16>(blk, o, simd, col),
+        // fp16 blocks mostly of subnormals code as FP16N (FORMAT.md §V2.10)
+        Dtype::Fp16 => match crate::v2_byte::f16n_phase(blk) {
+            Some(phi) => crate::v2_byte::encode_f16n(blk, phi, o),
+            None => encode_coded::<Fp16>(blk, o, simd, col),
+        },
         Dtype::Fp32 => encode_coded::<Fp32>(blk, o, simd, col),
+        Dtype::Fp8E4m3 | Dtype::Fp8E5m2 => crate::v2_byte::encode_fp8(dtype, blk, o),
         Dtype::Raw => None,
     })
 }
@@ -1212,6 +1217,9 @@ pub(crate) fn decode_block_v2<S: TableSource>(
         MODE_BF16 => decode_coded::<Bf16, S>(b, out, tables, col),
         MODE_FP16 => decode_coded::<Fp16, S>(b, out, tables, col),
         MODE_FP32 => decode_coded::<Fp32, S>(b, out, tables, col),
+        crate::v2_byte::MODE_E4M3 | crate::v2_byte::MODE_E5M2 | crate::v2_byte::MODE_FP16N => {
+            crate::v2_byte::decode_block(b, out)
+        }
         _ => Err(corrupt("unknown block mode")),
     }
 }
@@ -2084,6 +2092,8 @@ fn detect_v2_body(src: &[u8]) -> Dtype {
             best = (value, bytes, dt);
         }
     }
+    // fp8 byte codes and FP16N (FORMAT.md §V2.10)
+    let best = crate::v2_byte::detect_more(src, best, &st);
     // raw unless the estimate saves more than 1/32 of the sampled bits
     if best.0 * 32 >= 31 * 8 * SAMPLE_STRIDE as u64 * best.1 {
         Dtype::Raw
@@ -2194,14 +2204,23 @@ mod tests {
                     0 => r % 4,
                     1 => r % 3000,
                     2 => (1u64 << (r % 17)) & !1,
-                    3 => if r % 3 == 0 { 0 } else { r % 65536 },
+                    3 => {
+                        if r % 3 == 0 {
+                            0
+                        } else {
+                            r % 65536
+                        }
+                    }
                     _ => [0, 1, 2, 4, 8][(r % 5) as usize],
                 };
             }
-            assert_eq!(explicit_lengths(&cnt), explicit_lengths_ref(&cnt), "{cnt:?}");
+            assert_eq!(
+                explicit_lengths(&cnt),
+                explicit_lengths_ref(&cnt),
+                "{cnt:?}"
+            );
         }
     }
-
 
     /// Detection's shared-read statistics equal [`Stats::add`] per candidate, on
     /// floats of each type at every offset, zeros, constant runs and random bytes.
@@ -2220,13 +2239,45 @@ mod tests {
                 let r = rnd();
                 *b = match case % 6 {
                     0 => r as u8,
-                    1 => if r % 3 == 0 { 0 } else { r as u8 },
+                    1 => {
+                        if r % 3 == 0 {
+                            0
+                        } else {
+                            r as u8
+                        }
+                    }
                     // bf16-like: exponent bytes near 0x3C..0x3F at odd offsets
-                    2 => if (i + case / 6) % 2 == 1 { 0x3C | (r as u8 & 3) } else { r as u8 },
+                    2 => {
+                        if (i + case / 6) % 2 == 1 {
+                            0x3C | (r as u8 & 3)
+                        } else {
+                            r as u8
+                        }
+                    }
                     // fp32-like at a random offset
-                    3 => if (i + case / 6) % 4 == 3 { 0x3E | (r as u8 & 1) } else if (i + case / 6) % 4 == 0 { 0 } else { r as u8 },
-                    4 => if r % 5 == 0 { r as u8 } else { 0 },
-                    _ => if (i / 8) % 2 == 0 { 0 } else { (r % 4) as u8 * 0x40 },
+                    3 => {
+                        if (i + case / 6) % 4 == 3 {
+                            0x3E | (r as u8 & 1)
+                        } else if (i + case / 6) % 4 == 0 {
+                            0
+                        } else {
+                            r as u8
+                        }
+                    }
+                    4 => {
+                        if r % 5 == 0 {
+                            r as u8
+                        } else {
+                            0
+                        }
+                    }
+                    _ => {
+                        if (i / 8) % 2 == 0 {
+                            0
+                        } else {
+                            (r % 4) as u8 * 0x40
+                        }
+                    }
                 };
             }
             let mut st: [Stats; 8] = Default::default();
@@ -2266,7 +2317,6 @@ mod tests {
         }
     }
 
-
     /// `nonzero_bytes` marks exactly the nonzero bytes.
     #[test]
     fn nonzero_bytes_marks_bytes() {
@@ -2290,5 +2340,4 @@ mod tests {
             assert_eq!(nonzero_bytes(v), want, "{v:#x}");
         }
     }
-
 }

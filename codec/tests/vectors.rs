@@ -208,6 +208,52 @@ fn cases_v2() -> Vec<Case> {
         opts: o(Fp32, true, 15),
         input: || channels(Ty::Fp32, 100_000, 1536, 1.0, 128),
     });
+    // §V2.10: fp8 byte codes (detected, plain), SHIFT (row scales), LAG (rows that
+    // repeat), FP16N (subnormal fp16 at phase 1)
+    v.push(Case {
+        name: "fp8_e4m3_gauss",
+        opts: o(Auto, true, 13),
+        input: || {
+            let mut r = Rng::new(125);
+            let x: Vec<f64> = (0..20_001).map(|_| r.gauss()).collect();
+            fp8_scaled(&x, true)
+        },
+    });
+    v.push(Case {
+        name: "fp8_e5m2_shift_rows",
+        opts: o(Fp8E5m2, false, 13),
+        input: || {
+            let mut r = Rng::new(126);
+            let x: Vec<f64> = (0..16_384)
+                .map(|i| r.gauss() * 2f64.powi(((i / 256) % 7) as i32))
+                .collect();
+            fp8_scaled(&x, false)
+        },
+    });
+    v.push(Case {
+        name: "fp8_e4m3_lag_rows",
+        opts: o(Fp8E4m3, false, 14),
+        input: || {
+            let mut r = Rng::new(127);
+            let row: Vec<f64> = (0..384).map(|_| r.gauss()).collect();
+            let x: Vec<f64> = (0..20_000)
+                .map(|i| row[i % 384] * if r.next_u64() % 8 == 0 { 1.25 } else { 1.0 })
+                .collect();
+            fp8_scaled(&x, true)
+        },
+    });
+    v.push(Case {
+        name: "fp16n_subnormal_phase1",
+        opts: o(Auto, true, 13),
+        input: || {
+            let mut r = Rng::new(128);
+            let mut b = vec![7u8];
+            b.extend(encode(Ty::Fp16, (0..10_000).map(|_| r.laplace() * 2e-6)));
+            b[101..103].copy_from_slice(&0x7E01u16.to_le_bytes());
+            b[203..205].copy_from_slice(&0x8000u16.to_le_bytes());
+            b
+        },
+    });
     v
 }
 

@@ -202,6 +202,8 @@ fn the_sequential_decoder_never_shows_a_flag_before_its_data() {
             DtypeHint::Fp32,
             DtypeHint::Auto,
             DtypeHint::Raw,
+            // v2: byte-coded (FORMAT.md §V2.10), v1: stored
+            DtypeHint::Fp8E4m3,
         ]
         .into_iter()
         .flat_map(|d| [(d, 1u8), (d, 2u8)])

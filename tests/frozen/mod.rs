@@ -84,6 +84,10 @@ pub static VECTORS_V2: &[Vector] = embed_vectors!(
     "coltab_bf16_lines",
     "coltab_fp16_phase1",
     "coltab_fp32_1536",
+    "fp8_e4m3_gauss",
+    "fp8_e5m2_shift_rows",
+    "fp8_e4m3_lag_rows",
+    "fp16n_subnormal_phase1",
 );
 
 /// A version-2 frame with a column table (header flag `COLTAB`, FORMAT.md §V2.9): the
@@ -91,6 +95,31 @@ pub static VECTORS_V2: &[Vector] = embed_vectors!(
 /// frame as it rejects every unknown header flag (`ST_HEADER`).
 pub fn has_coltab(frame: &[u8]) -> bool {
     frame.len() >= 24 && frame[4] == 2 && frame[5] & 4 != 0
+}
+
+/// Whether a v2 frame uses FORMAT.md §V2.9 or §V2.10 (not in the kernel), and the
+/// error the kernel gives then: "err 2" (a column table; header dtype 4/5, fp8) or
+/// "err 5" (a block of mode 5..7).
+pub fn kernel_lacks(f: &[u8]) -> Option<&'static str> {
+    if f.len() < 24 || f[4] != 2 {
+        return None;
+    }
+    // a column table (§V2.9) or an fp8 frame (§V2.10): a header error
+    if has_coltab(f) || f[6] > 3 {
+        return Some("err 2");
+    }
+    let info = nccl_zip_codec::frame_info(f).ok()?;
+    let nb = info.blocks as usize;
+    let mut pos = 24 + 4 * nb;
+    for i in 0..nb {
+        let size = u32::from_le_bytes(f[24 + 4 * i..28 + 4 * i].try_into().unwrap()) as usize;
+        // FP16N and fp8 blocks (§V2.10): an unknown block mode
+        if (5..=7).contains(&f[pos]) {
+            return Some("err 5");
+        }
+        pos += size;
+    }
+    None
 }
 
 /// The MANIFEST's vectors in its order, each with its options and embedded bytes.

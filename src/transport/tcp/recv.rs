@@ -370,8 +370,7 @@ impl Driven for RxTask {
             }
         }
         let offload = |f| self.decode_on_codec_worker(&core, f);
-        let offload_device =
-            |f, lane, seq| self.place_on_codec_worker(&core, f, lane, seq);
+        let offload_device = |f, lane, seq| self.place_on_codec_worker(&core, f, lane, seq);
         loop {
             // Before any ask of the budget: a release after this wakes a refusal.
             let seen = crate::budget::releases();

@@ -1,0 +1,1071 @@
+//! Format version 2's symbol-code blocks (docs/FORMAT.md §V2.10): fp8 byte codes
+//! (modes 5 E4M3 and 6 E5M2: every byte is one symbol of a per-block code over the
+//! 256 byte values) and FP16N (mode 7: fp16 whose subnormals are coded by the bit
+//! length of their mantissa, as if it were an exponent). Both are one canonical prefix
+//! code of at most 12 bits per block, built from the whole block's histogram, with
+//! raw bits after each symbol (FP16N) and a sub-segment bit-length index as the other
+//! coded blocks of version 2. Every encoder decision is an integer function of the
+//! block's bytes.
+
+use crate::decode::copy_ascending;
+use crate::format::*;
+use crate::{CodecError, Dtype};
+
+pub const MODE_E4M3: u8 = 5;
+pub const MODE_E5M2: u8 = 6;
+pub const MODE_FP16N: u8 = 7;
+
+const MAXLEN: u32 = 12;
+const TABLE: usize = 1 << MAXLEN;
+/// Bytes before the code lengths: mode, flags, grid, iw, base (u16).
+const FIXED: usize = 6;
+/// Symbols of FP16N: 0 = ±0, 1..=10 = subnormal with that mantissa bit length,
+/// 11..=41 = exponent field + 10.
+pub const F16N_SYMS: usize = 42;
+/// Largest sub-segment count of a block (1 MiB blocks): fp8 2^20 / 2048, FP16N 2^20 / 2 / 512.
+const MAX_NS: usize = 1024;
+/// Largest sub-segment in bytes (fp8: 2048 x 1, FP16N: 512 x 2).
+const MAX_SEG_BYTES: usize = 2048;
+
+/// A symbol-code mode: how an element splits into a symbol and raw bits.
+trait SymMode {
+    const MODE_W: usize;
+    const NSYM: usize;
+    const SS_LOG2: u32;
+    fn load(b: &[u8], i: usize) -> u32;
+    fn store(b: &mut [u8], i: usize, x: u32);
+    /// (symbol, raw field, raw bit count)
+    fn split(x: u32) -> (usize, u32, u32);
+    fn rawbits(s: usize) -> u32;
+    fn join(s: usize, raw: u32) -> u32;
+}
+
+/// fp8 (E4M3, E5M2): the byte is the symbol, no raw bits.
+struct Byte;
+impl SymMode for Byte {
+    const MODE_W: usize = 1;
+    const NSYM: usize = 256;
+    const SS_LOG2: u32 = 11;
+    #[inline(always)]
+    fn load(b: &[u8], i: usize) -> u32 {
+        b[i] as u32
+    }
+    #[inline(always)]
+    fn store(b: &mut [u8], i: usize, x: u32) {
+        b[i] = x as u8;
+    }
+    #[inline(always)]
+    fn split(x: u32) -> (usize, u32, u32) {
+        (x as usize, 0, 0)
+    }
+    #[inline(always)]
+    fn rawbits(_s: usize) -> u32 {
+        0
+    }
+    #[inline(always)]
+    fn join(s: usize, _raw: u32) -> u32 {
+        s as u32
+    }
+}
+
+/// FP16N: fp16 `x = s<<15 | e<<10 | m` with the symbol `v` and raw field (§V2.10).
+struct F16n;
+impl SymMode for F16n {
+    const MODE_W: usize = 2;
+    const NSYM: usize = F16N_SYMS;
+    const SS_LOG2: u32 = 9;
+    #[inline(always)]
+    fn load(b: &[u8], i: usize) -> u32 {
+        u16::from_le_bytes([b[2 * i], b[2 * i + 1]]) as u32
+    }
+    #[inline(always)]
+    fn store(b: &mut [u8], i: usize, x: u32) {
+        b[2 * i..2 * i + 2].copy_from_slice(&(x as u16).to_le_bytes());
+    }
+    #[inline(always)]
+    fn split(x: u32) -> (usize, u32, u32) {
+        let s = x >> 15;
+        let e = (x >> 10) & 31;
+        let m = x & 1023;
+        if e != 0 {
+            (e as usize + 10, m | s << 10, 11)
+        } else if m == 0 {
+            (0, s, 1)
+        } else {
+            let v = 32 - m.leading_zeros();
+            (v as usize, (m & ((1 << (v - 1)) - 1)) | s << (v - 1), v)
+        }
+    }
+    #[inline(always)]
+    fn rawbits(s: usize) -> u32 {
+        match s {
+            0 => 1,
+            1..=10 => s as u32,
+            _ => 11,
+        }
+    }
+    #[inline(always)]
+    fn join(s: usize, raw: u32) -> u32 {
+        match s {
+            0 => raw << 15,
+            1..=10 => {
+                let v = s as u32;
+                let frac = raw & ((1 << (v - 1)) - 1);
+                (raw >> (v - 1)) << 15 | 1 << (v - 1) | frac
+            }
+            _ => (raw >> 10) << 15 | ((s as u32 - 10) << 10) | (raw & 1023),
+        }
+    }
+}
+
+fn corrupt(why: &'static str) -> CodecError {
+    CodecError::Corrupt(why)
+}
+
+fn bits_for(v: u32) -> u32 {
+    32 - v.leading_zeros()
+}
+
+// ---------------------------------------------------------------------------------
+// Code lengths
+
+/// Length-limited Huffman code lengths over symbols `0..n` (FORMAT.md §V2.10 "Code"):
+/// the used symbols (count > 0; if only one, also the next symbol mod n with weight 0)
+/// are merged two smallest (weight, node number) first, new nodes numbered from n up
+/// placed after every node of their weight; depths over 12 are limited as in §V2.6.
+/// Unused symbols get 0.
+pub(crate) fn code_lengths(cnt: &[u64; 256], n: usize) -> [u8; 256] {
+    let mut weight = [0u64; 512];
+    let mut parent = [usize::MAX; 512];
+    let mut live = [0usize; 256];
+    let mut nlive = 0;
+    for s in 0..n {
+        weight[s] = cnt[s];
+        if cnt[s] > 0 {
+            live[nlive] = s;
+            nlive += 1;
+        }
+    }
+    if nlive == 0 {
+        live[0] = 0;
+        nlive = 1;
+    }
+    if nlive == 1 {
+        live[1] = (live[0] + 1) % n;
+        nlive = 2;
+    }
+    let used = nlive;
+    let mut is_used = [false; 256];
+    for &s in &live[..used] {
+        is_used[s] = true;
+    }
+    live[..nlive].sort_by_key(|&s| (weight[s], s));
+    // Two queues, the sorted leaves and the parents in creation order (their weights
+    // never decrease), a leaf first on equal weight: the same merges as keeping one
+    // list sorted by (weight, number) with each parent placed after every node of
+    // weight <= its own, in linear time.
+    let (mut li, mut qi, mut next) = (0usize, n, n);
+    for _ in 0..used - 1 {
+        let mut two = [0usize; 2];
+        for t in two.iter_mut() {
+            if li < used && (qi >= next || weight[live[li]] <= weight[qi]) {
+                *t = live[li];
+                li += 1;
+            } else {
+                *t = qi;
+                qi += 1;
+            }
+        }
+        weight[next] = weight[two[0]] + weight[two[1]];
+        parent[two[0]] = next;
+        parent[two[1]] = next;
+        next += 1;
+    }
+    let root = next - 1;
+    let mut depth = [0u32; 512];
+    for x in (n..root).rev() {
+        depth[x] = depth[parent[x]] + 1;
+    }
+    let mut lens = [0u32; 256];
+    for s in 0..n {
+        if is_used[s] {
+            lens[s] = depth[parent[s]] + 1;
+        }
+    }
+    if lens[..n].iter().any(|&l| l > MAXLEN) {
+        for l in lens[..n].iter_mut() {
+            *l = (*l).min(MAXLEN);
+        }
+        let mut k: u32 = (0..n)
+            .filter(|&s| is_used[s])
+            .map(|s| 1u32 << (MAXLEN - lens[s]))
+            .sum();
+        // lengthen the longest code shorter than 12 (ties: smaller weight, then
+        // larger symbol) while the Kraft sum is over: the chosen code stays the
+        // longest below 12 until it reaches 12, and the others keep their order, so
+        // one sort by (length desc, weight, symbol desc) gives every choice
+        let mut order = [0usize; 256];
+        let mut no = 0;
+        for s in 0..n {
+            if is_used[s] && lens[s] < MAXLEN {
+                order[no] = s;
+                no += 1;
+            }
+        }
+        order[..no].sort_unstable_by_key(|&s| {
+            (std::cmp::Reverse(lens[s]), weight[s], std::cmp::Reverse(s))
+        });
+        let mut oi = 0;
+        while k > 1 << MAXLEN {
+            let best = order[oi];
+            lens[best] += 1;
+            k -= 1 << (MAXLEN - lens[best]);
+            if lens[best] == MAXLEN {
+                oi += 1;
+            }
+        }
+        while k < 1 << MAXLEN {
+            // shorten the longest code (ties: larger weight, then smaller symbol)
+            let mut best = usize::MAX;
+            for s in 0..n {
+                if !is_used[s] {
+                    continue;
+                }
+                if best == usize::MAX
+                    || lens[s] > lens[best]
+                    || (lens[s] == lens[best] && weight[s] > weight[best])
+                {
+                    best = s;
+                }
+            }
+            k += 1 << (MAXLEN - lens[best]);
+            lens[best] -= 1;
+        }
+    }
+    let mut out = [0u8; 256];
+    for s in 0..n {
+        out[s] = lens[s] as u8;
+    }
+    out
+}
+
+/// Canonical code words (DEFLATE order), bit-reversed for LSB-first writing.
+fn canonical(lens: &[u8; 256], n: usize) -> [u16; 256] {
+    let mut count = [0u32; 16];
+    for &l in &lens[..n] {
+        count[l as usize] += 1;
+    }
+    count[0] = 0;
+    let mut next = [0u32; 16];
+    let mut code = 0u32;
+    for l in 1..=MAXLEN as usize {
+        code = (code + count[l - 1]) << 1;
+        next[l] = code;
+    }
+    let mut rev = [0u16; 256];
+    for s in 0..n {
+        let l = lens[s] as u32;
+        if l != 0 {
+            let c = next[l as usize];
+            next[l as usize] += 1;
+            rev[s] = (c.reverse_bits() >> (32 - l)) as u16;
+        }
+    }
+    rev
+}
+
+// ---------------------------------------------------------------------------------
+// Encoder
+
+/// FP16N's phase for an fp16 block, or None when the block codes as FP16 (§V2.10
+/// "FP16N block encoding"): on the 1/13 sample of each phase, the number of
+/// subnormals (`e = 0`, `x & 0x7FFF != 0`); the phase with more (ties: 0) if they are
+/// more than half of its sample and FP16N's estimate on that sample is below FP16's
+/// (`choose(stats, true)`, V2.6, the smaller of its two phases).
+pub(crate) fn f16n_phase(blk: &[u8]) -> Option<usize> {
+    if blk.len() < 2 * MIN_CODED_ELEMS + 1 {
+        return None;
+    }
+    let mut best = (0u64, 0u64, 0usize);
+    for phi in 0..2 {
+        let m = (blk.len() - phi) / 2;
+        let (mut sub, mut count) = (0u64, 0u64);
+        let mut i = 0;
+        while i < m {
+            let x = F16n::load(&blk[phi..], i);
+            sub += (x & 0x7C00 == 0 && x & 0x7FFF != 0) as u64;
+            count += 1;
+            i += crate::encode::SAMPLE_STRIDE;
+        }
+        if phi == 0 || sub > best.0 {
+            best = (sub, count, phi);
+        }
+    }
+    let (sub, count, phi) = best;
+    if 2 * sub <= count {
+        return None;
+    }
+    // the two estimates on the same sample, in V2.6's units (13 x sample bits + side bits)
+    let g = &blk[phi..];
+    let m = g.len() / 2;
+    let mut h = [0u64; 256];
+    let mut raw = 0u64;
+    let mut i = 0;
+    while i < m {
+        let (v, _, rb) = F16n::split(F16n::load(g, i));
+        h[v] += 1;
+        raw += rb as u64;
+        i += crate::encode::SAMPLE_STRIDE;
+    }
+    let fp16n = crate::encode::SAMPLE_STRIDE as u64 * (coded_bits(&h, F16N_SYMS) + raw)
+        + 8 * F16N_SYMS.div_ceil(2) as u64;
+    // FP16 at its best phase (as V2.7 step 3 would pick it)
+    let fp16 = (0..2)
+        .map(|q| {
+            let mq = (blk.len() - q) / 2;
+            let st = crate::v2::Stats::sample::<crate::elem::Fp16>(&blk[q..], mq);
+            crate::v2::choose::<crate::elem::Fp16>(&st, true).value
+        })
+        .min()
+        .unwrap();
+    (fp16n < fp16).then_some(phi)
+}
+
+/// Encodes an fp8 block (mode 5 or 6 by the frame's type) into `out`; None when the
+/// coded block would not fit in `out` (the caller then writes RAW). The transform
+/// (none, SHIFT or LAG, §V2.10 "Transforms") is the one whose coded block is smallest.
+pub(crate) fn encode_fp8(dtype: Dtype, blk: &[u8], out: &mut [u8]) -> Option<usize> {
+    let mode = if dtype == Dtype::Fp8E5m2 {
+        MODE_E5M2
+    } else {
+        MODE_E4M3
+    };
+    let m = blk.len();
+    if m < MIN_CODED_ELEMS {
+        return None;
+    }
+    FP8_SCRATCH.with(|sc| {
+        let sc = &mut *sc.borrow_mut();
+        let (shift_syms, lag_syms, nib) = (&mut sc.shift, &mut sc.lag, &mut sc.nib);
+        // candidates: (bytes, flags, symbols, side bytes)
+        let h0 = histogram(blk);
+        let c0 = coded_bits(&h0, 256);
+        let mut best = (c0.div_ceil(8), 0u8);
+        // SHIFT
+        let nlines = m.div_ceil(SHIFT_LINE);
+        let mut refs = [0u8; MAX_LINES];
+        for (l, r) in refs.iter_mut().enumerate().take(nlines) {
+            let line = &blk[l * SHIFT_LINE..((l + 1) * SHIFT_LINE).min(m)];
+            let sum: u32 = line.iter().map(|&x| (x & 0x7F) as u32).sum();
+            *r = (sum / (4 * line.len() as u32)) as u8;
+        }
+        let mut sorted = [0u8; MAX_LINES];
+        sorted[..nlines].copy_from_slice(&refs[..nlines]);
+        sorted[..nlines].sort_unstable();
+        let centre = sorted[nlines / 2];
+        nib.clear();
+        nib.resize(nlines.div_ceil(2), 0);
+        shift_syms.clear();
+        shift_syms.resize(m, 0);
+        for l in 0..nlines {
+            let n = (refs[l] as i32 - centre as i32 + 8).clamp(0, 15) as u8;
+            nib[l / 2] |= n << (4 * (l & 1));
+            let k = shift_of(centre, n);
+            let (a, b) = (l * SHIFT_LINE, ((l + 1) * SHIFT_LINE).min(m));
+            for (y, &x) in shift_syms[a..b].iter_mut().zip(&blk[a..b]) {
+                *y = (x & 0x80) | (x.wrapping_sub(k) & 0x7F);
+            }
+        }
+        let hs = histogram(shift_syms);
+        let cs = coded_bits(&hs, 256).div_ceil(8) + 1 + nib.len() as u64;
+        if cs < best.0 {
+            best = (cs, T_SHIFT);
+        }
+        // LAG
+        let lag = choose_lag(blk);
+        let mut hl = None;
+        if let Some(p) = lag {
+            lag_syms.clear();
+            lag_syms.resize(m, 0);
+            lag_syms[..p].copy_from_slice(&blk[..p]);
+            for (o, (&x, &y)) in lag_syms[p..]
+                .iter_mut()
+                .zip(blk[p..].iter().zip(&blk[..m - p]))
+            {
+                *o = lag_sym(x, y);
+            }
+            hl = Some(histogram(lag_syms));
+            let cl = coded_bits(hl.as_ref().unwrap(), 256).div_ceil(8) + 2;
+            if cl < best.0 {
+                best = (cl, T_LAG);
+            }
+        }
+        match best.1 {
+            0 => write_sym::<Byte>(mode, 0, &[], blk, blk, out, Some(&h0)),
+            T_SHIFT => {
+                let mut side = [0u8; 1 + MAX_LINES / 2];
+                side[0] = centre;
+                side[1..1 + nib.len()].copy_from_slice(nib);
+                write_sym::<Byte>(
+                    mode,
+                    T_SHIFT,
+                    &side[..1 + nib.len()],
+                    shift_syms,
+                    blk,
+                    out,
+                    Some(&hs),
+                )
+            }
+            _ => {
+                let p = lag.unwrap() as u16;
+                write_sym::<Byte>(
+                    mode,
+                    T_LAG,
+                    &p.to_le_bytes(),
+                    lag_syms,
+                    blk,
+                    out,
+                    hl.as_ref(),
+                )
+            }
+        }
+    })
+}
+
+/// Block flag values (byte 1, bits 0-1) of fp8 blocks: the symbol transform.
+pub const T_SHIFT: u8 = 1;
+pub const T_LAG: u8 = 2;
+/// Elements per SHIFT line.
+pub const SHIFT_LINE: usize = 128;
+const MAX_LINES: usize = (1 << MAX_BLOCK_LOG2) / SHIFT_LINE;
+/// LAG candidates: `LAG_UNIT * k`, k = 1..=LAG_MAXK; the search samples every
+/// `LAG_STRIDE`-th element.
+pub const LAG_UNIT: usize = 128;
+pub const LAG_MAXK: usize = 64;
+pub const LAG_STRIDE: usize = 65;
+
+#[derive(Default)]
+struct Fp8Scratch {
+    shift: Vec<u8>,
+    lag: Vec<u8>,
+    nib: Vec<u8>,
+}
+
+thread_local! {
+    static FP8_SCRATCH: std::cell::RefCell<Fp8Scratch> = std::cell::RefCell::new(Fp8Scratch::default());
+}
+
+/// SHIFT's magnitude offset of a line: `4 * (centre + n - 8)` mod 128.
+#[inline(always)]
+fn shift_of(centre: u8, n: u8) -> u8 {
+    ((4 * (centre as i32 + n as i32 - 8)) & 0x7F) as u8
+}
+
+/// LAG's symbol of `x` given `y`, the element `P` before it.
+#[inline(always)]
+fn lag_sym(x: u8, y: u8) -> u8 {
+    ((x ^ y) & 0x80) | (x.wrapping_sub(y) & 0x7F)
+}
+
+/// The LAG distance for an fp8 block, or None (§V2.10 "Transforms").
+fn choose_lag(blk: &[u8]) -> Option<usize> {
+    let m = blk.len();
+    let kmax = LAG_MAXK.min(m / 2 / LAG_UNIT);
+    if kmax == 0 {
+        return None;
+    }
+    let start = kmax * LAG_UNIT;
+    // the sampled elements and, per candidate, the elements P before them, as
+    // arrays (the cost loop then vectorises)
+    const MAXS: usize = (1 << MAX_BLOCK_LOG2) / LAG_STRIDE + 1;
+    let mut xs = [0u8; MAXS];
+    let mut ys = [0u8; MAXS];
+    let mut ns = 0;
+    let mut i = start;
+    while i < m {
+        xs[ns] = blk[i];
+        ns += 1;
+        i += LAG_STRIDE;
+    }
+    let mut best = (u64::MAX, 0usize);
+    for k in 1..=kmax {
+        let p = k * LAG_UNIT;
+        for (j, y) in ys[..ns].iter_mut().enumerate() {
+            *y = blk[start + j * LAG_STRIDE - p];
+        }
+        // at most 16133 terms of at most 24: fits u32
+        let cost: u32 = xs[..ns]
+            .iter()
+            .zip(&ys[..ns])
+            .map(|(&x, &y)| {
+                let (a, b) = (x & 0x7F, y & 0x7F);
+                (a.abs_diff(b).min(16) + 8 * ((x ^ y) >> 7)) as u32
+            })
+            .sum();
+        let cost = cost as u64;
+        if cost < best.0 {
+            best = (cost, p);
+        }
+    }
+    Some(best.1)
+}
+
+fn histogram(b: &[u8]) -> [u64; 256] {
+    // four histograms side by side (no store-to-load chains on repeated bytes)
+    let mut h = [[0u32; 256]; 4];
+    let mut c4 = b.chunks_exact(4);
+    for c in &mut c4 {
+        h[0][c[0] as usize] += 1;
+        h[1][c[1] as usize] += 1;
+        h[2][c[2] as usize] += 1;
+        h[3][c[3] as usize] += 1;
+    }
+    for &x in c4.remainder() {
+        h[0][x as usize] += 1;
+    }
+    let mut cnt = [0u64; 256];
+    for s in 0..256 {
+        cnt[s] = (h[0][s] + h[1][s] + h[2][s] + h[3][s]) as u64;
+    }
+    cnt
+}
+
+/// Code bits of a histogram under its own code lengths.
+fn coded_bits(h: &[u64; 256], n: usize) -> u64 {
+    let lens = code_lengths(h, n);
+    (0..n).map(|s| h[s] * lens[s] as u64).sum()
+}
+
+/// Encodes an fp16 block as FP16N at phase `phi`.
+pub(crate) fn encode_f16n(blk: &[u8], phi: usize, out: &mut [u8]) -> Option<usize> {
+    encode_sym::<F16n>(MODE_FP16N, phi, blk, out)
+}
+
+fn encode_sym<T: SymMode>(mode: u8, phi: usize, blk: &[u8], out: &mut [u8]) -> Option<usize> {
+    let l = blk.len();
+    let w = T::MODE_W;
+    if l < phi + w * MIN_CODED_ELEMS {
+        return None;
+    }
+    let grid = &blk[phi..];
+    write_sym::<T>(mode, 0, &[], grid, blk, out, None)
+}
+
+/// Writes a symbol-code block: `flags`, side bytes (after the code lengths), the
+/// elements of `syms` (fp8: the transformed bytes; FP16N: the grid), head and
+/// tail from `blk`.
+fn write_sym<T: SymMode>(
+    mode: u8,
+    flags: u8,
+    side: &[u8],
+    syms: &[u8],
+    blk: &[u8],
+    out: &mut [u8],
+    hist: Option<&[u64; 256]>,
+) -> Option<usize> {
+    let l = blk.len();
+    let w = T::MODE_W;
+    // FP16N passes the grid `blk[phi..]`, fp8 a transformed copy of the block
+    let phi = l - syms.len();
+    let m = (l - phi) / w;
+    let t = (l - phi) % w;
+    let grid = &syms[..m * w];
+    let mut cnt = [0u64; 256];
+    if let Some(h) = hist {
+        cnt = *h;
+    } else if w == 1 {
+        cnt = histogram(grid);
+    } else {
+        for i in 0..m {
+            cnt[T::split(T::load(grid, i)).0] += 1;
+        }
+    }
+    let lens = code_lengths(&cnt, T::NSYM);
+    let codes = canonical(&lens, T::NSYM);
+    // bits per element by symbol
+    let mut cost = [0u32; 256];
+    for s in 0..T::NSYM {
+        cost[s] = lens[s] as u32 + T::rawbits(s);
+    }
+    let ss = 1usize << T::SS_LOG2;
+    let ns = m.div_ceil(ss);
+    let mut seg = [0u32; MAX_NS];
+    for (j, sb) in seg.iter_mut().enumerate().take(ns) {
+        let (a, b) = (j * ss, ((j + 1) * ss).min(m));
+        let mut bits = 0u32;
+        if w == 1 {
+            for &x in &grid[a..b] {
+                bits += cost[x as usize];
+            }
+        } else {
+            for i in a..b {
+                bits += cost[T::split(T::load(grid, i)).0];
+            }
+        }
+        *sb = bits;
+    }
+    let base = seg[..ns].iter().copied().min().unwrap_or(0);
+    let iw = bits_for(seg[..ns].iter().copied().max().unwrap_or(0) - base);
+    let total_bits: u64 = seg[..ns].iter().map(|&b| b as u64).sum();
+    let tbl = T::NSYM.div_ceil(2);
+    let idx_bytes = (ns * iw as usize).div_ceil(8);
+    let stream_bytes = total_bits.div_ceil(8) as usize;
+    let size = FIXED + tbl + side.len() + phi + idx_bytes + stream_bytes + t;
+    if size > out.len() {
+        return None;
+    }
+    out[0] = mode;
+    out[1] = flags;
+    out[2] = phi as u8;
+    out[3] = iw as u8;
+    out[4..6].copy_from_slice(&(base as u16).to_le_bytes());
+    let mut p = FIXED;
+    for j in 0..tbl {
+        let lo = lens[2 * j];
+        let hi = if 2 * j + 1 < T::NSYM {
+            lens[2 * j + 1]
+        } else {
+            0
+        };
+        out[p + j] = lo | hi << 4;
+    }
+    p += tbl;
+    out[p..p + side.len()].copy_from_slice(side);
+    p += side.len();
+    out[p..p + phi].copy_from_slice(&blk[..phi]);
+    p += phi;
+    // index
+    {
+        let (mut acc, mut nacc) = (0u64, 0u32);
+        let mut q = p;
+        if iw > 0 {
+            for &b in &seg[..ns] {
+                acc |= ((b - base) as u64) << nacc;
+                nacc += iw;
+                while nacc >= 8 {
+                    out[q] = acc as u8;
+                    q += 1;
+                    acc >>= 8;
+                    nacc -= 8;
+                }
+            }
+            if nacc > 0 {
+                out[q] = acc as u8;
+                q += 1;
+            }
+        }
+        debug_assert_eq!(q, p + idx_bytes);
+        p = q;
+    }
+    // stream
+    {
+        let st = &mut out[p..p + stream_bytes];
+        let (mut acc, mut nacc, mut q) = (0u64, 0u32, 0usize);
+        if w == 1 {
+            // code | length << 16 per byte; two symbols (<= 24 bits) per flush test
+            let mut cl = [0u32; 256];
+            for s in 0..256 {
+                cl[s] = codes[s] as u32 | (lens[s] as u32) << 16;
+            }
+            let mut pairs = grid.chunks_exact(2);
+            for pr in &mut pairs {
+                let (a, b) = (cl[pr[0] as usize], cl[pr[1] as usize]);
+                acc |= ((a & 0xFFFF) as u64) << nacc;
+                nacc += a >> 16;
+                acc |= ((b & 0xFFFF) as u64) << nacc;
+                nacc += b >> 16;
+                if nacc >= 32 {
+                    st[q..q + 4].copy_from_slice(&(acc as u32).to_le_bytes());
+                    q += 4;
+                    acc >>= 32;
+                    nacc -= 32;
+                }
+            }
+            for &x in pairs.remainder() {
+                let a = cl[x as usize];
+                acc |= ((a & 0xFFFF) as u64) << nacc;
+                nacc += a >> 16;
+                if nacc >= 32 {
+                    st[q..q + 4].copy_from_slice(&(acc as u32).to_le_bytes());
+                    q += 4;
+                    acc >>= 32;
+                    nacc -= 32;
+                }
+            }
+        }
+        for i in 0..if w == 1 { 0 } else { m } {
+            let (s, raw, rb) = T::split(T::load(grid, i));
+            acc |= (codes[s] as u64) << nacc;
+            nacc += lens[s] as u32;
+            acc |= (raw as u64) << nacc;
+            nacc += rb;
+            if nacc >= 32 {
+                st[q..q + 4].copy_from_slice(&(acc as u32).to_le_bytes());
+                q += 4;
+                acc >>= 32;
+                nacc -= 32;
+            }
+        }
+        while nacc > 0 {
+            st[q] = acc as u8;
+            q += 1;
+            acc >>= 8;
+            nacc = nacc.saturating_sub(8);
+        }
+        debug_assert_eq!(q, stream_bytes);
+        p += stream_bytes;
+    }
+    out[p..p + t].copy_from_slice(&blk[l - t..]);
+    p += t;
+    debug_assert_eq!(p, size);
+    Some(size)
+}
+
+// ---------------------------------------------------------------------------------
+// Decoder
+
+/// Decodes a block of mode 5, 6 or 7 (`b` is the whole block) into `out`.
+pub(crate) fn decode_block(b: &[u8], out: &mut [u8]) -> Result<(), CodecError> {
+    match b[0] {
+        MODE_E4M3 | MODE_E5M2 => decode_sym::<Byte>(b, out),
+        MODE_FP16N => decode_sym::<F16n>(b, out),
+        _ => Err(corrupt("unknown block mode")),
+    }
+}
+
+#[inline(always)]
+fn load64(s: &[u8], p: usize) -> u64 {
+    if p + 8 <= s.len() {
+        u64::from_le_bytes(s[p..p + 8].try_into().unwrap())
+    } else {
+        let mut t = [0u8; 8];
+        if p < s.len() {
+            t[..s.len() - p].copy_from_slice(&s[p..]);
+        }
+        u64::from_le_bytes(t)
+    }
+}
+
+/// Sub-segments decoded side by side.
+const LANES: usize = 4;
+
+/// Decodes one element at bit `*p` of `st` and advances `*p`.
+#[inline(always)]
+fn dec_one<T: SymMode>(st: &[u8], table: &[u16; TABLE], p: &mut u64) -> u32 {
+    let v = load64(st, (*p >> 3) as usize) >> (*p & 7);
+    let te = table[(v & (TABLE as u64 - 1)) as usize];
+    let s = (te & 0xFF) as usize;
+    let ln = (te >> 8) as u32;
+    let rb = T::rawbits(s);
+    let raw = ((v >> ln) & ((1u64 << rb) - 1)) as u32;
+    *p += (ln + rb) as u64;
+    T::join(s, raw)
+}
+
+/// Reads `n` packed `w`-bit index entries (zero padding) and returns their sum.
+fn index_sum(bytes: &[u8], n: usize, w: u32, base: u32) -> Result<u64, CodecError> {
+    let (mut acc, mut nacc, mut q, mut sum) = (0u64, 0u32, 0usize, 0u64);
+    for _ in 0..n {
+        while nacc < w {
+            acc |= (bytes[q] as u64) << nacc;
+            q += 1;
+            nacc += 8;
+        }
+        let v = if w == 0 { 0 } else { acc & ((1u64 << w) - 1) };
+        acc >>= w;
+        nacc -= w;
+        sum += base as u64 + v;
+    }
+    if acc != 0 {
+        return Err(corrupt("nonzero index padding"));
+    }
+    Ok(sum)
+}
+
+fn decode_sym<T: SymMode>(b: &[u8], out: &mut [u8]) -> Result<(), CodecError> {
+    let l = out.len();
+    let w = T::MODE_W;
+    let tbl = T::NSYM.div_ceil(2);
+    if b.len() < FIXED + tbl {
+        return Err(corrupt("coded block shorter than its layout"));
+    }
+    // fp8: bits 0-1 the transform (0, SHIFT, LAG); FP16N: no flags
+    let transform = b[1];
+    if (T::MODE_W == 1 && transform > T_LAG) || (T::MODE_W != 1 && transform != 0) {
+        return Err(corrupt("unknown block flags"));
+    }
+    let phi = (b[2] & 3) as usize;
+    if b[2] & !3 != 0 || phi >= w {
+        return Err(corrupt("bad block grid byte"));
+    }
+    let iw = b[3] as u32;
+    if iw > 16 {
+        return Err(corrupt("index width out of range"));
+    }
+    let base = u16::from_le_bytes([b[4], b[5]]) as u32;
+    if l < phi + w * MIN_CODED_ELEMS {
+        return Err(corrupt("coded block with too few elements"));
+    }
+    let m = (l - phi) / w;
+    let t = (l - phi) % w;
+    // code lengths and the decode table: entry = symbol | length << 8
+    let mut lens = [0u8; 256];
+    for s in 0..T::NSYM {
+        let v = b[FIXED + s / 2] >> (4 * (s & 1)) & 15;
+        if v as u32 > MAXLEN {
+            return Err(corrupt("code length over 12"));
+        }
+        lens[s] = v;
+    }
+    if T::NSYM % 2 == 1 && b[FIXED + tbl - 1] >> 4 != 0 {
+        return Err(corrupt("nonzero code length padding"));
+    }
+    let kraft: u32 = lens[..T::NSYM]
+        .iter()
+        .filter(|&&l| l != 0)
+        .map(|&l| 1u32 << (MAXLEN - l as u32))
+        .sum();
+    if kraft != 1 << MAXLEN {
+        return Err(corrupt("code lengths are not a complete prefix code"));
+    }
+    let codes = canonical(&lens, T::NSYM);
+    let mut table = [0u16; TABLE];
+    for s in 0..T::NSYM {
+        let ln = lens[s] as usize;
+        if ln == 0 {
+            continue;
+        }
+        let e = s as u16 | (ln as u16) << 8;
+        let mut f = codes[s] as usize;
+        while f < TABLE {
+            table[f] = e;
+            f += 1 << ln;
+        }
+    }
+    // layout
+    let ss = 1usize << T::SS_LOG2;
+    let ns = m.div_ceil(ss);
+    let mut p = FIXED + tbl;
+    let take = |p: &mut usize, n: usize| -> Result<std::ops::Range<usize>, CodecError> {
+        let end = p.checked_add(n).ok_or(CodecError::Truncated)?;
+        if end > b.len() {
+            return Err(corrupt("coded block shorter than its layout"));
+        }
+        let r = *p..end;
+        *p = end;
+        Ok(r)
+    };
+    // side bytes: SHIFT centre and line nibbles, LAG distance
+    let nlines = m.div_ceil(SHIFT_LINE);
+    let (mut centre, mut lag) = (0u8, 0usize);
+    let mut nib = 0..0;
+    if transform == T_SHIFT {
+        centre = b[take(&mut p, 1)?][0];
+        if centre > 31 {
+            return Err(corrupt("shift centre out of range"));
+        }
+        nib = take(&mut p, nlines.div_ceil(2))?;
+        if nlines % 2 == 1 && b[nib.end - 1] >> 4 != 0 {
+            return Err(corrupt("nonzero shift nibble padding"));
+        }
+    } else if transform == T_LAG {
+        let r = take(&mut p, 2)?;
+        lag = u16::from_le_bytes([b[r.start], b[r.start + 1]]) as usize;
+        if lag == 0 || lag >= m {
+            return Err(corrupt("lag distance out of range"));
+        }
+    }
+    let nib = &b[nib];
+    let head = take(&mut p, phi)?;
+    let idx = take(&mut p, (ns * iw as usize).div_ceil(8))?;
+    let total_bits = index_sum(&b[idx.clone()], ns, iw, base)?;
+    let sbytes = usize::try_from(total_bits.div_ceil(8)).map_err(|_| CodecError::Truncated)?;
+    let stream = take(&mut p, sbytes)?;
+    let tail = take(&mut p, t)?;
+    if p != b.len() {
+        return Err(corrupt("coded block length mismatch"));
+    }
+    let st = &b[stream];
+    if total_bits % 8 != 0 && st[st.len() - 1] >> (total_bits % 8) != 0 {
+        return Err(corrupt("nonzero stream padding"));
+    }
+    copy_ascending(&mut out[..phi], &b[head]);
+    // sub-segment bit offsets
+    let idxb = &b[idx];
+    let mut starts = [0u64; MAX_NS + 1];
+    {
+        let (mut acc, mut nacc, mut q) = (0u64, 0u32, 0usize);
+        for j in 0..ns {
+            while nacc < iw {
+                acc |= (idxb[q] as u64) << nacc;
+                q += 1;
+                nacc += 8;
+            }
+            let len = base as u64 + if iw == 0 { 0 } else { acc & ((1u64 << iw) - 1) };
+            acc >>= iw;
+            nacc -= iw;
+            starts[j + 1] = starts[j] + len;
+        }
+    }
+    // LANES sub-segments decoded side by side into a buffer (independent bit
+    // positions: their loads and table lookups overlap), then written in order
+    let mut buf = [0u8; LANES * MAX_SEG_BYTES];
+    let grid = &mut out[phi..phi + m * w];
+    let mut j0 = 0;
+    while j0 < ns {
+        let nl = LANES.min(ns - j0);
+        let mut pos = [0u64; LANES];
+        pos[..nl].copy_from_slice(&starts[j0..j0 + nl]);
+        let a0 = j0 * ss;
+        let e0 = ((j0 + nl) * ss).min(m);
+        // all lanes but the last have ss elements; lockstep over the shortest
+        let nmin = if nl == LANES {
+            e0 - a0 - (nl - 1) * ss
+        } else {
+            0
+        };
+        let nmin = nmin.min(ss);
+        for k in 0..nmin {
+            for (ln_i, p) in pos.iter_mut().enumerate() {
+                let x = dec_one::<T>(st, &table, p);
+                T::store(&mut buf, ln_i * ss + k, x);
+            }
+        }
+        for (ln_i, p) in pos.iter_mut().enumerate().take(nl) {
+            let n = (((j0 + ln_i + 1) * ss).min(m)) - (j0 + ln_i) * ss;
+            for k in nmin..n {
+                let x = dec_one::<T>(st, &table, p);
+                T::store(&mut buf, ln_i * ss + k, x);
+            }
+            if *p != starts[j0 + ln_i + 1] {
+                return Err(corrupt("sub-segment length mismatch"));
+            }
+        }
+        let n = e0 - a0;
+        let bufn = &mut buf[..n * w];
+        if transform == T_SHIFT {
+            for (k, x) in bufn.iter_mut().enumerate() {
+                let l = (a0 + k) / SHIFT_LINE;
+                let sh = shift_of(centre, nib[l / 2] >> (4 * (l & 1)) & 15);
+                *x = (*x & 0x80) | (x.wrapping_add(sh) & 0x7F);
+            }
+        } else if transform == T_LAG {
+            for k in 0..n {
+                let i = a0 + k;
+                if i < lag {
+                    continue;
+                }
+                let y = if i - lag >= a0 {
+                    bufn[i - lag - a0]
+                } else {
+                    grid[i - lag]
+                };
+                let x = bufn[k];
+                bufn[k] = ((x ^ y) & 0x80) | (x.wrapping_add(y) & 0x7F);
+            }
+        }
+        copy_ascending(&mut grid[a0 * w..e0 * w], bufn);
+        j0 += nl;
+    }
+    copy_ascending(&mut out[l - t..], &b[tail]);
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------
+// Detection
+
+/// The candidates of §V2.10 "Detection", after version 2's float candidates: `best`
+/// is (value, bytes, type) of the cheapest float candidate; returns the new best.
+pub(crate) fn detect_more(
+    src: &[u8],
+    best: (u64, u64, Dtype),
+    fst: &[crate::v2::Stats; 8],
+) -> (u64, u64, Dtype) {
+    let n = src.len();
+    let g = (n / 1024).clamp(1, 64);
+    let units = n / 64;
+    let mut hb = [0u64; 256];
+    let mut hv = [[0u64; 256]; 2];
+    let mut raw = [0u64; 2];
+    let mut sub = [0u64; 2];
+    let mut count = [0u64; 2];
+    let (mut bytes, mut skipped) = (0u64, 0u64);
+    for j in 0..g {
+        let off = 64 * (j * units / g);
+        let s = &src[off..off + 64];
+        if crate::encode::all_equal(s) {
+            skipped += 1;
+            continue;
+        }
+        for &x in s {
+            hb[x as usize] += 1;
+        }
+        bytes += 64;
+        for phi in 0..2 {
+            for i in 0..(64 - phi) / 2 {
+                let x = F16n::load(&s[phi..], i);
+                let (v, _, rb) = F16n::split(x);
+                hv[phi][v] += 1;
+                raw[phi] += rb as u64;
+                sub[phi] += (x & 0x7C00 == 0 && x & 0x7FFF != 0) as u64;
+                count[phi] += 1;
+            }
+        }
+    }
+    let mut best = best;
+    if bytes == 0 {
+        return best;
+    }
+    // what the new candidates must beat: the float candidates with explicit codes
+    // (V2.6 choose(stats, true): exponent patterns the static codes escape, such as
+    // NaN and subnormal sprinkles, cost them little), as (value, bytes)
+    let mut bar = best;
+    for (c, stc) in fst.iter().enumerate() {
+        let (v, w) = match c {
+            0 | 1 => (crate::v2::choose::<crate::elem::Bf16>(stc, true).value, 2),
+            2 | 3 => (crate::v2::choose::<crate::elem::Fp16>(stc, true).value, 2),
+            _ => (crate::v2::choose::<crate::elem::Fp32>(stc, true).value, 4),
+        };
+        // elements per group at this candidate's phase (V2.6): floor((64 - phi) / W)
+        let phi = match c {
+            0 | 1 => c,
+            2 | 3 => c - 2,
+            _ => c - 4,
+        } as u64;
+        let by = (bytes / 64) * ((64 - phi) / w) * w;
+        if (v as u128) * (bar.1 as u128) < (bar.0 as u128) * (by as u128) {
+            bar = (v, by, bar.2);
+        }
+    }
+    // lengths from weights count + 1: a small sample cannot fit a code to itself
+    let cost = |h: &[u64; 256], n: usize| -> u64 {
+        let mut w = [0u64; 256];
+        for s in 0..n {
+            w[s] = h[s] + 1;
+        }
+        let lens = code_lengths(&w, n);
+        (0..n).map(|s| h[s] * lens[s] as u64).sum()
+    };
+    let stride = crate::encode::SAMPLE_STRIDE as u64;
+    let better = |v: u64, by: u64, b: &(u64, u64, Dtype)| {
+        (v as u128) * (b.1 as u128) < (b.0 as u128) * (by as u128)
+    };
+    for phi in 0..2 {
+        if 2 * sub[phi] > count[phi] {
+            let v = stride * (cost(&hv[phi], F16N_SYMS) + raw[phi]) + 8 * (F16N_SYMS as u64 / 2);
+            if better(v, 2 * count[phi], &bar) && better(v, 2 * count[phi], &best) {
+                best = (v, 2 * count[phi], Dtype::Fp16);
+            }
+        }
+    }
+    // fp8: more than 1/16 below every other candidate
+    // a skipped (all-equal) group costs a byte code at least 1 bit per byte, and
+    // the float modes' zero lines nothing
+    let v = stride * (cost(&hb, 256) + 64 * skipped) + 8 * 128;
+    // (or, when the others would leave the frame raw, at all)
+    let raw = best.0 * 32 >= 31 * 8 * stride * best.1;
+    if (raw || better(16 * v, 15 * bytes, &bar)) && better(v, bytes, &best) {
+        best = (v, bytes, Dtype::Fp8E4m3);
+    }
+    best
+}
