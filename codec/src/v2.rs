@@ -267,7 +267,7 @@ fn shuffle8<const V: bool>(v: u64, idx: &[u8; 8]) -> u64 {
 
 /// Bits needed for `v` (0 for 0).
 #[inline]
-fn bits_for(v: u32) -> u32 {
+pub(crate) fn bits_for(v: u32) -> u32 {
     32 - v.leading_zeros()
 }
 
@@ -1290,7 +1290,7 @@ const SMALL_NS: usize = (1 << 16) / 2 / 256;
 const MAX_LINES: usize = (1 << MAX_BLOCK_LOG2) / LINE;
 
 #[inline(always)]
-fn load64(s: &[u8], p: usize) -> u64 {
+pub(crate) fn load64(s: &[u8], p: usize) -> u64 {
     if p + 8 <= s.len() {
         u64::from_le_bytes(s[p..p + 8].try_into().unwrap())
     } else {
@@ -1303,7 +1303,7 @@ fn load64(s: &[u8], p: usize) -> u64 {
 }
 
 /// Sub-segments decoded side by side.
-const LANES: usize = 4;
+pub(crate) const LANES: usize = 4;
 
 /// One sub-segment's decoder state.
 #[derive(Clone, Copy, Default)]

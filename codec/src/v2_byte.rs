@@ -9,6 +9,7 @@
 
 use crate::decode::copy_ascending;
 use crate::format::*;
+use crate::v2::{bits_for, load64, LANES};
 use crate::{CodecError, Dtype};
 
 pub const MODE_E4M3: u8 = 5;
@@ -120,10 +121,6 @@ impl SymMode for F16n {
 
 fn corrupt(why: &'static str) -> CodecError {
     CodecError::Corrupt(why)
-}
-
-fn bits_for(v: u32) -> u32 {
-    32 - v.leading_zeros()
 }
 
 // ---------------------------------------------------------------------------------
@@ -732,22 +729,6 @@ pub(crate) fn decode_block(b: &[u8], out: &mut [u8]) -> Result<(), CodecError> {
         _ => Err(corrupt("unknown block mode")),
     }
 }
-
-#[inline(always)]
-fn load64(s: &[u8], p: usize) -> u64 {
-    if p + 8 <= s.len() {
-        u64::from_le_bytes(s[p..p + 8].try_into().unwrap())
-    } else {
-        let mut t = [0u8; 8];
-        if p < s.len() {
-            t[..s.len() - p].copy_from_slice(&s[p..]);
-        }
-        u64::from_le_bytes(t)
-    }
-}
-
-/// Sub-segments decoded side by side.
-const LANES: usize = 4;
 
 /// Decodes one element at bit `*p` of `st` and advances `*p`.
 #[inline(always)]
