@@ -723,7 +723,7 @@ pub(crate) fn choose_explicit<T: V2>(st: &Stats, s: &Static) -> Choice {
 }
 
 /// Writes `n` entries of `w` bits LSB-first, padded to a byte; returns bytes written.
-fn put_packed(out: &mut [u8], vals: impl Iterator<Item = u32>, w: u32) -> usize {
+pub(crate) fn put_packed(out: &mut [u8], vals: impl Iterator<Item = u32>, w: u32) -> usize {
     let mut acc = 0u64;
     let mut nacc = 0u32;
     let mut p = 0;

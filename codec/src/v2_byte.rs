@@ -633,26 +633,9 @@ fn write_sym<T: SymMode>(
     p += phi;
     // index
     {
-        let (mut acc, mut nacc) = (0u64, 0u32);
-        let mut q = p;
-        if iw > 0 {
-            for &b in &seg[..ns] {
-                acc |= ((b - base) as u64) << nacc;
-                nacc += iw;
-                while nacc >= 8 {
-                    out[q] = acc as u8;
-                    q += 1;
-                    acc >>= 8;
-                    nacc -= 8;
-                }
-            }
-            if nacc > 0 {
-                out[q] = acc as u8;
-                q += 1;
-            }
-        }
-        debug_assert_eq!(q, p + idx_bytes);
-        p = q;
+        let q = crate::v2::put_packed(&mut out[p..], seg[..ns].iter().map(|&b| b - base), iw);
+        debug_assert_eq!(q, idx_bytes);
+        p += q;
     }
     // stream
     {
