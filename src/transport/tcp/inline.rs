@@ -94,8 +94,9 @@ impl Inline {
         while let Some(w) = tx.want() {
             let r = send_chunk_part(&self.sock, w.hdr, w.payload, w.done);
             match tx.wrote(r, &core.ring, &core.stats) {
-                Ok(Wrote::Bytes { .. }) => {} // the socket may take more
-                Ok(Wrote::Blocked) => return,
+                // The socket may take more, unless it just took less than offered.
+                Ok(Wrote::Bytes { full: false, .. }) => {}
+                Ok(Wrote::Bytes { full: true, .. } | Wrote::Blocked) => return,
                 Err(e) => {
                     drop(tx);
                     core.fail(e);

@@ -34,7 +34,7 @@ use socket2::Socket;
 use tracing::{info, warn};
 
 use super::recv::RecvComm;
-use super::sock::{bind_listener, random_secret};
+use super::sock::{bind_listener, random_secret, readable};
 use super::workers::{workers, Driven, Next, Registration};
 use crate::config::Config;
 use crate::error::{Error, Result};
@@ -139,6 +139,10 @@ impl Driven for Shared {
         let half_open = self.poll();
         if half_open {
             // Hellos still coming, or silent strangers to time out.
+            Next::Retry
+        } else if readable(&self.sock).unwrap_or(false) {
+            // Accept stopped before `EAGAIN` (out of fds, say): the connections
+            // still queued bring no new edge, so look again soon.
             Next::Retry
         } else {
             Next::Readable

@@ -386,6 +386,7 @@ impl Driven for RxTask {
             );
             return match r {
                 Ok(Stop::Drained) => Next::Readable,
+                Ok(Stop::Yield) => Next::Yield,
                 // The codec workers kick it.
                 Ok(Stop::Decoding) => Next::Park,
                 Ok(Stop::LaneBusy) => Next::Retry,
@@ -424,8 +425,10 @@ const RUN_BUDGET: usize = 256 << 10;
 
 /// Why [`pump_rx`] stopped.
 pub(super) enum Stop {
-    /// The socket has nothing more now.
+    /// The socket has nothing more now (`EAGAIN`).
     Drained,
+    /// The run read its share of bytes; the socket may have more.
+    Yield,
     /// The next chunk's receive (message `seq`) is not posted.
     Posted(u64),
     /// A chunk for device memory waits for a free lane.
@@ -465,7 +468,10 @@ pub(super) fn pump_rx(
             // Out of budget only where the stream waits for bytes anyway (a staged
             // device chunk must be placed first: no socket event would bring the
             // stream back for it).
-            Want::Read(_) if budget == 0 => return Ok(Stop::Drained),
+            Want::Read(_) if budget == 0 => return Ok(Stop::Yield),
+            // Read until `EAGAIN` (or the end): a short read may have taken the
+            // last bytes before a FIN whose edge came already, and the stream's
+            // registration is edge-triggered (`workers`).
             Want::Read(buf) => match read_some(sock, buf) {
                 Ok(0) => {
                     st.rx.eof()?;

@@ -495,10 +495,19 @@ impl Driven for TxTask {
             let w = st.tx.want().expect("a chunk is queued");
             let r = send_chunk_part(&self.sock, w.hdr, w.payload, w.done);
             match st.tx.wrote(r, &core.ring, &core.stats) {
-                Ok(Wrote::Bytes { n, chunk_done }) => {
+                Ok(Wrote::Bytes {
+                    n,
+                    chunk_done,
+                    full,
+                }) => {
                     budget = budget.saturating_sub(n);
                     if chunk_done {
                         core.maybe_report();
+                    }
+                    if full {
+                        // The socket's buffer is full: wait for room rather than
+                        // ask again (an EPOLLOUT re-arm sees room that came meanwhile).
+                        return Next::Writable;
                     }
                 }
                 Ok(Wrote::Blocked) => return Next::Writable,
@@ -508,8 +517,8 @@ impl Driven for TxTask {
                 }
             }
             if budget == 0 {
-                // Ready again at once if the socket takes more.
-                return Next::Writable;
+                // The socket may take more: no edge will say so.
+                return Next::Yield;
             }
         }
     }

@@ -146,10 +146,19 @@ pub fn random_secret() -> u64 {
 
 /// True once a non-blocking connect has finished (or failed: `take_error` says).
 pub fn writable(s: &Socket) -> io::Result<bool> {
+    ready_now(s, libc::POLLOUT)
+}
+
+/// True while a listener has connections to accept (or an error to report).
+pub fn readable(s: &Socket) -> io::Result<bool> {
+    ready_now(s, libc::POLLIN)
+}
+
+fn ready_now(s: &Socket, events: libc::c_short) -> io::Result<bool> {
     use std::os::fd::AsRawFd;
     let mut p = libc::pollfd {
         fd: s.as_raw_fd(),
-        events: libc::POLLOUT,
+        events,
         revents: 0,
     };
     // SAFETY: one valid pollfd, zero timeout.
@@ -162,5 +171,5 @@ pub fn writable(s: &Socket) -> io::Result<bool> {
             Err(e)
         };
     }
-    Ok(r > 0 && p.revents & (libc::POLLOUT | libc::POLLERR | libc::POLLHUP) != 0)
+    Ok(r > 0 && p.revents & (events | libc::POLLERR | libc::POLLHUP) != 0)
 }

@@ -69,8 +69,16 @@ pub struct Write<'a> {
 /// What a write did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Wrote {
-    /// This many bytes went out; `chunk_done`: the chunk's last one among them.
-    Bytes { n: usize, chunk_done: bool },
+    /// This many bytes went out; `chunk_done`: the chunk's last one among them;
+    /// `full`: the socket took less than it was offered, so its send buffer is
+    /// full and another write now would only find that out (a system call per
+    /// refill saved: where one stream's window is the limit, every refill is on
+    /// the path of the window's round trip).
+    Bytes {
+        n: usize,
+        chunk_done: bool,
+        full: bool,
+    },
     /// The socket took nothing now: write again when it has room.
     Blocked,
 }
@@ -172,12 +180,17 @@ impl StreamTx {
         let total = CHUNK_HEADER_SIZE + q.len;
         let e = match r {
             Ok(n) if n > 0 && q.done + n <= total => {
+                let full = q.done + n < total;
                 q.done += n;
                 let chunk_done = q.done == total;
                 if chunk_done {
                     self.sent(ring, stats);
                 }
-                return Ok(Wrote::Bytes { n, chunk_done });
+                return Ok(Wrote::Bytes {
+                    n,
+                    chunk_done,
+                    full,
+                });
             }
             Ok(0) => io::ErrorKind::WriteZero.into(),
             Ok(n) => {
@@ -376,7 +389,8 @@ mod tests {
             tx.wrote(Ok(40), &ring, &stats).unwrap(),
             Wrote::Bytes {
                 n: 40,
-                chunk_done: false
+                chunk_done: false,
+                full: true
             }
         );
         let blocked = io::Error::from(io::ErrorKind::WouldBlock);

@@ -3,11 +3,20 @@
 //! machine, not the number of comms.
 //!
 //! epoll through `nix` (already a dependency, safe wrappers for epoll and
-//! eventfd): each stream is registered with `EPOLLONESHOT`, so exactly one worker
-//! runs it at a time and a stream is re-armed only when its driver asks for bytes
-//! (receive) or room (send). A stream that cannot go on until its comm does
-//! something (a receive is posted, a chunk queued) parks; the comm kicks it (an
-//! eventfd wakes the worker).
+//! eventfd). A stream belongs to one worker, whose thread alone runs it. It is
+//! registered once, edge-triggered, for both directions: the worker notes each
+//! edge and runs the stream when it brings what its driver last asked for,
+//! bytes (receive) or room (send). A driver asks only once its socket said so
+//! (`EAGAIN`, or for room a write shorter than offered: the kernel then marks
+//! the socket as waiting for space and signals when it has some; a short read
+//! is not enough, as a FIN's edge may precede it), so no edge is missed, and
+//! no `epoll_ctl` re-arms
+//! the socket after each run. (With one-shot registration a worker paid a
+//! re-arm per wake-up: four system calls per refill of a socket whose window
+//! is the limit, where the thread-per-stream design it replaced paid one.)
+//! A stream that cannot go on until its comm does something (a receive is
+//! posted, a chunk queued) parks; the comm kicks it (an eventfd wakes the
+//! worker).
 //!
 //! How many: the CPUs this process may run on (its affinity mask), shared among
 //! the ranks of this node when the mask is not already theirs alone, at most 8,
@@ -38,11 +47,17 @@ pub enum Next {
     Park,
     /// Run again soon (waits on a shared resource that has no wake-up, a GPU lane).
     Retry,
+    /// Run again after the worker's other ready streams: the run stopped at its
+    /// share of the worker, with bytes or room left (no edge will come for them).
+    Yield,
     /// Never again: the stream ended or its comm failed or closed.
     Done,
 }
 
-/// A stream driven by a worker. `run` is never called twice at once.
+/// A stream driven by a worker. `run` is never called twice at once. It returns
+/// [`Next::Readable`] only after a read said `EAGAIN`, [`Next::Writable`] only
+/// after a write said `EAGAIN` or took less than offered: the registration is
+/// edge-triggered.
 pub trait Driven: Send + Sync {
     fn run(&self) -> Next;
     fn fd(&self) -> RawFd;
@@ -204,11 +219,13 @@ impl Workers {
         let w = self.worker(id).clone();
         let fd = task.fd();
         w.tasks.lock().insert(id, task);
-        // Registered disarmed (no events): the first run arms it.
+        // Edge-triggered, both directions, once: the worker keeps what each
+        // edge brought until the stream asks for it (see the module doc).
         // SAFETY: the fd belongs to the task, which stays alive (in `tasks`) at
         // least until `close` deletes it from the set.
         let bfd = unsafe { BorrowedFd::borrow_raw(fd) };
-        if let Err(e) = w.ep.add(bfd, EpollEvent::new(EpollFlags::EPOLLONESHOT, id)) {
+        let flags = EpollFlags::EPOLLIN | EpollFlags::EPOLLOUT | EpollFlags::EPOLLET;
+        if let Err(e) = w.ep.add(bfd, EpollEvent::new(flags, id)) {
             w.tasks.lock().remove(&id);
             return Err(Error::io("epoll_ctl add", e.into()));
         }
@@ -263,9 +280,15 @@ impl Worker {
     fn run(&self) {
         let mut events = vec![EpollEvent::empty(); 256];
         let mut retry: Vec<u64> = Vec::new();
+        let mut yielded: Vec<u64> = Vec::new();
         let mut due: Vec<u64> = Vec::new();
+        // Per stream of this worker (only its thread touches it): what the
+        // driver last asked for, and the edges seen since.
+        let mut slots: HashMap<u64, Slot> = HashMap::new();
         loop {
-            let timeout = if retry.is_empty() {
+            let timeout = if !yielded.is_empty() {
+                PollTimeout::ZERO
+            } else if retry.is_empty() {
                 PollTimeout::NONE
             } else {
                 PollTimeout::from(RETRY_MS)
@@ -289,10 +312,15 @@ impl Worker {
             self.sleeping.store(false, SeqCst);
             due.clear();
             due.append(&mut retry);
+            due.append(&mut yielded);
             for ev in &events[..n] {
                 if ev.data() == WAKE {
                     let _ = self.wake.read();
-                } else {
+                    continue;
+                }
+                let slot = slots.entry(ev.data()).or_default();
+                slot.ready |= Slot::bits(ev.events());
+                if slot.due() {
                     due.push(ev.data());
                 }
             }
@@ -301,6 +329,7 @@ impl Worker {
             due.dedup();
             for &id in &due {
                 let Some(task) = self.tasks.lock().get(&id).cloned() else {
+                    slots.remove(&id);
                     continue; // closed meanwhile
                 };
                 let next =
@@ -311,31 +340,69 @@ impl Worker {
                             Next::Done
                         }
                     };
+                let slot = slots.entry(id).or_default();
+                slot.want = next;
                 match next {
-                    Next::Readable | Next::Writable => {
-                        let dir = if next == Next::Readable {
-                            EpollFlags::EPOLLIN
-                        } else {
-                            EpollFlags::EPOLLOUT
-                        };
-                        // SAFETY: the task owns the fd and is alive (`task`).
-                        let bfd = unsafe { BorrowedFd::borrow_raw(task.fd()) };
-                        let mut ev = EpollEvent::new(dir | EpollFlags::EPOLLONESHOT, id);
-                        if self.tasks.lock().contains_key(&id) {
-                            let _ = self.ep.modify(bfd, &mut ev);
-                        }
-                    }
+                    // The driver found the socket empty (full): what earlier
+                    // edges said is spent; the next edge brings it back.
+                    Next::Readable => slot.ready &= !Slot::IN,
+                    Next::Writable => slot.ready &= !Slot::OUT,
                     Next::Park => {}
                     Next::Retry => retry.push(id),
+                    Next::Yield => yielded.push(id),
                     Next::Done => {
+                        slots.remove(&id);
                         if self.tasks.lock().remove(&id).is_some() {
-                            // SAFETY: as above.
+                            // SAFETY: the task owns the fd and is alive (`task`).
                             let bfd = unsafe { BorrowedFd::borrow_raw(task.fd()) };
                             let _ = self.ep.delete(bfd);
                         }
                     }
                 }
             }
+        }
+    }
+}
+
+/// A worker's view of one stream.
+struct Slot {
+    want: Next,
+    /// Edges seen since the driver last found that direction spent.
+    ready: u8,
+}
+
+impl Default for Slot {
+    fn default() -> Slot {
+        // Until its first run (a kick, on registration) it waits for nothing.
+        Slot {
+            want: Next::Park,
+            ready: 0,
+        }
+    }
+}
+
+impl Slot {
+    const IN: u8 = 1;
+    const OUT: u8 = 2;
+
+    /// An error or hang-up wakes a stream whatever it waits for: its next
+    /// read or write reports it.
+    fn bits(ev: EpollFlags) -> u8 {
+        let mut b = 0;
+        if ev.intersects(EpollFlags::EPOLLIN | EpollFlags::EPOLLERR | EpollFlags::EPOLLHUP) {
+            b |= Slot::IN;
+        }
+        if ev.intersects(EpollFlags::EPOLLOUT | EpollFlags::EPOLLERR | EpollFlags::EPOLLHUP) {
+            b |= Slot::OUT;
+        }
+        b
+    }
+
+    fn due(&self) -> bool {
+        match self.want {
+            Next::Readable => self.ready & Slot::IN != 0,
+            Next::Writable => self.ready & Slot::OUT != 0,
+            _ => false,
         }
     }
 }
@@ -350,5 +417,84 @@ mod tests {
         assert!(count(None) >= 1 && count(None) <= 8);
         assert!(count(Some(100)) <= 8);
         assert!(usable_cpus() >= 1);
+    }
+
+    /// Reads its end of a socket pair, at most `per_run` bytes a run, and
+    /// says what the worker contract asks: `Readable` after `EAGAIN`, `Yield`
+    /// when it stopped with bytes left.
+    struct Reader {
+        sock: std::os::unix::net::UnixStream,
+        per_run: usize,
+        got: AtomicU64,
+        runs: AtomicU64,
+    }
+
+    impl Driven for Reader {
+        fn fd(&self) -> RawFd {
+            use std::os::fd::AsRawFd;
+            self.sock.as_raw_fd()
+        }
+
+        fn run(&self) -> Next {
+            use std::io::Read;
+            self.runs.fetch_add(1, SeqCst);
+            let mut buf = vec![0u8; self.per_run];
+            match (&self.sock).read(&mut buf) {
+                Ok(0) => Next::Done,
+                Ok(n) => {
+                    self.got.fetch_add(n as u64, SeqCst);
+                    if n == self.per_run {
+                        Next::Yield
+                    } else {
+                        // A short read is not proof: read to EAGAIN.
+                        self.run()
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Next::Readable,
+                Err(_) => Next::Done,
+            }
+        }
+    }
+
+    fn wait_for(what: &str, f: impl Fn() -> bool) {
+        let t = std::time::Instant::now();
+        while !f() {
+            assert!(t.elapsed().as_secs() < 10, "{what}");
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
+
+    /// Edge-triggered registration: a stream that found its socket empty runs
+    /// again on every later write, without a re-arm; one that yields with
+    /// bytes left is run again although no new edge comes.
+    #[test]
+    fn edges_wake_streams_and_yields_run_again() {
+        use std::io::Write;
+        let ws = Workers::start(1).unwrap();
+        for per_run in [4096, 1] {
+            let (a, mut b) = std::os::unix::net::UnixStream::pair().unwrap();
+            a.set_nonblocking(true).unwrap();
+            let r = Arc::new(Reader {
+                sock: a,
+                per_run,
+                got: AtomicU64::new(0),
+                runs: AtomicU64::new(0),
+            });
+            let reg = ws.register(r.clone()).unwrap();
+            let mut sent = 0u64;
+            for k in 1..=5u64 {
+                // Nothing read yet may be pending when the next write comes.
+                b.write_all(&vec![7u8; 100 * k as usize]).unwrap();
+                sent += 100 * k;
+                wait_for(&format!("per_run {per_run}: write {k} read"), || {
+                    r.got.load(SeqCst) == sent
+                });
+            }
+            if per_run == 1 {
+                // 1,500 bytes a byte a run: yields, not edges, carried it.
+                assert!(r.runs.load(SeqCst) >= sent, "{} runs", r.runs.load(SeqCst));
+            }
+            reg.close();
+        }
     }
 }
