@@ -425,7 +425,7 @@ const RUN_BUDGET: usize = 256 << 10;
 
 /// Why [`pump_rx`] stopped.
 pub(super) enum Stop {
-    /// The socket has nothing more now (`EAGAIN`).
+    /// The socket has nothing more now (`EAGAIN` or a short read).
     Drained,
     /// The run read its share of bytes; the socket may have more.
     Yield,
@@ -469,24 +469,30 @@ pub(super) fn pump_rx(
             // device chunk must be placed first: no socket event would bring the
             // stream back for it).
             Want::Read(_) if budget == 0 => return Ok(Stop::Yield),
-            // Read until `EAGAIN` (or the end): a short read may have taken the
-            // last bytes before a FIN whose edge came already, and the stream's
-            // registration is edge-triggered (`workers`).
-            Want::Read(buf) => match read_some(sock, buf) {
-                Ok(0) => {
+            Want::Read(buf) => match (buf.len(), read_some(sock, buf)) {
+                (_, Ok(0)) => {
                     st.rx.eof()?;
                     core.stream_ended(who);
                     return Ok(Stop::Ended);
                 }
-                Ok(n) => {
+                (asked, Ok(n)) => {
                     st.rx.advance(n, ring, stats)?;
                     if st.rx.at_boundary() {
                         core.maybe_report();
                     }
                     budget = budget.saturating_sub(n);
+                    if n < asked {
+                        // The socket's queue is empty: another read would only
+                        // say so (a system call per wake-up saved; where one
+                        // stream's window is the limit, each is on the path of
+                        // the window's round trip). The item being read is not
+                        // complete, so nothing waits on this run. A FIN that
+                        // came with these bytes is remembered by the worker.
+                        return Ok(Stop::Drained);
+                    }
                 }
-                Err(e) if would_block(&e) => return Ok(Stop::Drained),
-                Err(e) => return Err(io_err(e)),
+                (_, Err(e)) if would_block(&e) => return Ok(Stop::Drained),
+                (_, Err(e)) => return Err(io_err(e)),
             },
             // Not posted yet: the header waits, and so does the socket, unless no
             // other stream can bring the pending receives.

@@ -7,10 +7,11 @@
 //! registered once, edge-triggered, for both directions: the worker notes each
 //! edge and runs the stream when it brings what its driver last asked for,
 //! bytes (receive) or room (send). A driver asks only once its socket said so
-//! (`EAGAIN`, or for room a write shorter than offered: the kernel then marks
-//! the socket as waiting for space and signals when it has some; a short read
-//! is not enough, as a FIN's edge may precede it), so no edge is missed, and
-//! no `epoll_ctl` re-arms
+//! (`EAGAIN`, or a transfer shorter than offered: a short write leaves the
+//! socket marked as waiting for space, and the kernel signals when it has
+//! some; after a short read the next bytes bring an edge, and a FIN or an
+//! error whose edge came already is remembered: the stream then runs until
+//! its driver sees the end), so no edge is missed, and no `epoll_ctl` re-arms
 //! the socket after each run. (With one-shot registration a worker paid a
 //! re-arm per wake-up: four system calls per refill of a socket whose window
 //! is the limit, where the thread-per-stream design it replaced paid one.)
@@ -55,9 +56,8 @@ pub enum Next {
 }
 
 /// A stream driven by a worker. `run` is never called twice at once. It returns
-/// [`Next::Readable`] only after a read said `EAGAIN`, [`Next::Writable`] only
-/// after a write said `EAGAIN` or took less than offered: the registration is
-/// edge-triggered.
+/// [`Next::Readable`] or [`Next::Writable`] only after a read or write said
+/// `EAGAIN` or moved less than offered: the registration is edge-triggered.
 pub trait Driven: Send + Sync {
     fn run(&self) -> Next;
     fn fd(&self) -> RawFd;
@@ -224,7 +224,10 @@ impl Workers {
         // SAFETY: the fd belongs to the task, which stays alive (in `tasks`) at
         // least until `close` deletes it from the set.
         let bfd = unsafe { BorrowedFd::borrow_raw(fd) };
-        let flags = EpollFlags::EPOLLIN | EpollFlags::EPOLLOUT | EpollFlags::EPOLLET;
+        let flags = EpollFlags::EPOLLIN
+            | EpollFlags::EPOLLOUT
+            | EpollFlags::EPOLLRDHUP
+            | EpollFlags::EPOLLET;
         if let Err(e) = w.ep.add(bfd, EpollEvent::new(flags, id)) {
             w.tasks.lock().remove(&id);
             return Err(Error::io("epoll_ctl add", e.into()));
@@ -345,6 +348,12 @@ impl Worker {
                 match next {
                     // The driver found the socket empty (full): what earlier
                     // edges said is spent; the next edge brings it back.
+                    Next::Readable if slot.ready & Slot::END != 0 => {
+                        // The peer's FIN (or an error) came with bytes this run
+                        // left: no edge follows it, so run until the driver
+                        // reads the end.
+                        yielded.push(id)
+                    }
                     Next::Readable => slot.ready &= !Slot::IN,
                     Next::Writable => slot.ready &= !Slot::OUT,
                     Next::Park => {}
@@ -384,12 +393,18 @@ impl Default for Slot {
 impl Slot {
     const IN: u8 = 1;
     const OUT: u8 = 2;
+    /// The peer's FIN or an error: sticky, the socket stays readable.
+    const END: u8 = 4;
 
     /// An error or hang-up wakes a stream whatever it waits for: its next
     /// read or write reports it.
     fn bits(ev: EpollFlags) -> u8 {
         let mut b = 0;
-        if ev.intersects(EpollFlags::EPOLLIN | EpollFlags::EPOLLERR | EpollFlags::EPOLLHUP) {
+        let end = EpollFlags::EPOLLRDHUP | EpollFlags::EPOLLERR | EpollFlags::EPOLLHUP;
+        if ev.intersects(end) {
+            b |= Slot::END | Slot::IN;
+        }
+        if ev.intersects(EpollFlags::EPOLLIN) {
             b |= Slot::IN;
         }
         if ev.intersects(EpollFlags::EPOLLOUT | EpollFlags::EPOLLERR | EpollFlags::EPOLLHUP) {
@@ -400,7 +415,7 @@ impl Slot {
 
     fn due(&self) -> bool {
         match self.want {
-            Next::Readable => self.ready & Slot::IN != 0,
+            Next::Readable => self.ready & (Slot::IN | Slot::END) != 0,
             Next::Writable => self.ready & Slot::OUT != 0,
             _ => false,
         }
@@ -427,6 +442,7 @@ mod tests {
         per_run: usize,
         got: AtomicU64,
         runs: AtomicU64,
+        ended: AtomicBool,
     }
 
     impl Driven for Reader {
@@ -440,14 +456,17 @@ mod tests {
             self.runs.fetch_add(1, SeqCst);
             let mut buf = vec![0u8; self.per_run];
             match (&self.sock).read(&mut buf) {
-                Ok(0) => Next::Done,
+                Ok(0) => {
+                    self.ended.store(true, SeqCst);
+                    Next::Done
+                }
                 Ok(n) => {
                     self.got.fetch_add(n as u64, SeqCst);
                     if n == self.per_run {
                         Next::Yield
                     } else {
-                        // A short read is not proof: read to EAGAIN.
-                        self.run()
+                        // A short read: the socket is empty for now.
+                        Next::Readable
                     }
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Next::Readable,
@@ -466,7 +485,8 @@ mod tests {
 
     /// Edge-triggered registration: a stream that found its socket empty runs
     /// again on every later write, without a re-arm; one that yields with
-    /// bytes left is run again although no new edge comes.
+    /// bytes left is run again although no new edge comes; a FIN that came with
+    /// the last bytes is read although its edge preceded the short read.
     #[test]
     fn edges_wake_streams_and_yields_run_again() {
         use std::io::Write;
@@ -479,6 +499,7 @@ mod tests {
                 per_run,
                 got: AtomicU64::new(0),
                 runs: AtomicU64::new(0),
+                ended: AtomicBool::new(false),
             });
             let reg = ws.register(r.clone()).unwrap();
             let mut sent = 0u64;
@@ -494,6 +515,14 @@ mod tests {
                 // 1,500 bytes a byte a run: yields, not edges, carried it.
                 assert!(r.runs.load(SeqCst) >= sent, "{} runs", r.runs.load(SeqCst));
             }
+            // Bytes and the FIN at once: the run that reads the bytes short
+            // stops there, and the FIN's edge, already seen, must not be lost.
+            b.write_all(&[1u8; 10]).unwrap();
+            b.shutdown(std::net::Shutdown::Write).unwrap();
+            wait_for(&format!("per_run {per_run}: the end read"), || {
+                r.ended.load(SeqCst)
+            });
+            assert_eq!(r.got.load(SeqCst), sent + 10);
             reg.close();
         }
     }
