@@ -105,7 +105,12 @@ struct Smem {
     u32* v2b;        // B/512 + 2 x B/2048
     u8* stage;
     u32 stage_bytes;
+    // v2 decoder: a COL block's copy of the frame's column table (FORMAT.md V2.9:
+    // P <= 8192 4-bit offsets, packed as in the frame), CTAB_BYTES. smem_carve
+    // points it into the encoder-only cost array (4,608 bytes).
+    u8* ctab;
 };
+enum : u32 { CTAB_BYTES = 4096 };
 NZC_HD u32 nseg_max(u32 block_log2) { return ((1u << block_log2) / 2 + SEG_ELEMS - 1) / SEG_ELEMS; }
 
 NZC_HD u64 align16(u64 v) { return (v + 15) & ~(u64)15; }
@@ -136,6 +141,7 @@ NZC_HD u64 smem_carve(u8* base, u32 block_log2, Smem* s) {
     s->v2b = (u32*)s->laneoff;   // B/32 bytes
     s->stage = s->keys;
     s->stage_bytes = DEC_GROUP_SEGS * KEY_STRIDE;
+    s->ctab = (u8*)s->cost;  // 3 x COST_UNITS x 8 >= CTAB_BYTES
     return o;
 }
 NZC_HD u64 smem_bytes(u32 block_log2) {
@@ -165,6 +171,7 @@ NZC_HD u64 smem_carve_v2(u8* base, u32 block_log2, Smem* s) {
     NZC_CARVE(crc_x2n, u32, 32)
     NZC_CARVE(crc_part, u32, CRC_PARTS)
     NZC_CARVE(codelen, u8, NSYM * NCODES)
+    NZC_CARVE(ctab, u8, CTAB_BYTES)
     NZC_CARVE(v2a, u32, 4 * B / 512)
     NZC_CARVE(v2b, u32, B / 512 + 2 * B / 2048)
     NZC_CARVE(stage, u8, v2_stage_bytes(block_log2))
@@ -712,6 +719,8 @@ struct DecFrame {
     u32 flags, dt, block_log2;
     u64 n, nb;       // uncompressed length; blocks (stored frames: B-sized copy items)
     u32 crc;
+    u32 t0;          // the block table's offset: 24, or 24 + TB after a column table
+    u32 period;      // the column table's P (FORMAT.md V2.9), 0 without one
 };
 
 // Which frame versions a decoder accepts (bit v-1 for version v).
@@ -725,6 +734,8 @@ NZC_HD DecFrame parse_frame(X& x, const u8* src, u64 src_len, u64 dst_cap, u32 v
     DecFrame f;
     f.version = f.flags = f.dt = f.block_log2 = f.crc = 0;
     f.n = f.nb = 0;
+    f.t0 = HEADER_LEN;
+    f.period = 0;
     f.status = ST_HEADER;
     if (src_len < HEADER_LEN) return f;
     if (src[0] != 'N' || src[1] != 'Z' || src[2] != 'C' || src[3] != 'F') return f;
@@ -736,8 +747,11 @@ NZC_HD DecFrame parse_frame(X& x, const u8* src, u64 src_len, u64 dst_cap, u32 v
     f.block_log2 = src[7];
     f.n = ld_u64(src + 8);
     f.crc = ld_u32(src + 16);
-    if (f.flags & ~(u32)(FLAG_CHECKSUM | FLAG_STORED)) return f;
-    if (f.dt > 3) return f;
+    // version 2 also: COLTAB without STORED (V2.1), dtypes 4, 5 (fp8)
+    if ((f.flags & ~(u32)(FLAG_CHECKSUM | FLAG_STORED)) &&
+        (f.version != 2 || (f.flags & ~(u32)(FLAG_CHECKSUM | FLAG_COLTAB))))
+        return f;
+    if (f.dt > 3 && !(f.version == 2 && f.dt <= 5)) return f;
     if (f.block_log2 < MIN_BLOCK_LOG2 || f.block_log2 > MAX_BLOCK_LOG2) return f;
     if (!(f.flags & FLAG_CHECKSUM) && f.crc != 0) return f;
     if (f.n > dst_cap) {
@@ -749,9 +763,26 @@ NZC_HD DecFrame parse_frame(X& x, const u8* src, u64 src_len, u64 dst_cap, u32 v
     if (f.flags & FLAG_STORED) {
         if (src_len != HEADER_LEN + f.n) return f;
     } else {
-        if (HEADER_LEN + 4 * f.nb > src_len) return f;
-        const u64 coded = x.sum64(f.nb, S64_A, [&](u64 i) -> u64 { return ld_u32(src + HEADER_LEN + 4 * i); });
-        if (HEADER_LEN + 4 * f.nb + coded != src_len) return f;
+        if (f.flags & FLAG_COLTAB) {
+            // the column table (V2.9): u16 P in 16..=8192, ceil(P/2) bytes of
+            // offsets, an odd P's last high nibble 0
+            if (src_len < HEADER_LEN + 2) return f;
+            const u32 P = ld_u16(src + HEADER_LEN);
+            if (P < 16 || P > 8192) {
+                f.status = ST_HEADER;
+                return f;
+            }
+            f.t0 = HEADER_LEN + 2 + (P + 1) / 2;
+            if (src_len < f.t0) return f;
+            if ((P & 1) && (src[f.t0 - 1] >> 4)) {
+                f.status = ST_HEADER;
+                return f;
+            }
+            f.period = P;
+        }
+        if (f.t0 + 4 * f.nb > src_len) return f;
+        const u64 coded = x.sum64(f.nb, S64_A, [&](u64 i) -> u64 { return ld_u32(src + f.t0 + 4 * i); });
+        if (f.t0 + 4 * f.nb + coded != src_len) return f;
     }
     f.status = ST_OK;
     return f;
@@ -963,6 +994,55 @@ NZC_HD u32 packed_entry(const u8* p, u32 nbytes, u32 j, u32 w) {
     return (v >> (bit & 7)) & ((1u << w) - 1);
 }
 
+NZC_HD u32 ctz32(u32 v) {  // v != 0
+#if defined(__CUDA_ARCH__)
+    return (u32)(__ffs(v) - 1);
+#else
+    return (u32)__builtin_ctz(v);
+#endif
+}
+
+// The frame's column table as decode_item hands it to a block (FORMAT.md V2.9):
+// the offsets' bytes in the frame, P (0: no table), the block's index and size.
+struct V2Col {
+    const u8* tab;
+    u32 period, blk, block_log2;
+};
+// Offset c[col] (-8..7) of a column table packed as in the frame (nibbles).
+NZC_HD int ctab_off(const u8* tab, u32 col) {
+    const u32 nib = (tab[col >> 1] >> (4 * (col & 1))) & 15;
+    return (int)nib - (int)((nib & 8) << 1);
+}
+// unrot(e, c) (V2.9) on an exponent field e in 0..=emax: 0 stays 0.
+NZC_HD u32 unrot(u32 e, int c, u32 emax) {
+    int t = (int)e - 1 + c;
+    if (t < 0) t += (int)emax;
+    else if (t >= (int)emax) t -= (int)emax;
+    return e ? (u32)(t + 1) : 0u;
+}
+// The first grid line after l that is not elided (bit l of the bitmap el, nw
+// words; bits past the grid are 0): a word at a time.
+NZC_HD u32 next_kept_line(const u32* el, u32 l, u32 nw) {
+    l++;
+    u32 wi = l >> 5;
+    if (wi >= nw) return l;
+    u32 m = ~el[wi] & (0xFFFFFFFFu << (l & 31));
+    while (!m) {
+        if (++wi >= nw) return wi << 5;
+        m = ~el[wi];
+    }
+    return (wi << 5) + ctz32(m);
+}
+// A COL sub-segment's column walk (V2.9 "Columns"): the column of its next kept
+// element, advanced by one per element and, at the end of each kept line, by the
+// elided lines skipped (one modulo per sub-segment, at its start, and one per
+// skip of P or more elements).
+struct V2ColWalk {
+    const u8* tab;     // the table in shared memory
+    const u32* elided; // null without LINES
+    u32 period, col, line, inl, epl, nw;
+};
+
 // A sub-segment's bounds: stream bits [bit, end), plane elements [pp, pend), n values.
 struct V2Lane {
     u32 bit;
@@ -980,8 +1060,9 @@ struct V2Planes {
 // Decodes one sub-segment (V2.3 "Stream", "Element value") of dtype DT into o (W
 // bytes per value); false unless its values end exactly at `end` and use exactly
 // its plane elements. Reads the stream only below sbytes (zero beyond).
-template <u32 DT>
-NZC_HD bool v2_subseg(const u32* lut, const u8* sp, u32 sbytes, V2Lane ln, bool z, const V2Planes& pw, u8* o) {
+template <u32 DT, bool COL>
+NZC_HD bool v2_subseg(const u32* lut, const u8* sp, u32 sbytes, V2Lane ln, bool z, const V2Planes& pw, u8* o,
+                      V2ColWalk cw) {
     const TypeInfo ti = type_info(DT);
     const u32 emask = (1u << ti.ebits) - 1;
     // 32-bit positions: a block's stream has < 2^32 bits (total_bits is a u32)
@@ -1013,6 +1094,22 @@ NZC_HD bool v2_subseg(const u32* lut, const u8* sp, u32 sbytes, V2Lane ln, bool 
             e = (u32)(buf >> len) & emask;
             len += ti.ebits;
         }
+        if (COL) {
+            // the decoded field is e* (V2.9): un-rotate by the column's offset, and
+            // step to the next kept element's column
+            e = unrot(e, ctab_off(cw.tab, cw.col), ti.emax);
+            if (++cw.col == cw.period) cw.col = 0;
+            if (cw.elided && ++cw.inl == cw.epl) {
+                cw.inl = 0;
+                const u32 nx = next_kept_line(cw.elided, cw.line, cw.nw);
+                const u32 skip = (nx - cw.line - 1) * cw.epl;
+                cw.line = nx;
+                if (skip) {
+                    cw.col += skip;
+                    if (cw.col >= cw.period) cw.col = skip < cw.period ? cw.col - cw.period : cw.col % cw.period;
+                }
+            }
+        }
         if (!(z && (ent & E2_ZERO))) {
             u32 xb = 0;
             if (ti.xbits) {
@@ -1040,6 +1137,257 @@ NZC_HD bool v2_subseg(const u32* lut, const u8* sp, u32 sbytes, V2Lane ln, bool 
     return bit == ln.end && pp == ln.pend;
 }
 
+// ---- version 2's symbol-code blocks: fp8 (modes 5, 6), FP16N (mode 7), FORMAT.md V2.10
+// (codec/src/v2_byte.rs). One canonical code of <= 12 bits over N symbols per block
+// (fp8: N = 256, the byte; FP16N: N = 42, then r(s) raw bits), sub-segments of
+// 2048 (fp8) or 512 (FP16N) elements with a bit-length index as the float blocks.
+enum : u32 {
+    SYM_FIXED = 6,          // mode, flags, grid, iw, base (u16)
+    SYM_T_SHIFT = 1,
+    SYM_T_LAG = 2,
+    SYM_SHIFT_LINE = 128,
+    // Smem::codelen (NSYM x NCODES = 832 bytes) while a symbol-code block decodes:
+    // lengths [0, 256), symbols sorted by (length, symbol) [256, 512), then u16
+    // per-length count, first canonical code and first sorted index (13 each)
+    SYM_SORTED = 256,
+    SYM_CNT = 512,
+    SYM_FIRST = SYM_CNT + 2 * 16,
+    SYM_OFFS = SYM_FIRST + 2 * 16,
+};
+
+// FP16N's raw bit count of symbol s (V2.10 "FP16N symbols").
+NZC_HD u32 f16n_rawbits(u32 s) { return s == 0 ? 1u : s <= 10 ? s : 11u; }
+// The fp16 element of FP16N symbol s and raw field r.
+NZC_HD u32 f16n_join(u32 s, u32 r) {
+    if (s == 0) return r << 15;
+    if (s <= 10) return ((r >> (s - 1)) << 15) | (1u << (s - 1)) | (r & ((1u << (s - 1)) - 1));
+    return ((r >> 10) << 15) | ((s - 10) << 10) | (r & 1023);
+}
+
+// Decodes one symbol-code sub-segment: n elements from stream bit `bit`, which
+// must end exactly at `end` (a code word is >= 1 bit, so a position past `end`
+// can never come back to it: the loop stops there). fp8 (F16N false): the byte,
+// plus SHIFT's per-line offset (line = 128 elements; i0, the sub-segment's first
+// element, starts a line) when nib != null; FP16N: symbol and raw field, stored
+// as u16. Reads the stream only below sbytes (zero beyond).
+template <bool F16N>
+NZC_HD bool sym_subseg(const u32* lut, const u8* sp, u32 sbytes, u32 bit, u32 end, u32 n, u32 i0, const u8* nib,
+                       u32 centre, u8* o) {
+    u64 buf = 0;
+    u32 rp = bit >> 3, have = 0;
+    while (have <= 56) {
+        buf |= (u64)(rp < sbytes ? sp[rp] : 0) << have;
+        rp++;
+        have += 8;
+    }
+    buf >>= bit & 7;
+    have -= bit & 7;
+    u32 sh = 0;
+    for (u32 i = 0; i < n; i++) {
+        if (have < 32) {
+            while (have <= 56) {
+                buf |= (u64)(rp < sbytes ? sp[rp] : 0) << have;
+                rp++;
+                have += 8;
+            }
+        }
+        const u32 ent = lut[buf & (DEC_TABLE - 1)];
+        const u32 sy = ent & 0xFF;
+        u32 len = ent >> 8;
+        if (F16N) {
+            const u32 rb = f16n_rawbits(sy);
+            const u32 el = f16n_join(sy, (u32)(buf >> len) & ((1u << rb) - 1));
+            len += rb;
+            *(u16*)(o + 2 * i) = (u16)el;
+        } else {
+            if (nib && (i & (SYM_SHIFT_LINE - 1)) == 0) {
+                // SHIFT: k_l = 4 (c + n_l - 8) mod 128 for line l
+                const u32 l = (i0 + i) / SYM_SHIFT_LINE;
+                sh = (4 * (centre + ((nib[l >> 1] >> (4 * (l & 1))) & 15) + 120)) & 0x7F;
+            }
+            o[i] = (u8)((sy & 0x80) | ((sy + sh) & 0x7F));
+        }
+        if (bit + len > end) return false;
+        bit += len;
+        buf >>= len;
+        have -= len;
+    }
+    return bit == end;
+}
+
+// Decodes a block of mode 5, 6 or 7 (V2.10) of `size` bytes at blk into
+// out[0..L): every check of codec/src/v2_byte.rs; reads within blk[0..size),
+// writes within out[0..L) in ascending rounds (head, grid, tail). The code table:
+// lengths and their Kraft sum, then the 4096-entry table (one thread per entry,
+// a canonical decode of its 12 bits). One thread per sub-segment decodes into the
+// staging buffer, a group at a time (as the float blocks); LAG is resolved after
+// the group's symbols, one thread per residue class mod P walking its elements in
+// ascending order (element i - P is in the staging, or in the output of an
+// earlier group, written before this group by this CTA).
+template <class X>
+NZC_HD u32 decode_block_sym(X& x, Smem& s, const u8* blk, u32 size, u8* out, u32 L, u32 block_log2) {
+    const u32 mode = blk[0];
+    const bool f16n = mode == MODE_FP16N;
+    const u32 wl = f16n ? 1 : 0, nsym = f16n ? 42 : 256, tbl = nsym / 2, ssl = f16n ? 9 : 11;
+    if (size < SYM_FIXED + tbl) return ST_BLOCK;
+    const u32 tr = blk[1], phi = blk[2] & 3, iw = blk[3], base = ld_u16(blk + 4);
+    if (f16n ? tr != 0 : tr > SYM_T_LAG) return ST_BLOCK;
+    if ((blk[2] & ~3u) || phi >= (1u << wl)) return ST_BLOCK;
+    if (iw > 16) return ST_BLOCK;
+    if ((u64)L < phi + ((u64)MIN_CODED_ELEMS << wl)) return ST_BLOCK;
+    const u32 m = (L - phi) >> wl, t = (L - phi) & ((1u << wl) - 1), gbytes = m << wl;
+    // code lengths (<= 12, Kraft sum exactly 2^12), per-length counts, first
+    // codes, symbols sorted by (length, symbol): one thread, N + 12 steps
+    u8* lens = s.codelen;
+    u8* sorted = s.codelen + SYM_SORTED;
+    u16* cnt = (u16*)(s.codelen + SYM_CNT);
+    u16* first = (u16*)(s.codelen + SYM_FIRST);
+    u16* offs = (u16*)(s.codelen + SYM_OFFS);
+    x.par(nsym, [&](u64 sy) { lens[sy] = (blk[SYM_FIXED + sy / 2] >> (4 * (sy & 1))) & 15; });
+    x.one([&]() {
+        u32 bad = 0, kraft = 0;
+        for (u32 l = 0; l <= MAXLEN; l++) cnt[l] = 0;
+        for (u32 sy = 0; sy < nsym; sy++) {
+            const u32 l = lens[sy];
+            if (l > MAXLEN) {
+                bad = 1;
+                continue;
+            }
+            if (l) {
+                kraft += 1u << (MAXLEN - l);
+                cnt[l]++;
+            }
+        }
+        if (kraft != 1u << MAXLEN) bad = 1;
+        u32 code = 0, o = 0;
+        for (u32 l = 1; l <= MAXLEN; l++) {
+            code = (code + (l > 1 ? cnt[l - 1] : 0)) << 1;
+            first[l] = (u16)code;
+            offs[l] = (u16)o;
+            o += cnt[l];
+        }
+        if (!bad) {
+            // counting sort (offs advanced, then restored)
+            for (u32 sy = 0; sy < nsym; sy++)
+                if (lens[sy]) sorted[offs[lens[sy]]++] = (u8)sy;
+            for (u32 l = 1; l <= MAXLEN; l++) offs[l] = (u16)(offs[l] - cnt[l]);
+        }
+        s.sc[SC2_BAD] = bad;
+    });
+    if (s.sc[SC2_BAD]) return ST_BLOCK;
+    // side bytes, head, index (uniform: every thread parses them)
+    u64 p = SYM_FIXED + tbl;
+    const u32 nlines = (m + SYM_SHIFT_LINE - 1) / SYM_SHIFT_LINE;
+    u32 centre = 0, lag = 0;
+    const u8* nib = 0;
+    if (tr == SYM_T_SHIFT) {
+        if (p + 1 > size) return ST_BLOCK;
+        centre = blk[p++];
+        if (centre > 31) return ST_BLOCK;
+        const u32 nb = (nlines + 1) / 2;
+        if (p + nb > size) return ST_BLOCK;
+        nib = blk + p;
+        p += nb;
+        if ((nlines & 1) && (blk[p - 1] >> 4)) return ST_BLOCK;
+    } else if (tr == SYM_T_LAG) {
+        if (p + 2 > size) return ST_BLOCK;
+        lag = ld_u16(blk + p);
+        p += 2;
+        if (lag == 0 || lag >= m) return ST_BLOCK;
+    }
+    if (p + phi > size) return ST_BLOCK;
+    const u64 head_at = p;
+    p += phi;
+    const u32 ss = 1u << ssl, ns = (m + ss - 1) >> ssl;
+    const u32 ib = (ns * iw + 7) / 8;
+    if (p + ib > size) return ST_BLOCK;
+    const u8* ix = blk + p;
+    if ((ns * iw) & 7 && (ix[ib - 1] >> ((ns * iw) & 7))) return ST_BLOCK;
+    p += ib;
+    const V2Smem v = v2_view(s, block_log2);
+    x.par(ns, [&](u64 j) { v.nbits[j] = base + packed_entry(ix, ib, (u32)j, iw); });
+    x.one([&]() {
+        u32 bits = 0;
+        for (u32 j = 0; j < ns; j++) {
+            v.bit0[j] = bits;
+            bits += v.nbits[j];
+        }
+        s.sc[SC2_BITS] = bits;
+    });
+    const u32 total_bits = s.sc[SC2_BITS];
+    const u32 sbytes = (u32)(((u64)total_bits + 7) / 8);
+    const u64 stream_at = p;
+    if (p + sbytes + t != size) return ST_BLOCK;
+    const u64 tail_at = p + sbytes;
+    if ((total_bits & 7) && (blk[tail_at - 1] >> (total_bits & 7))) return ST_BLOCK;
+    const u8* sp = blk + stream_at;
+    // decode table: entry = symbol | length << 8 (the code is complete: every
+    // 12-bit pattern starts with one code word)
+    x.par(DEC_TABLE, [&](u64 idx) {
+        u32 code = 0, ent = 0;
+        for (u32 l = 1; l <= MAXLEN; l++) {
+            code = (code << 1) | (((u32)idx >> (l - 1)) & 1);
+            const u32 d = code - first[l];
+            if (d < cnt[l]) {
+                ent = sorted[offs[l] + d] | (l << 8);
+                break;
+            }
+        }
+        s.lut[idx] = ent;
+    });
+    const u32 ssw = ss << wl, stride = ssw + V2_PAD, gmax = s.stage_bytes / stride;
+    x.one([&]() { s.sc[SC_ERR] = ST_OK; });
+    u8* grid = out + phi;
+    for (u32 j0 = 0; j0 < ns; j0 += gmax) {
+        const u32 j1 = ns - j0 < gmax ? ns : j0 + gmax;
+        const u32 a0 = j0 << ssl, e0 = j1 == ns ? m : j1 << ssl;  // the group's elements
+        x.par(j1 - j0, [&](u64 gi) {
+            const u32 j = j0 + (u32)gi;
+            const u32 i0 = j << ssl, nj = m - i0 < ss ? m - i0 : ss;
+            u8* o = s.stage + gi * stride;
+            const u32 b0 = v.bit0[j], b1 = b0 + v.nbits[j];
+            const bool ok = f16n ? sym_subseg<true>(s.lut, sp, sbytes, b0, b1, nj, i0, 0, 0, o)
+                                 : sym_subseg<false>(s.lut, sp, sbytes, b0, b1, nj, i0, nib, centre, o);
+            if (!ok) X::or32(&s.sc[SC_ERR], ST_STREAM);
+        });
+        if (s.sc[SC_ERR]) return ST_STREAM;
+        auto stage_at = [&](u32 k) -> u8* { return s.stage + (k >> ssl) * stride + ((k & (ss - 1)) << wl); };
+        if (lag) {
+            // x_i = ((s_i ^ y) & 0x80) | ((s_i + y) & 0x7F), y = x_{i-P} (0 for i < P)
+            const u32 n = e0 - a0, classes = lag < n ? lag : n;
+            x.par(classes, [&](u64 r) {
+                for (u32 i = a0 + (u32)r; i < e0; i += lag) {
+                    const u32 y = i < lag ? 0u : i - lag >= a0 ? *stage_at(i - lag - a0) : grid[i - lag];
+                    u8* q = stage_at(i - a0);
+                    *q = (u8)(((*q ^ y) & 0x80) | ((*q + y) & 0x7F));
+                }
+            });
+        }
+        // this group's span of the block, ascending
+        const u32 lo = j0 == 0 ? 0 : phi + (a0 << wl);
+        const u32 hi = j1 == ns ? L : phi + (e0 << wl);
+        const u32 gb0 = a0 << wl;
+        auto byte_at = [&](u32 q) -> u32 {
+            if (q < phi) return blk[head_at + q];
+            const u32 g = q - phi;
+            if (g >= gbytes) return blk[tail_at + (g - gbytes)];
+            const u32 r = g - gb0;
+            return s.stage[(r >> (ssl + wl)) * stride + (r & (ssw - 1))];
+        };
+        const u32 c0 = lo / 16, c1 = (hi + 15) / 16;
+        if (hi > lo)
+            x.rounds(c1 - c0, [&](u64 c) {
+                const u32 q0 = (c0 + (u32)c) * 16 > lo ? (c0 + (u32)c) * 16 : lo;
+                const u32 q1 = (c0 + (u32)c) * 16 + 16 < hi ? (c0 + (u32)c) * 16 + 16 : hi;
+                u8 b[16];
+NZC_UNROLL
+                for (u32 i = 0; i < 16; i++) b[i] = q0 + i < q1 ? (u8)byte_at(q0 + i) : 0;
+                store_chunk(out + q0, b, q1 - q0);
+            });
+    }
+    return ST_OK;
+}
+
 // Decodes one version-2 block of `size` (>= 1) bytes at blk into out[0..L); the
 // launch's shared memory is sized for blocks of 2^block_log2 >= L bytes. Rejects
 // exactly what codec/src/v2.rs rejects; every read is within blk[0..size), every
@@ -1052,11 +1400,13 @@ NZC_HD bool v2_subseg(const u32* lut, const u8* sp, u32 sbytes, V2Lane ln, bool 
 // buffer; then the group's span of the block (the lines from its first kept line
 // to the next group's, elided ones included) is written in 16-byte rounds.
 template <class X>
-NZC_HD u32 decode_block_v2(X& x, Smem& s, const u8* blk, u32 size, u8* out, u32 L, u32 block_log2) {
+NZC_HD u32 decode_block_v2(X& x, Smem& s, const u8* blk, u32 size, u8* out, u32 L, u32 block_log2,
+                           const V2Col& col) {
     if (size == 0) return ST_BLOCK;
     u32 st = ST_OK;
     if (decode_plain(x, blk, size, out, L, &st)) return st;
     const u32 mode = blk[0];
+    if (mode >= MODE_E4M3 && mode <= MODE_FP16N) return decode_block_sym(x, s, blk, size, out, L, block_log2);
     if (mode != MODE_BF16 && mode != MODE_FP16 && mode != MODE_FP32) return ST_BLOCK;
     const u32 dt = dtype_of_mode(mode);
     const TypeInfo ti = type_info(dt);
@@ -1064,7 +1414,9 @@ NZC_HD u32 decode_block_v2(X& x, Smem& s, const u8* blk, u32 size, u8* out, u32 
     // fixed fields (every thread parses them: uniform values, no barrier)
     if (size < 8) return ST_BLOCK;
     const u32 flags = blk[1], k = blk[2], a = blk[3], grid = blk[4], iw = blk[5], base = ld_u16(blk + 6);
-    if (flags & (V2_COL | V2_BYTECODE | 0x80)) return ST_BLOCK;
+    if (flags & (V2_BYTECODE | 0x80)) return ST_BLOCK;
+    const bool colb = (flags & V2_COL) != 0;
+    if (colb && col.period == 0) return ST_BLOCK;  // COL without COLTAB (V2.9)
     if (ti.w != 4 && (flags & (V2_NO_LO0 | V2_NO_LO1))) return ST_BLOCK;
     if (a < 1 || a > ti.emax) return ST_BLOCK;
     const u32 phi = grid & 3, ssl = (grid >> 4) & 3;
@@ -1236,6 +1588,15 @@ NZC_HD u32 decode_block_v2(X& x, Smem& s, const u8* blk, u32 size, u8* out, u32 
             if (r % lps == 0 && r / lps < ns) v.line0[r / lps] = (u32)l;
         });
     }
+    // COL: the column table in shared memory (coalesced), and the column of grid
+    // element 0, (floor((b*B + phi) / W)) mod P = (b * 2^(log2 - wl)) mod P in
+    // 32-bit arithmetic (B, a multiple of W, absorbs phi < W)
+    u32 col0 = 0;
+    if (colb) {
+        x.par((col.period + 1) / 2, [&](u64 i) { s.ctab[i] = col.tab[i]; });
+        const u32 P = col.period;
+        col0 = ((col.blk % P) * ((1u << (col.block_log2 - wl)) % P)) % P;
+    }
     const u32 stride = ssw + V2_PAD, gmax = s.stage_bytes / stride;
     x.one([&]() { s.sc[SC_ERR] = ST_OK; });
     for (u32 j0 = 0; j0 == 0 || j0 < ns; j0 += gmax) {
@@ -1246,10 +1607,23 @@ NZC_HD u32 decode_block_v2(X& x, Smem& s, const u8* blk, u32 size, u8* out, u32 
             const u32 pp = v.p0[j];
             const V2Lane ln = {v.bit0[j], (u64)v.bit0[j] + v.nbits[j], pp, pp + nj - v.zeros[j], nj};
             u8* o = s.stage + gi * stride;
-            // the dtype as a template argument: no per-value branches on it
-            const bool ok = dt == DT_BF16   ? v2_subseg<DT_BF16>(s.lut, sp, sbytes, ln, z, pw, o)
-                            : dt == DT_FP16 ? v2_subseg<DT_FP16>(s.lut, sp, sbytes, ln, z, pw, o)
-                                            : v2_subseg<DT_FP32>(s.lut, sp, sbytes, ln, z, pw, o);
+            V2ColWalk cw;
+            cw.tab = s.ctab;
+            cw.elided = lines ? v.elided : 0;
+            cw.period = colb ? col.period : 1;
+            cw.line = v.line0[j];
+            cw.inl = 0;
+            cw.epl = LINE >> wl;
+            cw.nw = nw;
+            // sub-segment j starts a kept line: grid element line0[j] * 64 / W
+            cw.col = colb ? (col0 + cw.line * cw.epl) % cw.period : 0;
+            // the dtype and COL as template arguments: no per-value branches on them
+            const bool ok = !colb ? (dt == DT_BF16   ? v2_subseg<DT_BF16, false>(s.lut, sp, sbytes, ln, z, pw, o, cw)
+                                     : dt == DT_FP16 ? v2_subseg<DT_FP16, false>(s.lut, sp, sbytes, ln, z, pw, o, cw)
+                                                     : v2_subseg<DT_FP32, false>(s.lut, sp, sbytes, ln, z, pw, o, cw))
+                                  : (dt == DT_BF16   ? v2_subseg<DT_BF16, true>(s.lut, sp, sbytes, ln, z, pw, o, cw)
+                                     : dt == DT_FP16 ? v2_subseg<DT_FP16, true>(s.lut, sp, sbytes, ln, z, pw, o, cw)
+                                                     : v2_subseg<DT_FP32, true>(s.lut, sp, sbytes, ln, z, pw, o, cw));
             if (!ok) X::or32(&s.sc[SC_ERR], ST_STREAM);
         });
         if (s.sc[SC_ERR]) return ST_STREAM;
@@ -1300,11 +1674,16 @@ NZC_HD u32 decode_item(X& x, Smem& s, const DecJob& job, const DecFrame f, u32 b
     if (f.flags & FLAG_STORED) {
         copy_rounds(x, dst + o, src + HEADER_LEN + o, L);
     } else {
-        const u64 pos = HEADER_LEN + 4 * f.nb +
-                        x.sum64(b, S64_B, [&](u64 i) -> u64 { return ld_u32(src + HEADER_LEN + 4 * i); });
-        const u32 size = ld_u32(src + HEADER_LEN + 4 * (u64)b);
+        const u64 pos = f.t0 + 4 * f.nb +
+                        x.sum64(b, S64_B, [&](u64 i) -> u64 { return ld_u32(src + f.t0 + 4 * i); });
+        const u32 size = ld_u32(src + f.t0 + 4 * (u64)b);
         // parse_frame checked that all blocks end within src_len
-        st = (VERS & VERS_2) && f.version == 2 ? decode_block_v2(x, s, src + pos, size, dst + o, L, f.block_log2)
+        V2Col col;
+        col.tab = src + HEADER_LEN + 2;
+        col.period = f.period;
+        col.blk = b;
+        col.block_log2 = f.block_log2;
+        st = (VERS & VERS_2) && f.version == 2 ? decode_block_v2(x, s, src + pos, size, dst + o, L, f.block_log2, col)
              : (VERS & VERS_1)                  ? decode_block(x, s, src + pos, size, dst + o, L)
                                                 : (u32)ST_HEADER;
     }

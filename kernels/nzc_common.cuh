@@ -58,8 +58,11 @@ enum : u32 {
     MAXLEN = 12,
     DEC_TABLE = 1u << MAXLEN,
 };
-enum : u32 { FLAG_CHECKSUM = 1, FLAG_STORED = 2 };
+// FLAG_COLTAB: version 2 only, a column table follows the header (FORMAT.md V2.9).
+enum : u32 { FLAG_CHECKSUM = 1, FLAG_STORED = 2, FLAG_COLTAB = 4 };
 enum : u32 { MODE_RAW = 0, MODE_FILL = 1, MODE_BF16 = 2, MODE_FP16 = 3, MODE_FP32 = 4 };
+// Version 2's symbol-code blocks (FORMAT.md V2.10).
+enum : u32 { MODE_E4M3 = 5, MODE_E5M2 = 6, MODE_FP16N = 7 };
 // Header dtype byte (FORMAT.md §2).
 enum : u32 { DT_RAW = 0, DT_BF16 = 1, DT_FP16 = 2, DT_FP32 = 3 };
 // Encoder hint (matches nccl_zip_codec::DtypeHint order; fp8 hints encode as raw).

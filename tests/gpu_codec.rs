@@ -384,10 +384,9 @@ fn gpu_corrupt_frames_rejected_like_cpu() {
     }
 }
 
-/// Format 2 (`nzc_decode_v2`): the 28 frozen v2 vectors (the 4 with a column table
-/// and the 4 fp8/FP16N ones rejected: the kernel decodes neither), the sweep's inputs as v2
-/// CPU frames, and corrupted v2 frames decided as the CPU decides; each kernel
-/// rejects the other format's frames.
+/// Format 2 (`nzc_decode_v2`): the 28 frozen v2 vectors (column tables, fp8 and
+/// FP16N included), the sweep's inputs as v2 CPU frames, and corrupted v2 frames
+/// decided as the CPU decides; each kernel rejects the other format's frames.
 #[test]
 fn gpu_decode_v2_matches_cpu() {
     let Some(g) = codec() else { return };
@@ -397,16 +396,6 @@ fn gpu_decode_v2_matches_cpu() {
         .map(|(v, _)| (v.frame.to_vec(), v.input.len()))
         .collect();
     for ((v, _), r) in man.iter().zip(gpu_decode_format(&g, &frames, 2)) {
-        if frozen::kernel_lacks(v.frame).is_some() {
-            // column tables (FORMAT.md V2.9) and fp8/FP16N (V2.10) are not decoded by
-            // the kernel
-            assert!(
-                r.is_err(),
-                "v2 vector {}: V2.9/V2.10 frame accepted",
-                v.name
-            );
-            continue;
-        }
         assert_eq!(r.as_deref().ok(), Some(v.input), "v2 vector {}", v.name);
     }
     for (r, (f, _)) in gpu_decode_format(&g, &frames, 1).into_iter().zip(&frames) {
@@ -435,10 +424,6 @@ fn gpu_decode_v2_matches_cpu() {
         .zip(&dec)
         .enumerate()
     {
-        if frozen::kernel_lacks(f).is_some() {
-            assert!(r.is_err(), "v2 case {i}: V2.9/V2.10 frame accepted");
-            continue;
-        }
         assert!(
             r.as_deref().ok() == Some(&c.input[..]),
             "v2 case {i}: {:?}",
@@ -447,11 +432,7 @@ fn gpu_decode_v2_matches_cpu() {
     }
     let mut rng = rand::rngs::StdRng::seed_from_u64(0xC0FFEE2);
     let mut bad = Vec::new();
-    for (f0, n) in dec
-        .iter()
-        .filter(|(f, _)| frozen::kernel_lacks(f).is_none())
-        .take(8)
-    {
+    for (f0, n) in dec.iter().take(8) {
         for t in 0..24 {
             let mut f = f0.clone();
             match t % 3 {

@@ -804,6 +804,107 @@ fn gen_sparse(rng: &mut impl Rng, n: usize, w: usize) -> Vec<u8> {
     v
 }
 
+/// An input for FORMAT.md §V2.9/§V2.10, by `kind`: 0-2 channel-structured
+/// activations (bf16, fp16, fp32; per-column scales with a period, some zero rows:
+/// a column table, COL blocks with zero lines), 3-5 fp8 bytes (Gaussian; rows of 128
+/// with their own scale: SHIFT; rows repeating a row with small changes: LAG), 6 mostly
+/// subnormal fp16 (FP16N). Returns the input and the hint that reaches it.
+fn gen_v2_ext(rng: &mut impl Rng, kind: u32, n: usize) -> (Vec<u8>, DtypeHint) {
+    let mut v = Vec::with_capacity(n + 256);
+    let fp8 = |mag: f64, neg: bool| (neg as u8) << 7 | mag.clamp(0.0, 126.0) as u8;
+    let hint = match kind {
+        0..=2 => {
+            let w = [2usize, 2, 4][kind as usize];
+            let p = 16 * rng.gen_range(1..100usize);
+            let scale: Vec<f64> = (0..p).map(|_| 2f64.powi(rng.gen_range(-7..7))).collect();
+            let sigma = 10f64.powf(rng.gen_range(-3.0..0.0));
+            let mut i = 0usize;
+            while v.len() < n {
+                if i % p == 0 && rng.gen_bool(0.1) {
+                    // a zero row (whole 64-byte lines when p * w is a multiple of 64)
+                    v.extend(std::iter::repeat_n(0u8, p * w));
+                    i += p;
+                    continue;
+                }
+                let x = gauss(rng) * sigma * scale[i % p];
+                match kind {
+                    0 => v.extend((((x as f32).to_bits() >> 16) as u16).to_le_bytes()),
+                    1 => v.extend(f32_to_f16_bits(x as f32).to_le_bytes()),
+                    _ => v.extend((x as f32).to_le_bytes()),
+                }
+                i += 1;
+            }
+            [
+                DtypeHint::Auto,
+                DtypeHint::Bf16,
+                DtypeHint::Fp16,
+                DtypeHint::Fp32,
+            ][if rng.gen_bool(0.5) {
+                0
+            } else {
+                1 + kind as usize
+            }]
+        }
+        3..=5 => {
+            let row = 128 * rng.gen_range(1..9usize);
+            let base: Vec<u8> = (0..row)
+                .map(|_| fp8(60.0 + 10.0 * gauss(rng), rng.gen_bool(0.5)))
+                .collect();
+            while v.len() < n {
+                let centre = rng.gen_range(20.0..100.0);
+                for j in 0..row {
+                    let b = match kind {
+                        3 => fp8(56.0 + 8.0 * gauss(rng), rng.gen_bool(0.5)),
+                        4 => fp8(centre + 4.0 * gauss(rng), rng.gen_bool(0.5)),
+                        _ => {
+                            let d = rng.gen_range(-2i32..=2);
+                            (base[j] & 0x80) | ((base[j] & 0x7F) as i32 + d).clamp(0, 126) as u8
+                        }
+                    };
+                    v.push(b);
+                }
+            }
+            [DtypeHint::Fp8E4m3, DtypeHint::Fp8E5m2, DtypeHint::Auto][rng.gen_range(0..3)]
+        }
+        _ => {
+            while v.len() < n {
+                let g = gauss(rng);
+                let bits: u16 = if rng.gen_bool(0.1) {
+                    f32_to_f16_bits((g * 0.01) as f32)
+                } else if rng.gen_bool(0.05) {
+                    0x8000 * rng.gen::<bool>() as u16
+                } else {
+                    (((g.abs() * 200.0) as u16).min(1023)) | 0x8000 * (g < 0.0) as u16
+                };
+                v.extend(bits.to_le_bytes());
+            }
+            [DtypeHint::Auto, DtypeHint::Fp16][rng.gen_range(0..2)]
+        }
+    };
+    v.truncate(n);
+    (v, hint)
+}
+
+/// (mode, flags) of each block of a v2 block frame.
+fn v2_block_modes(f: &[u8]) -> Vec<(u8, u8)> {
+    let info = nccl_zip_codec::frame_info(f).unwrap();
+    let t0 = if f[5] & 4 != 0 {
+        24 + 2 + (u16::from_le_bytes([f[24], f[25]]) as usize).div_ceil(2)
+    } else {
+        24
+    };
+    let nb = info.blocks as usize;
+    let mut pos = t0 + 4 * nb;
+    (0..nb)
+        .map(|i| {
+            let size = u32::from_le_bytes(f[t0 + 4 * i..t0 + 4 * i + 4].try_into().unwrap());
+            let r = (f[pos], if size > 1 { f[pos + 1] } else { 0 });
+            pos += size as usize;
+            r
+        })
+        .collect()
+}
+
 fn v2_opts(dtype: DtypeHint, checksum: bool, block_log2: u8) -> EncodeOptions {
     EncodeOptions {
         dtype,
@@ -850,6 +951,17 @@ fn v2_sweep(seed: u64, count: usize) -> Vec<EncCase> {
             opts: v2_opts(hint, rng.gen_bool(0.3), bl),
         });
     }
+    // §V2.9/§V2.10: every kind of gen_v2_ext at least once, then at random
+    for i in 0..count / 3 {
+        let kind = if i < 7 { i as u32 } else { rng.gen_range(0..7) };
+        let n = rng.gen_range(9000..300_000);
+        let (input, hint) = gen_v2_ext(&mut rng, kind, n);
+        let bl = [12u8, 13, 14, 16, 17, 20][rng.gen_range(0..6)];
+        cases.push(EncCase {
+            input,
+            opts: v2_opts(hint, rng.gen_bool(0.3), bl),
+        });
+    }
     cases
 }
 
@@ -869,22 +981,26 @@ fn v2_frozen_vectors_decode_byte_for_byte() {
             (v.frame.to_vec(), v.input.len())
         })
         .collect();
-    let mut unknown = 0;
+    let mut ext = std::collections::BTreeMap::new();
     for ((v, _), r) in man
         .iter()
         .zip(harness_decode_op(&frames, Launch::Seq, "dec2"))
     {
         // FORMAT.md §V2.9's column tables and §V2.10's modes (fp8 frames: header
-        // dtype 4/5; FP16N: block mode 7) are not in the kernel: it rejects them
-        match frozen::kernel_lacks(v.frame) {
-            Some(want) => {
-                assert_eq!(r, Err(want.to_string()), "vector {}", v.name);
-                unknown += 1;
-            }
-            None => assert_eq!(r.as_deref().ok(), Some(v.input), "vector {}", v.name),
+        // dtype 4/5, blocks of mode 5/6; FP16N: block mode 7) included
+        if let Some(e) = frozen::v2_extension(v.frame) {
+            *ext.entry(e).or_insert(0) += 1;
         }
+        assert_eq!(r.as_deref().ok(), Some(v.input), "vector {}", v.name);
     }
-    assert!(unknown >= 8, "the coltab_* and §V2.10 vectors are rejected");
+    // the coltab_*, fp8_* and fp16n_* vectors at least (fp16_laplace_1e-5_subnormal
+    // codes as FP16N, ll_lines and mixed_fill_raw_coded detect as fp8)
+    for (e, min) in [("coltab", 4), ("fp8", 3), ("fp16n", 1)] {
+        assert!(
+            ext.get(e).copied().unwrap_or(0) >= min,
+            "{e} vectors: {ext:?}"
+        );
+    }
     // each kernel rejects the other format's frames (ST_HEADER)
     let v1: Vec<(Vec<u8>, usize)> = frozen::manifest()
         .iter()
@@ -903,7 +1019,7 @@ fn v2_frozen_vectors_decode_byte_for_byte() {
         assert_eq!(r, Err("err 2".to_string()), "v2 vector {i} through dec");
     }
     eprintln!(
-        "kernels_host: {} v2 frozen vectors decoded byte for byte",
+        "kernels_host: {} v2 frozen vectors decoded byte for byte ({ext:?} use §V2.9/§V2.10)",
         man.len()
     );
 }
@@ -915,19 +1031,16 @@ fn v2_sweep_decodes_cpu_frames() {
         .iter()
         .map(|c| (cpu_frame(&c.input, &c.opts), c.input.len()))
         .collect();
-    let (mut total, mut rejected) = (0, 0);
+    let (mut total, mut ext) = (0, std::collections::BTreeMap::new());
     for (i, ((r, c), (f, _))) in harness_decode_op(&frames, Launch::Seq, "dec2")
         .into_iter()
         .zip(&cases)
         .zip(&frames)
         .enumerate()
     {
-        // frames using FORMAT.md §V2.9 (a column table) or §V2.10 (fp8 detected,
-        // FP16N) are rejected as a header error / an unknown mode
-        if let Some(e) = frozen::kernel_lacks(f) {
-            assert_eq!(r, Err(e.to_string()), "case {i}");
-            rejected += 1;
-            continue;
+        // frames using FORMAT.md §V2.9 (a column table) or §V2.10 (fp8, FP16N) included
+        if let Some(e) = frozen::v2_extension(f) {
+            *ext.entry(e).or_insert(0) += 1;
         }
         total += c.input.len();
         assert!(
@@ -938,13 +1051,12 @@ fn v2_sweep_decodes_cpu_frames() {
             r.err()
         );
     }
-    assert!(
-        rejected < cases.len() / 4,
-        "{rejected} sweep frames use §V2.9/§V2.10"
-    );
+    for e in ["coltab", "fp8", "fp16n"] {
+        assert!(ext.contains_key(e), "the sweep has no {e} frame: {ext:?}");
+    }
     eprintln!(
-        "kernels_host: {} v2 sweep frames ({total} bytes) decoded byte for byte, {rejected} using §V2.9/§V2.10 rejected",
-        cases.len() - rejected
+        "kernels_host: {} v2 sweep frames ({total} bytes) decoded byte for byte ({ext:?} use §V2.9/§V2.10)",
+        cases.len()
     );
 }
 
@@ -967,6 +1079,59 @@ fn v2_corrupt_frames() -> Vec<(Vec<u8>, usize)> {
             frames.push((f[..cut].to_vec(), input.len()));
         }
         for bit in 8 * 24..8 * f.len() {
+            let mut g = f.clone();
+            g[bit / 8] ^= 1 << (bit % 8);
+            frames.push((g, input.len()));
+        }
+        frames.push((f, input.len()));
+    }
+    // §V2.9/§V2.10 frames: a column table with COL blocks (bf16 with zero lines,
+    // fp16, fp32), fp8 blocks (plain, SHIFT, LAG), FP16N; each cut at every length
+    // up to 400 bytes after the table and 150 more places, flipped at every bit of
+    // its first 300 bytes after the header and at 600 more bits
+    let ext = [
+        (0u32, 9000usize, 12u8, "coltab", None),
+        (1, 9000, 13, "coltab", None),
+        (2, 20000, 13, "coltab", None),
+        (3, 3000, 12, "fp8", Some((5u8, 0u8))),
+        (4, 4000, 12, "fp8", Some((5, 1))),
+        (5, 4000, 12, "fp8", Some((5, 2))),
+        (6, 3000, 12, "fp16n", Some((7, 0))),
+    ];
+    for (kind, n, bl, want, block) in ext {
+        // the first seed whose frame has what this entry is for
+        let (input, f) = (0..64)
+            .find_map(|_| {
+                let (input, hint) = gen_v2_ext(&mut rng, kind, n);
+                let hint = if (3..=5).contains(&kind) {
+                    DtypeHint::Fp8E4m3
+                } else {
+                    hint
+                };
+                let f = cpu_frame(&input, &v2_opts(hint, kind % 2 == 0, bl));
+                let ok = frozen::v2_extension(&f) == Some(want)
+                    && match block {
+                        Some(b) => v2_block_modes(&f).contains(&b),
+                        None => v2_block_modes(&f)
+                            .iter()
+                            .any(|&(m, fl)| m >= 2 && fl & 4 != 0),
+                    };
+                ok.then_some((input, f))
+            })
+            .unwrap_or_else(|| panic!("no {want} {block:?} frame from gen_v2_ext kind {kind}"));
+        let t0 = if f[5] & 4 != 0 {
+            26 + (u16::from_le_bytes([f[24], f[25]]) as usize).div_ceil(2)
+        } else {
+            24
+        };
+        let mut cuts: Vec<usize> = (0..(t0 + 400).min(f.len())).collect();
+        cuts.extend((0..150).map(|_| rng.gen_range(0..f.len())));
+        for cut in cuts {
+            frames.push((f[..cut].to_vec(), input.len()));
+        }
+        let mut bits: Vec<usize> = (8 * 24..8 * (24 + 300).min(f.len())).collect();
+        bits.extend((0..600).map(|_| rng.gen_range(8 * 24..8 * f.len())));
+        for bit in bits {
             let mut g = f.clone();
             g[bit / 8] ^= 1 << (bit % 8);
             frames.push((g, input.len()));
@@ -1013,20 +1178,14 @@ fn v2_corrupt_frames_rejected_like_cpu_without_oob() {
         let mut out = vec![0u8; *cap];
         decompress(f, &mut out).map(|n| out[..n].to_vec())
     });
-    // a frame the CPU decodes with FORMAT.md §V2.9/§V2.10 (not in the kernel) is rejected
-    // by the kernel; the others get the same decision
-    let mut v2_9 = 0;
-    let pairs = cpu.zip(res).zip(&frames).map(|((c, g), (f, _))| {
-        if c.is_ok() && frozen::kernel_lacks(f).is_some() {
-            assert!(g.is_err(), "a §V2.9/§V2.10 frame accepted by the kernel");
-            v2_9 += 1;
-            (Err("§V2.9/§V2.10".to_string()), g)
-        } else {
-            (c.map_err(|e| e.to_string()), g)
-        }
-    });
+    // frames using FORMAT.md §V2.9/§V2.10 included: the same decisions
+    let ext = frames
+        .iter()
+        .filter(|(f, _)| frozen::v2_extension(f).is_some())
+        .count();
+    let pairs = cpu.zip(res).map(|(c, g)| (c.map_err(|e| e.to_string()), g));
     let rejected = same_decisions(pairs, "CPU", "harness");
-    eprintln!("kernels_host: {v2_9} corrupted frames using §V2.9/§V2.10 (rejected by the kernel)");
+    eprintln!("kernels_host: {ext} of the corrupted frames still say §V2.9/§V2.10 in their header or block modes");
     // flips of plane bytes in frames without a checksum decode (to other bytes,
     // as on the CPU); everything else is rejected
     assert!(
@@ -1056,12 +1215,12 @@ fn v2_concurrent_decode_under_tsan_and_asan() {
             .iter()
             .zip(harness_decode_op(&vec_frames, launch, "dec2"))
         {
-            // §V2.9/§V2.10 vectors: rejected, as in v2_frozen_vectors_decode_byte_for_byte
-            let want = match frozen::kernel_lacks(v.frame) {
-                Some(e) => Err(e.to_string()),
-                None => Ok(v.input.to_vec()),
-            };
-            assert_eq!(r, want, "vector {} (seed {seed})", v.name);
+            assert_eq!(
+                r.as_deref().ok(),
+                Some(v.input),
+                "vector {} (seed {seed})",
+                v.name
+            );
         }
     }
     let cases = v2_sweep(0x0002_C0C0, 24);
@@ -1069,6 +1228,7 @@ fn v2_concurrent_decode_under_tsan_and_asan() {
         .iter()
         .map(|c| (cpu_frame(&c.input, &c.opts), c.input.len()))
         .collect();
+    let mut ext = 0;
     for san in [San::Thread, San::Address] {
         let launch = Launch::Conc { san, seed: 78 };
         for (i, ((r, c), (f, _))) in harness_decode_op(&frames, launch, "dec2")
@@ -1077,13 +1237,8 @@ fn v2_concurrent_decode_under_tsan_and_asan() {
             .zip(&frames)
             .enumerate()
         {
-            if let Some(e) = frozen::kernel_lacks(f) {
-                assert_eq!(
-                    r,
-                    Err(e.to_string()),
-                    "{san:?} case {i}: §V2.9/§V2.10 frame"
-                );
-                continue;
+            if frozen::v2_extension(f).is_some() {
+                ext += 1;
             }
             assert!(
                 r.as_deref().ok() == Some(&c.input[..]),
@@ -1104,10 +1259,12 @@ fn v2_concurrent_decode_under_tsan_and_asan() {
         "dec2",
     );
     let rejected = same_decisions(seq.into_iter().zip(conc), "sequential", "concurrent");
+    assert!(ext > 0, "the concurrent sweep has §V2.9/§V2.10 frames");
     eprintln!(
-        "kernels_host: v2 through concurrent launches: {} vectors twice and {} sweep cases (TSan, ASan), {} corrupted frames ({rejected} rejected by both)",
+        "kernels_host: v2 through concurrent launches: {} vectors twice and {} sweep cases ({} using §V2.9/§V2.10; TSan, ASan), {} corrupted frames ({rejected} rejected by both)",
         man.len(),
         cases.len(),
+        ext / 2,
         bad.len()
     );
 }

@@ -130,6 +130,7 @@ pub const fn smem_bytes_v2(block_log2: u32) -> u64 {
     o = a16(o + 4 * 32); // crc_x2n
     o = a16(o + 4 * 256); // crc_part
     o = a16(o + 26 * 32); // codelen
+    o = a16(o + 4096); // ctab: a COL block's column table (P <= 8192 nibbles)
     o = a16(o + 4 * 4 * b / 512); // v2a: bit0, nbits, p0, zeros
     o = a16(o + 4 * (b / 512 + 2 * b / 2048)); // v2b: line0, elided, before
     o = a16(o + stage + stage / 128); // stage

@@ -90,32 +90,32 @@ pub static VECTORS_V2: &[Vector] = embed_vectors!(
     "fp16n_subnormal_phase1",
 );
 
-/// A version-2 frame with a column table (header flag `COLTAB`, FORMAT.md §V2.9): the
-/// GPU decoder `nzc_decode_v2` does not apply column tables yet and rejects such a
-/// frame as it rejects every unknown header flag (`ST_HEADER`).
-pub fn has_coltab(frame: &[u8]) -> bool {
-    frame.len() >= 24 && frame[4] == 2 && frame[5] & 4 != 0
-}
-
-/// Whether a v2 frame uses FORMAT.md §V2.9 or §V2.10 (not in the kernel), and the
-/// error the kernel gives then: "err 2" (a column table; header dtype 4/5, fp8) or
-/// "err 5" (a block of mode 5..7).
-pub fn kernel_lacks(f: &[u8]) -> Option<&'static str> {
+/// Which of FORMAT.md §V2.9/§V2.10 a version-2 frame uses, for the tests' counts
+/// (the GPU decoder `nzc_decode_v2` decodes them all, as the CPU decoder does):
+/// "coltab" (header flag `COLTAB`), "fp8" (header dtype 4/5 or a block of mode 5/6),
+/// "fp16n" (a block of mode 7), or None.
+pub fn v2_extension(f: &[u8]) -> Option<&'static str> {
     if f.len() < 24 || f[4] != 2 {
         return None;
     }
-    // a column table (§V2.9) or an fp8 frame (§V2.10): a header error
-    if has_coltab(f) || f[6] > 3 {
-        return Some("err 2");
+    if f[5] & 4 != 0 {
+        return Some("coltab");
+    }
+    if f[6] == 4 || f[6] == 5 {
+        return Some("fp8");
     }
     let info = nccl_zip_codec::frame_info(f).ok()?;
+    if info.stored {
+        return None;
+    }
     let nb = info.blocks as usize;
     let mut pos = 24 + 4 * nb;
     for i in 0..nb {
         let size = u32::from_le_bytes(f[24 + 4 * i..28 + 4 * i].try_into().unwrap()) as usize;
-        // FP16N and fp8 blocks (§V2.10): an unknown block mode
-        if (5..=7).contains(&f[pos]) {
-            return Some("err 5");
+        match f.get(pos) {
+            Some(5 | 6) => return Some("fp8"),
+            Some(7) => return Some("fp16n"),
+            _ => {}
         }
         pos += size;
     }

@@ -6,10 +6,11 @@
 //! * below 0x80: the input is a frame (arbitrary bytes); its first two bytes pick
 //!   the destination size, as in `decode`;
 //! * 0x80 and above (as `decode_v2`): the rest's tail is compressed as a v2 frame
-//!   (the first byte picks dtype hint, checksum and block size), then up to 4 bits
-//!   of it are flipped (positions from the next 8 bytes): reaches the v2 block
-//!   decoder's deep paths (zero lines, Z, index, planes, explicit codes), which
-//!   random bytes almost never do (the header CRC).
+//!   (the first byte picks dtype hint, the fp8 ones with bit 6, checksum and
+//!   block size), then up to 4 bits of it are flipped (positions from the next 8
+//!   bytes): reaches the v2 block decoder's deep paths (zero lines, Z, index,
+//!   planes, explicit codes, column tables, fp8 and FP16N blocks), which random
+//!   bytes almost never do (the header CRC).
 //!
 //! The C++ is not built with a sanitizer here (libFuzzer's ASan is LLVM's, g++'s
 //! is GCC's); tests/kernels_host.rs runs the same decoders under g++'s ASan on
@@ -48,11 +49,6 @@ fn differential(frame: &[u8], cap: usize) {
     };
     assert_ne!(st, 0xFFFF_FFFF, "the kernels' job never finished");
     match r {
-        // FORMAT.md §V2.9 (column tables) and §V2.10 (fp8 frames, mode 5..7 blocks)
-        // are not in the kernels: they reject them as header (2) or block (5) errors
-        Ok(_) if kernel_lacks(frame) => {
-            assert!(st == 2 || st == 5, "§V2.9/§V2.10 frame: status {st}")
-        }
         Ok(len) => {
             assert_eq!(
                 st, 0,
@@ -65,30 +61,6 @@ fn differential(frame: &[u8], cap: usize) {
     }
 }
 
-/// Whether a frame the CPU decoded uses FORMAT.md §V2.9 or §V2.10: a version-2
-/// header with the column-table flag or dtype 4 or 5, or a block of mode 5, 6 or 7.
-fn kernel_lacks(f: &[u8]) -> bool {
-    if f.len() < 24 || f[4] != 2 {
-        return false;
-    }
-    if f[5] & nccl_zip_codec::format::FLAG_COLTAB != 0 || f[6] > 3 {
-        return true;
-    }
-    let Ok(info) = frame_info(f) else {
-        return false;
-    };
-    let nb = info.blocks as usize;
-    let mut pos = 24 + 4 * nb;
-    for i in 0..nb {
-        let size = u32::from_le_bytes(f[24 + 4 * i..28 + 4 * i].try_into().unwrap()) as usize;
-        if (5..=7).contains(&f[pos]) {
-            return true;
-        }
-        pos += size;
-    }
-    false
-}
-
 fn mutated_v2(sel: u8, data: &[u8]) {
     let (flips, src) = match data {
         [f0, f1, f2, f3, f4, f5, f6, f7, rest @ ..] => {
@@ -97,12 +69,17 @@ fn mutated_v2(sel: u8, data: &[u8]) {
         _ => return,
     };
     let opts = EncodeOptions {
-        dtype: [
-            DtypeHint::Auto,
-            DtypeHint::Bf16,
-            DtypeHint::Fp16,
-            DtypeHint::Fp32,
-        ][(sel & 3) as usize],
+        // bit 6: the fp8 hints (FORMAT.md §V2.10's byte-code blocks)
+        dtype: if sel & 0x40 != 0 {
+            [DtypeHint::Fp8E4m3, DtypeHint::Fp8E5m2][(sel & 1) as usize]
+        } else {
+            [
+                DtypeHint::Auto,
+                DtypeHint::Bf16,
+                DtypeHint::Fp16,
+                DtypeHint::Fp32,
+            ][(sel & 3) as usize]
+        },
         checksum: sel & 4 != 0,
         block_log2: 12 + ((sel >> 3) & 3),
         format: 2,
