@@ -364,15 +364,9 @@ fn dec_table<T: Elem>(
     zesc: bool,
     t: &mut [u32; TABLE],
 ) {
-    // unused symbols (length 0, explicit codes) decode nowhere: the rest of a
-    // complete code fills the table
-    t.fill(INVALID);
-    for s in 0..NSYM {
+    let ent = |s: usize| {
         let lc = lens[s] as u32;
-        if lc == 0 {
-            continue;
-        }
-        let ent = if s < ND {
+        if s < ND {
             let d = s as u32;
             if d < a {
                 (a - d) | (lc << 8) | (lc << 12)
@@ -387,10 +381,22 @@ fn dec_table<T: Elem>(
                 | ((lc + T::EBITS) << 12)
                 | (((1u32 << T::EBITS) - 1) << 24)
                 | if zesc { ZESC } else { 0 }
-        };
-        let w = words[s] as usize;
-        for hi in 0..(1usize << (MAXLEN - lc)) {
-            t[w | (hi << lc)] = ent;
+        }
+    };
+    // Built by doubling: before level `lc`, `t[..1 << (lc - 1)]` is the table of the
+    // codes up to `lc - 1` bits over (lc - 1)-bit windows (INVALID where none is a
+    // prefix: unused symbols of explicit codes decode nowhere). Its copy above it
+    // is the same over lc-bit windows; the codes of exactly `lc` bits then take
+    // their own slots (prefix-free: no shorter code holds them). About 4096 entry
+    // copies in all, not one store per entry per symbol.
+    t[0] = INVALID;
+    for lc in 1..=MAXLEN {
+        let h = 1usize << (lc - 1);
+        t.copy_within(0..h, h);
+        for s in 0..NSYM {
+            if lens[s] as u32 == lc {
+                t[words[s] as usize] = ent(s);
+            }
         }
     }
 }
@@ -750,10 +756,49 @@ mod tests {
         (keys, (used | (cnt << 4)) as u8)
     }
 
+    /// [`dec_table`] by its definition: every code word's slots, one by one.
+    fn dec_table_ref<T: Elem>(
+        lens: &[u8; NSYM],
+        words: &[u16; NSYM],
+        a: u32,
+        zesc: bool,
+        t: &mut [u32; TABLE],
+    ) {
+        t.fill(INVALID);
+        for s in 0..NSYM {
+            let lc = lens[s] as u32;
+            if lc == 0 {
+                continue;
+            }
+            let ent = if s < ND {
+                let d = s as u32;
+                if d < a {
+                    (a - d) | (lc << 8) | (lc << 12)
+                } else {
+                    INVALID | (lc << 8) | (lc << 12)
+                }
+            } else if s == ZERO {
+                (lc << 8) | (lc << 12)
+            } else {
+                (lc << 8)
+                    | ((lc + T::EBITS) << 12)
+                    | (((1u32 << T::EBITS) - 1) << 24)
+                    | if zesc { ZESC } else { 0 }
+            };
+            let w = words[s] as usize;
+            for hi in 0..(1usize << (MAXLEN - lc)) {
+                t[w | (hi << lc)] = ent;
+            }
+        }
+    }
+
     fn check<T: Elem>(lens: &[u8; NSYM], a: u32, zesc: bool) {
         let words = crate::codes::canonical_words(lens);
         let mut single = [0u32; TABLE];
         dec_table::<T>(lens, &words, a, zesc, &mut single);
+        let mut want = [0u32; TABLE];
+        dec_table_ref::<T>(lens, &words, a, zesc, &mut want);
+        assert!(single == want, "dec_table differs from its definition");
         for mbits in [MBITS_EXPLICIT, MBITS_STATIC] {
             let mut m = [0u32; TABLE];
             let mut meta = [0u8; TABLE];
@@ -789,7 +834,13 @@ mod tests {
         skew[12] = 12;
         let mut flat = [4u8; NSYM];
         flat[..20].fill(5);
-        for lens in [skew, flat] {
+        // and an incomplete one (slots no code word reaches stay INVALID)
+        let mut holes = [0u8; NSYM];
+        holes[0] = 2;
+        holes[3] = 3;
+        holes[ESC] = 5;
+        holes[ZERO] = 12;
+        for lens in [skew, flat, holes] {
             for a in [1, 12, 30] {
                 check::<Bf16>(&lens, a, true);
                 check::<Fp16>(&lens, a, false);

@@ -1488,6 +1488,7 @@ fn key_group<T: V2, const V: bool>(
     g: usize,
     ss: usize,
     keys: &mut [[u8; SEG_ELEMS + KEY_SLACK]; LANES],
+    ex_store: &mut Option<[[u8; 1024 + 8]; 3]>,
     tmp: &mut [u8],
 ) -> bool {
     let mut kl = [DLane {
@@ -1515,15 +1516,16 @@ fn key_group<T: V2, const V: bool>(
         }
         if pl.z {
             // one bit per key, set for a non-ZERO key, 8 keys a byte (the spread's
-            // masks), and their count
+            // masks), and their count; 32 keys at a time (`l.n <= SEG_ELEMS`, itself a
+            // multiple of 32: whole words stay inside the keys and the masks)
             let mut kept = 0usize;
-            for (c, m) in zm[q].iter_mut().enumerate().take(l.n.div_ceil(8)) {
-                let v = u64::from_le_bytes(keys[q][8 * c..8 * c + 8].try_into().unwrap());
-                let mut b = nonzero_bytes(v);
-                if 8 * c + 8 > l.n {
-                    b &= (1 << (l.n - 8 * c)) - 1;
+            for c in 0..l.n.div_ceil(32) {
+                let kw: &[u8; 32] = keys[q][32 * c..32 * c + 32].try_into().unwrap();
+                let mut b = nonzero_mask32::<V>(kw);
+                if 32 * c + 32 > l.n {
+                    b &= (1u32 << (l.n - 32 * c)) - 1;
                 }
-                *m = b as u8;
+                zm[q][4 * c..4 * c + 4].copy_from_slice(&b.to_le_bytes());
                 kept += b.count_ones() as usize;
             }
             if kept != l.pend - l.pp {
@@ -1532,9 +1534,6 @@ fn key_group<T: V2, const V: bool>(
         }
     }
     let w = T::W;
-    // Z's spread planes: zeroed on a Z block's first group only (an eager array
-    // would clear 3 KiB per group of every block)
-    let mut ex_store: Option<[[u8; 1024 + 8]; 3]> = None;
     for q in 0..g {
         let l = &lanes[q];
         let (n, pp, pe) = (l.n, l.pp, l.pend);
@@ -1573,6 +1572,26 @@ fn key_group<T: V2, const V: bool>(
         }
     }
     true
+}
+
+/// Bit `t` set iff byte `t` of `k` is not 0. `V`: the caller is compiled for AVX2.
+#[inline(always)]
+fn nonzero_mask32<const V: bool>(k: &[u8; 32]) -> u32 {
+    #[cfg(target_arch = "x86_64")]
+    if V {
+        use std::arch::x86_64::*;
+        // SAFETY: V is set only in functions compiled for AVX2, called after the CPU
+        // was checked; the unaligned load reads the 32 bytes of `k`.
+        return unsafe {
+            let v = _mm256_loadu_si256(k.as_ptr() as *const __m256i);
+            !(_mm256_movemask_epi8(_mm256_cmpeq_epi8(v, _mm256_setzero_si256())) as u32)
+        };
+    }
+    let mut m = 0u32;
+    for (i, c) in k.chunks_exact(8).enumerate() {
+        m |= nonzero_bytes(u64::from_le_bytes(c.try_into().unwrap())) << (8 * i);
+    }
+    m
 }
 
 /// Bit `t` set iff byte `t` of `v` is not 0.
@@ -1796,6 +1815,9 @@ fn decode_coded_body<T: V2, S: TableSource, const V: bool>(
     };
     let set = (T::XBITS == 0 || !z).then(|| tables.tables::<T>(&lens, a, z, mbits));
     let mut keys = [[0u8; SEG_ELEMS + KEY_SLACK]; LANES];
+    // Z's spread planes (key path): cleared once per block, when its first Z group
+    // needs them (not per group, not in blocks without Z)
+    let mut ex_store: Option<[[u8; 1024 + 8]; 3]> = None;
     copy_ascending(&mut out[..phi], head);
     let planes_k = Planes {
         p1,
@@ -1840,7 +1862,17 @@ fn decode_coded_body<T: V2, S: TableSource, const V: bool>(
                 } else {
                     &mut tmp_store.get_or_insert_with(|| [0; LANES * 1024 * 4])[..]
                 };
-                key_group::<T, V>(set, stream, &planes_k, &lanes, g, ss, &mut keys, dst)
+                key_group::<T, V>(
+                    set,
+                    stream,
+                    &planes_k,
+                    &lanes,
+                    g,
+                    ss,
+                    &mut keys,
+                    &mut ex_store,
+                    dst,
+                )
             }
             None => false,
         };
