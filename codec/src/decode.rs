@@ -415,8 +415,16 @@ fn multi_table<T: Elem>(
     meta: &mut [u8; TABLE],
     mbits: u32,
 ) {
-    // per entry: bits used after each of its elements, one byte each
-    let mut ends = [0u32; TABLE];
+    // per entry: bits used after each of its elements, one byte each (explicit
+    // codes' 10-bit windows clear 4 KiB of it, not 16)
+    let (mut small, mut big);
+    let ends: &mut [u32] = if mbits <= MBITS_EXPLICIT {
+        small = [0u32; 1 << MBITS_EXPLICIT];
+        &mut small
+    } else {
+        big = [0u32; TABLE];
+        &mut big
+    };
     for idx in 0..1usize << mbits {
         let t = single[idx];
         let len = ((t >> 12) & 0x1F) + T::XBITS;
@@ -447,25 +455,24 @@ fn multi_table<T: Elem>(
             }
             (k, n, e)
         };
-        let mut cnt = 1u32;
-        let mut keys = key & 0xFF;
-        let mut e = len;
-        let mut all_ends = len;
-        while cnt < MULTI as u32 && cnt - 1 < rc {
-            let end = len + ((re >> (8 * (cnt - 1))) & 0xFF);
-            if end > mbits {
-                break;
-            }
-            keys |= ((rk >> (8 * (cnt - 1))) & 0xFF) << (8 * cnt);
-            all_ends |= end << (8 * cnt);
-            e = end;
-            cnt += 1;
-        }
-        m[idx] = keys;
-        meta[idx] = (e | (cnt << 4)) as u8;
+        // The rest's elements that fit in the `mbits - len` bits left, of its
+        // first MULTI - 1: its ends are ascending bytes below 128, so they are
+        // the bytes `b <= room`, counted at once ((room | 0x80) - b keeps bit 7
+        // iff b <= room, and never borrows from the next byte).
+        let room = mbits - len;
+        let first = (1u64 << (8 * rc.min(MULTI as u32 - 1))) as u32 - 1;
+        let fit = ((room * 0x0101_0101) | 0x8080_8080).wrapping_sub(re) & 0x8080_8080 & first;
+        // bits 7, 15, 23 summed into byte 2 (no popcnt in this build)
+        let c = (((fit >> 7) & 0x01_0101).wrapping_mul(0x01_0101) >> 16) & 0xFF;
+        let kmask = ((1u64 << (8 * c)) - 1) as u32;
+        let rest_ends = ((re & kmask) + len * 0x0101_0101) & kmask;
+        let all_ends = len | (rest_ends << 8);
+        m[idx] = (key & 0xFF) | ((rk & kmask) << 8);
+        meta[idx] = (((all_ends >> (8 * c)) & 0xFF) | ((c + 1) << 4)) as u8;
         ends[idx] = all_ends;
     }
 }
+const _: () = assert!(MULTI == 4);
 
 /// Decoding state of one segment: next bit, next key, and the invalid flag.
 #[derive(Clone, Copy)]

@@ -1452,7 +1452,10 @@ fn decode_coded<T: V2, S: TableSource>(
 ) -> Result<(), CodecError> {
     #[cfg(target_arch = "x86_64")]
     {
-        if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("bmi2") {
+        if std::is_x86_feature_detected!("avx2")
+            && std::is_x86_feature_detected!("bmi2")
+            && std::is_x86_feature_detected!("popcnt")
+        {
             // SAFETY: the CPU has the features the function is compiled for.
             return unsafe { decode_coded_avx2::<T, S>(b, out, tables, col) };
         }
@@ -1461,9 +1464,9 @@ fn decode_coded<T: V2, S: TableSource>(
 }
 
 /// # Safety
-/// The CPU must support AVX2 and BMI2.
+/// The CPU must support AVX2, BMI2 and POPCNT (the Z key masks' counts).
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,bmi1,bmi2")]
+#[target_feature(enable = "avx2,bmi1,bmi2,popcnt")]
 unsafe fn decode_coded_avx2<T: V2, S: TableSource>(
     b: &[u8],
     out: &mut [u8],
