@@ -15,6 +15,16 @@ const INVALID: u32 = 1 << 17;
 /// 0 is not a ZERO key; [`dec_one`] reports it as [`INVALID`] so that the caller
 /// decodes the sub-segment exactly.
 const ZESC: u32 = 1 << 18;
+/// Decode-table entry flag (version 2, fp16 under `Z`): ZERO, which has no extra
+/// bits there (no plane byte, the element 0); its key is 0.
+const NOX: u32 = 1 << 19;
+
+/// Extra bits after the entry `t`'s code and escape payload: fp16's 3 unless
+/// [`NOX`].
+#[inline(always)]
+fn xbits<T: Elem>(t: u32) -> u32 {
+    T::XBITS & ((t & NOX) >> 19).wrapping_sub(1)
+}
 
 /// Reads the header and block table of a frame (no decoding).
 ///
@@ -356,7 +366,8 @@ pub(crate) fn decode_block<S: TableSource>(
 /// Decode table for code `lens` (canonical `words`) and anchor `a`: indexed by the
 /// next 12 stream bits. Entry: bits 0..8 exponent (0 for ESC), 8..12 code length,
 /// 12..17 length with the escape payload, bit 17 INVALID, bit 18 ZESC (`zesc`, on the
-/// escape), bits 24..32 mask of the escape payload.
+/// escape), bit 19 NOX (`zesc` and fp16, on ZERO), bits 24..32 mask of the escape
+/// payload.
 fn dec_table<T: Elem>(
     lens: &[u8; NSYM],
     words: &[u16; NSYM],
@@ -374,7 +385,7 @@ fn dec_table<T: Elem>(
                 INVALID | (lc << 8) | (lc << 12)
             }
         } else if s == ZERO {
-            (lc << 8) | (lc << 12)
+            (lc << 8) | (lc << 12) | if zesc && T::XBITS > 0 { NOX } else { 0 }
         } else {
             debug_assert_eq!(s, ESC);
             (lc << 8)
@@ -427,14 +438,15 @@ fn multi_table<T: Elem>(
     };
     for idx in 0..1usize << mbits {
         let t = single[idx];
-        let len = ((t >> 12) & 0x1F) + T::XBITS;
+        let xb = xbits::<T>(t);
+        let len = ((t >> 12) & 0x1F) + xb;
         if t & INVALID != 0 || (t >> 24) != 0 || len > mbits {
             m[idx] = 0;
             meta[idx] = 0;
             ends[idx] = 0;
             continue;
         }
-        let x = ((idx as u32) >> (len - T::XBITS)) & ((1 << T::XBITS) - 1);
+        let x = ((idx as u32) >> (len - xb)) & ((1 << xb) - 1);
         let key = if T::XBITS > 0 {
             T::make_key(t & 0xFF, x)
         } else {
@@ -602,8 +614,9 @@ fn dec_one<T: Elem>(lut: &[u32; TABLE], buf: u64) -> (u8, u32, u32) {
     let e = (t & 0xFF) | ((buf >> lc) as u32 & (t >> 24));
     let mut len = (t >> 12) & 0x1F;
     let key = if T::XBITS > 0 {
-        let x = (buf >> len) as u32 & 7;
-        len += T::XBITS;
+        let xb = xbits::<T>(t);
+        let x = (buf >> len) as u32 & ((1 << xb) - 1);
+        len += xb;
         T::make_key(e, x)
     } else {
         e
@@ -746,11 +759,13 @@ mod tests {
         let (mut used, mut keys, mut cnt) = (0u32, 0u32, 0u32);
         while (cnt as usize) < MULTI {
             let t = single[(idx >> used) & (TABLE - 1)];
-            let len = ((t >> 12) & 0x1F) + T::XBITS;
+            // fp16 under Z: ZERO has no extra bits
+            let xb = if t & NOX != 0 { 0 } else { T::XBITS };
+            let len = ((t >> 12) & 0x1F) + xb;
             if t & INVALID != 0 || (t >> 24) != 0 || used + len > mbits {
                 break;
             }
-            let x = ((idx as u32) >> (used + len - T::XBITS)) & ((1 << T::XBITS) - 1);
+            let x = ((idx as u32) >> (used + len - xb)) & ((1 << xb) - 1);
             let key = if T::XBITS > 0 {
                 T::make_key(t & 0xFF, x)
             } else {
@@ -785,7 +800,7 @@ mod tests {
                     INVALID | (lc << 8) | (lc << 12)
                 }
             } else if s == ZERO {
-                (lc << 8) | (lc << 12)
+                (lc << 8) | (lc << 12) | if zesc && T::XBITS > 0 { NOX } else { 0 }
             } else {
                 (lc << 8)
                     | ((lc + T::EBITS) << 12)
@@ -828,6 +843,7 @@ mod tests {
                 check::<Fp32>(lens, a, k % 2 == 0);
                 if a <= Fp16::EMAX {
                     check::<Fp16>(lens, a, false);
+                    check::<Fp16>(lens, a, true);
                 }
             }
         }
@@ -851,6 +867,7 @@ mod tests {
             for a in [1, 12, 30] {
                 check::<Bf16>(&lens, a, true);
                 check::<Fp16>(&lens, a, false);
+                check::<Fp16>(&lens, a, true);
             }
         }
     }

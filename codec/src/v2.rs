@@ -1810,13 +1810,13 @@ fn decode_coded_body<T: V2, S: TableSource, const V: bool>(
         lut
     };
     let mut lut_store: Option<[u32; TABLE]> = None;
-    // version 1's key tables (not fp16 under Z, whose ZERO has no extra bits)
+    // version 1's key tables (fp16 under Z: ZERO without extra bits, key 0)
     let mbits = if flags & F_EXPLICIT != 0 {
         crate::decode::MBITS_EXPLICIT
     } else {
         crate::decode::MBITS_STATIC
     };
-    let set = (T::XBITS == 0 || !z).then(|| tables.tables::<T>(&lens, a, z, mbits));
+    let set = Some(tables.tables::<T>(&lens, a, z, mbits));
     let mut keys = [[0u8; SEG_ELEMS + KEY_SLACK]; LANES];
     // Z's spread planes (key path): cleared once per block, when its first Z group
     // needs them (not per group, not in blocks without Z)
