@@ -1257,26 +1257,17 @@ fn read_packed(
     base: u32,
     out: &mut [u32],
 ) -> Result<(), CodecError> {
-    let bytes = cur.take((n * w as usize).div_ceil(8))?;
-    let mut acc = 0u64;
-    let mut nacc = 0u32;
-    let mut q = 0;
-    for o in out.iter_mut().take(n) {
-        while nacc < w {
-            acc |= (bytes[q] as u64) << nacc;
-            q += 1;
-            nacc += 8;
-        }
-        let v = if w == 0 {
-            0
-        } else {
-            (acc & ((1u64 << w) - 1)) as u32
-        };
-        acc >>= w;
-        nacc -= w;
-        *o = base + v;
+    let used = n * w as usize;
+    let bytes = cur.take(used.div_ceil(8))?;
+    // entry i at bit i·w: one 64-bit window each (w <= 16 bits at a bit offset
+    // below 8)
+    let mask = (1u64 << w) - 1;
+    for (i, o) in out.iter_mut().take(n).enumerate() {
+        let bit = i * w as usize;
+        *o = base + ((load64(bytes, bit >> 3) >> (bit & 7)) & mask) as u32;
     }
-    if acc != 0 {
+    // the bits after the last entry, up to the byte boundary
+    if used % 8 != 0 && bytes[used / 8] >> (used % 8) != 0 {
         return Err(corrupt("nonzero index padding"));
     }
     Ok(())
