@@ -1267,7 +1267,7 @@ fn read_packed(
         *o = base + ((load64(bytes, bit >> 3) >> (bit & 7)) & mask) as u32;
     }
     // the bits after the last entry, up to the byte boundary
-    if used % 8 != 0 && bytes[used / 8] >> (used % 8) != 0 {
+    if used & 7 != 0 && bytes[used >> 3] >> (used & 7) != 0 {
         return Err(corrupt("nonzero index padding"));
     }
     Ok(())
