@@ -15,6 +15,16 @@ const INVALID: u32 = 1 << 17;
 /// 0 is not a ZERO key; [`dec_one`] reports it as [`INVALID`] so that the caller
 /// decodes the sub-segment exactly.
 const ZESC: u32 = 1 << 18;
+/// Decode-table entry flag (version 2, fp16 under `Z`): ZERO, which has no extra
+/// bits there (no plane byte, the element 0); its key is 0.
+const NOX: u32 = 1 << 19;
+
+/// Extra bits after the entry `t`'s code and escape payload: fp16's 3 unless
+/// [`NOX`].
+#[inline(always)]
+fn xbits<T: Elem>(t: u32) -> u32 {
+    T::XBITS & ((t & NOX) >> 19).wrapping_sub(1)
+}
 
 /// Reads the header and block table of a frame (no decoding).
 ///
@@ -356,7 +366,8 @@ pub(crate) fn decode_block<S: TableSource>(
 /// Decode table for code `lens` (canonical `words`) and anchor `a`: indexed by the
 /// next 12 stream bits. Entry: bits 0..8 exponent (0 for ESC), 8..12 code length,
 /// 12..17 length with the escape payload, bit 17 INVALID, bit 18 ZESC (`zesc`, on the
-/// escape), bits 24..32 mask of the escape payload.
+/// escape), bit 19 NOX (`zesc` and fp16, on ZERO), bits 24..32 mask of the escape
+/// payload.
 fn dec_table<T: Elem>(
     lens: &[u8; NSYM],
     words: &[u16; NSYM],
@@ -364,15 +375,9 @@ fn dec_table<T: Elem>(
     zesc: bool,
     t: &mut [u32; TABLE],
 ) {
-    // unused symbols (length 0, explicit codes) decode nowhere: the rest of a
-    // complete code fills the table
-    t.fill(INVALID);
-    for s in 0..NSYM {
+    let ent = |s: usize| {
         let lc = lens[s] as u32;
-        if lc == 0 {
-            continue;
-        }
-        let ent = if s < ND {
+        if s < ND {
             let d = s as u32;
             if d < a {
                 (a - d) | (lc << 8) | (lc << 12)
@@ -380,17 +385,29 @@ fn dec_table<T: Elem>(
                 INVALID | (lc << 8) | (lc << 12)
             }
         } else if s == ZERO {
-            (lc << 8) | (lc << 12)
+            (lc << 8) | (lc << 12) | if zesc && T::XBITS > 0 { NOX } else { 0 }
         } else {
             debug_assert_eq!(s, ESC);
             (lc << 8)
                 | ((lc + T::EBITS) << 12)
                 | (((1u32 << T::EBITS) - 1) << 24)
                 | if zesc { ZESC } else { 0 }
-        };
-        let w = words[s] as usize;
-        for hi in 0..(1usize << (MAXLEN - lc)) {
-            t[w | (hi << lc)] = ent;
+        }
+    };
+    // Built by doubling: before level `lc`, `t[..1 << (lc - 1)]` is the table of the
+    // codes up to `lc - 1` bits over (lc - 1)-bit windows (INVALID where none is a
+    // prefix: unused symbols of explicit codes decode nowhere). Its copy above it
+    // is the same over lc-bit windows; the codes of exactly `lc` bits then take
+    // their own slots (prefix-free: no shorter code holds them). About 4096 entry
+    // copies in all, not one store per entry per symbol.
+    t[0] = INVALID;
+    for lc in 1..=MAXLEN {
+        let h = 1usize << (lc - 1);
+        t.copy_within(0..h, h);
+        for s in 0..NSYM {
+            if lens[s] as u32 == lc {
+                t[words[s] as usize] = ent(s);
+            }
         }
     }
 }
@@ -409,18 +426,27 @@ fn multi_table<T: Elem>(
     meta: &mut [u8; TABLE],
     mbits: u32,
 ) {
-    // per entry: bits used after each of its elements, one byte each
-    let mut ends = [0u32; TABLE];
+    // per entry: bits used after each of its elements, one byte each (explicit
+    // codes' 10-bit windows clear 4 KiB of it, not 16)
+    let (mut small, mut big);
+    let ends: &mut [u32] = if mbits <= MBITS_EXPLICIT {
+        small = [0u32; 1 << MBITS_EXPLICIT];
+        &mut small
+    } else {
+        big = [0u32; TABLE];
+        &mut big
+    };
     for idx in 0..1usize << mbits {
         let t = single[idx];
-        let len = ((t >> 12) & 0x1F) + T::XBITS;
+        let xb = xbits::<T>(t);
+        let len = ((t >> 12) & 0x1F) + xb;
         if t & INVALID != 0 || (t >> 24) != 0 || len > mbits {
             m[idx] = 0;
             meta[idx] = 0;
             ends[idx] = 0;
             continue;
         }
-        let x = ((idx as u32) >> (len - T::XBITS)) & ((1 << T::XBITS) - 1);
+        let x = ((idx as u32) >> (len - xb)) & ((1 << xb) - 1);
         let key = if T::XBITS > 0 {
             T::make_key(t & 0xFF, x)
         } else {
@@ -441,25 +467,24 @@ fn multi_table<T: Elem>(
             }
             (k, n, e)
         };
-        let mut cnt = 1u32;
-        let mut keys = key & 0xFF;
-        let mut e = len;
-        let mut all_ends = len;
-        while cnt < MULTI as u32 && cnt - 1 < rc {
-            let end = len + ((re >> (8 * (cnt - 1))) & 0xFF);
-            if end > mbits {
-                break;
-            }
-            keys |= ((rk >> (8 * (cnt - 1))) & 0xFF) << (8 * cnt);
-            all_ends |= end << (8 * cnt);
-            e = end;
-            cnt += 1;
-        }
-        m[idx] = keys;
-        meta[idx] = (e | (cnt << 4)) as u8;
+        // The rest's elements that fit in the `mbits - len` bits left, of its
+        // first MULTI - 1: its ends are ascending bytes below 128, so they are
+        // the bytes `b <= room`, counted at once ((room | 0x80) - b keeps bit 7
+        // iff b <= room, and never borrows from the next byte).
+        let room = mbits - len;
+        let first = (1u64 << (8 * rc.min(MULTI as u32 - 1))) as u32 - 1;
+        let fit = ((room * 0x0101_0101) | 0x8080_8080).wrapping_sub(re) & 0x8080_8080 & first;
+        // bits 7, 15, 23 summed into byte 2 (no popcnt in this build)
+        let c = (((fit >> 7) & 0x01_0101).wrapping_mul(0x01_0101) >> 16) & 0xFF;
+        let kmask = ((1u64 << (8 * c)) - 1) as u32;
+        let rest_ends = ((re & kmask) + len * 0x0101_0101) & kmask;
+        let all_ends = len | (rest_ends << 8);
+        m[idx] = (key & 0xFF) | ((rk & kmask) << 8);
+        meta[idx] = (((all_ends >> (8 * c)) & 0xFF) | ((c + 1) << 4)) as u8;
         ends[idx] = all_ends;
     }
 }
+const _: () = assert!(MULTI == 4);
 
 /// Decoding state of one segment: next bit, next key, and the invalid flag.
 #[derive(Clone, Copy)]
@@ -589,8 +614,9 @@ fn dec_one<T: Elem>(lut: &[u32; TABLE], buf: u64) -> (u8, u32, u32) {
     let e = (t & 0xFF) | ((buf >> lc) as u32 & (t >> 24));
     let mut len = (t >> 12) & 0x1F;
     let key = if T::XBITS > 0 {
-        let x = (buf >> len) as u32 & 7;
-        len += T::XBITS;
+        let xb = xbits::<T>(t);
+        let x = (buf >> len) as u32 & ((1 << xb) - 1);
+        len += xb;
         T::make_key(e, x)
     } else {
         e
@@ -733,11 +759,13 @@ mod tests {
         let (mut used, mut keys, mut cnt) = (0u32, 0u32, 0u32);
         while (cnt as usize) < MULTI {
             let t = single[(idx >> used) & (TABLE - 1)];
-            let len = ((t >> 12) & 0x1F) + T::XBITS;
+            // fp16 under Z: ZERO has no extra bits
+            let xb = if t & NOX != 0 { 0 } else { T::XBITS };
+            let len = ((t >> 12) & 0x1F) + xb;
             if t & INVALID != 0 || (t >> 24) != 0 || used + len > mbits {
                 break;
             }
-            let x = ((idx as u32) >> (used + len - T::XBITS)) & ((1 << T::XBITS) - 1);
+            let x = ((idx as u32) >> (used + len - xb)) & ((1 << xb) - 1);
             let key = if T::XBITS > 0 {
                 T::make_key(t & 0xFF, x)
             } else {
@@ -750,10 +778,49 @@ mod tests {
         (keys, (used | (cnt << 4)) as u8)
     }
 
+    /// [`dec_table`] by its definition: every code word's slots, one by one.
+    fn dec_table_ref<T: Elem>(
+        lens: &[u8; NSYM],
+        words: &[u16; NSYM],
+        a: u32,
+        zesc: bool,
+        t: &mut [u32; TABLE],
+    ) {
+        t.fill(INVALID);
+        for s in 0..NSYM {
+            let lc = lens[s] as u32;
+            if lc == 0 {
+                continue;
+            }
+            let ent = if s < ND {
+                let d = s as u32;
+                if d < a {
+                    (a - d) | (lc << 8) | (lc << 12)
+                } else {
+                    INVALID | (lc << 8) | (lc << 12)
+                }
+            } else if s == ZERO {
+                (lc << 8) | (lc << 12) | if zesc && T::XBITS > 0 { NOX } else { 0 }
+            } else {
+                (lc << 8)
+                    | ((lc + T::EBITS) << 12)
+                    | (((1u32 << T::EBITS) - 1) << 24)
+                    | if zesc { ZESC } else { 0 }
+            };
+            let w = words[s] as usize;
+            for hi in 0..(1usize << (MAXLEN - lc)) {
+                t[w | (hi << lc)] = ent;
+            }
+        }
+    }
+
     fn check<T: Elem>(lens: &[u8; NSYM], a: u32, zesc: bool) {
         let words = crate::codes::canonical_words(lens);
         let mut single = [0u32; TABLE];
         dec_table::<T>(lens, &words, a, zesc, &mut single);
+        let mut want = [0u32; TABLE];
+        dec_table_ref::<T>(lens, &words, a, zesc, &mut want);
+        assert!(single == want, "dec_table differs from its definition");
         for mbits in [MBITS_EXPLICIT, MBITS_STATIC] {
             let mut m = [0u32; TABLE];
             let mut meta = [0u8; TABLE];
@@ -776,6 +843,7 @@ mod tests {
                 check::<Fp32>(lens, a, k % 2 == 0);
                 if a <= Fp16::EMAX {
                     check::<Fp16>(lens, a, false);
+                    check::<Fp16>(lens, a, true);
                 }
             }
         }
@@ -789,10 +857,17 @@ mod tests {
         skew[12] = 12;
         let mut flat = [4u8; NSYM];
         flat[..20].fill(5);
-        for lens in [skew, flat] {
+        // and an incomplete one (slots no code word reaches stay INVALID)
+        let mut holes = [0u8; NSYM];
+        holes[0] = 2;
+        holes[3] = 3;
+        holes[ESC] = 5;
+        holes[ZERO] = 12;
+        for lens in [skew, flat, holes] {
             for a in [1, 12, 30] {
                 check::<Bf16>(&lens, a, true);
                 check::<Fp16>(&lens, a, false);
+                check::<Fp16>(&lens, a, true);
             }
         }
     }

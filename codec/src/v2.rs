@@ -1257,26 +1257,17 @@ fn read_packed(
     base: u32,
     out: &mut [u32],
 ) -> Result<(), CodecError> {
-    let bytes = cur.take((n * w as usize).div_ceil(8))?;
-    let mut acc = 0u64;
-    let mut nacc = 0u32;
-    let mut q = 0;
-    for o in out.iter_mut().take(n) {
-        while nacc < w {
-            acc |= (bytes[q] as u64) << nacc;
-            q += 1;
-            nacc += 8;
-        }
-        let v = if w == 0 {
-            0
-        } else {
-            (acc & ((1u64 << w) - 1)) as u32
-        };
-        acc >>= w;
-        nacc -= w;
-        *o = base + v;
+    let used = n * w as usize;
+    let bytes = cur.take(used.div_ceil(8))?;
+    // entry i at bit i·w: one 64-bit window each (w <= 16 bits at a bit offset
+    // below 8)
+    let mask = (1u64 << w) - 1;
+    for (i, o) in out.iter_mut().take(n).enumerate() {
+        let bit = i * w as usize;
+        *o = base + ((load64(bytes, bit >> 3) >> (bit & 7)) & mask) as u32;
     }
-    if acc != 0 {
+    // the bits after the last entry, up to the byte boundary
+    if used & 7 != 0 && bytes[used >> 3] >> (used & 7) != 0 {
         return Err(corrupt("nonzero index padding"));
     }
     Ok(())
@@ -1452,7 +1443,10 @@ fn decode_coded<T: V2, S: TableSource>(
 ) -> Result<(), CodecError> {
     #[cfg(target_arch = "x86_64")]
     {
-        if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("bmi2") {
+        if std::is_x86_feature_detected!("avx2")
+            && std::is_x86_feature_detected!("bmi2")
+            && std::is_x86_feature_detected!("popcnt")
+        {
             // SAFETY: the CPU has the features the function is compiled for.
             return unsafe { decode_coded_avx2::<T, S>(b, out, tables, col) };
         }
@@ -1461,9 +1455,9 @@ fn decode_coded<T: V2, S: TableSource>(
 }
 
 /// # Safety
-/// The CPU must support AVX2 and BMI2.
+/// The CPU must support AVX2, BMI2 and POPCNT (the Z key masks' counts).
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,bmi1,bmi2")]
+#[target_feature(enable = "avx2,bmi1,bmi2,popcnt")]
 unsafe fn decode_coded_avx2<T: V2, S: TableSource>(
     b: &[u8],
     out: &mut [u8],
@@ -1488,6 +1482,7 @@ fn key_group<T: V2, const V: bool>(
     g: usize,
     ss: usize,
     keys: &mut [[u8; SEG_ELEMS + KEY_SLACK]; LANES],
+    ex_store: &mut Option<[[u8; 1024 + 8]; 3]>,
     tmp: &mut [u8],
 ) -> bool {
     let mut kl = [DLane {
@@ -1515,15 +1510,16 @@ fn key_group<T: V2, const V: bool>(
         }
         if pl.z {
             // one bit per key, set for a non-ZERO key, 8 keys a byte (the spread's
-            // masks), and their count
+            // masks), and their count; 32 keys at a time (`l.n <= SEG_ELEMS`, itself a
+            // multiple of 32: whole words stay inside the keys and the masks)
             let mut kept = 0usize;
-            for (c, m) in zm[q].iter_mut().enumerate().take(l.n.div_ceil(8)) {
-                let v = u64::from_le_bytes(keys[q][8 * c..8 * c + 8].try_into().unwrap());
-                let mut b = nonzero_bytes(v);
-                if 8 * c + 8 > l.n {
-                    b &= (1 << (l.n - 8 * c)) - 1;
+            for c in 0..l.n.div_ceil(32) {
+                let kw: &[u8; 32] = keys[q][32 * c..32 * c + 32].try_into().unwrap();
+                let mut b = nonzero_mask32::<V>(kw);
+                if 32 * c + 32 > l.n {
+                    b &= (1u32 << (l.n - 32 * c)) - 1;
                 }
-                *m = b as u8;
+                zm[q][4 * c..4 * c + 4].copy_from_slice(&b.to_le_bytes());
                 kept += b.count_ones() as usize;
             }
             if kept != l.pend - l.pp {
@@ -1532,9 +1528,6 @@ fn key_group<T: V2, const V: bool>(
         }
     }
     let w = T::W;
-    // Z's spread planes: zeroed on a Z block's first group only (an eager array
-    // would clear 3 KiB per group of every block)
-    let mut ex_store: Option<[[u8; 1024 + 8]; 3]> = None;
     for q in 0..g {
         let l = &lanes[q];
         let (n, pp, pe) = (l.n, l.pp, l.pend);
@@ -1573,6 +1566,26 @@ fn key_group<T: V2, const V: bool>(
         }
     }
     true
+}
+
+/// Bit `t` set iff byte `t` of `k` is not 0. `V`: the caller is compiled for AVX2.
+#[inline(always)]
+fn nonzero_mask32<const V: bool>(k: &[u8; 32]) -> u32 {
+    #[cfg(target_arch = "x86_64")]
+    if V {
+        use std::arch::x86_64::*;
+        // SAFETY: V is set only in functions compiled for AVX2, called after the CPU
+        // was checked; the unaligned load reads the 32 bytes of `k`.
+        return unsafe {
+            let v = _mm256_loadu_si256(k.as_ptr() as *const __m256i);
+            !(_mm256_movemask_epi8(_mm256_cmpeq_epi8(v, _mm256_setzero_si256())) as u32)
+        };
+    }
+    let mut m = 0u32;
+    for (i, c) in k.chunks_exact(8).enumerate() {
+        m |= nonzero_bytes(u64::from_le_bytes(c.try_into().unwrap())) << (8 * i);
+    }
+    m
 }
 
 /// Bit `t` set iff byte `t` of `v` is not 0.
@@ -1788,14 +1801,17 @@ fn decode_coded_body<T: V2, S: TableSource, const V: bool>(
         lut
     };
     let mut lut_store: Option<[u32; TABLE]> = None;
-    // version 1's key tables (not fp16 under Z, whose ZERO has no extra bits)
+    // version 1's key tables (fp16 under Z: ZERO without extra bits, key 0)
     let mbits = if flags & F_EXPLICIT != 0 {
         crate::decode::MBITS_EXPLICIT
     } else {
         crate::decode::MBITS_STATIC
     };
-    let set = (T::XBITS == 0 || !z).then(|| tables.tables::<T>(&lens, a, z, mbits));
+    let set = Some(tables.tables::<T>(&lens, a, z, mbits));
     let mut keys = [[0u8; SEG_ELEMS + KEY_SLACK]; LANES];
+    // Z's spread planes (key path): cleared once per block, when its first Z group
+    // needs them (not per group, not in blocks without Z)
+    let mut ex_store: Option<[[u8; 1024 + 8]; 3]> = None;
     copy_ascending(&mut out[..phi], head);
     let planes_k = Planes {
         p1,
@@ -1840,7 +1856,17 @@ fn decode_coded_body<T: V2, S: TableSource, const V: bool>(
                 } else {
                     &mut tmp_store.get_or_insert_with(|| [0; LANES * 1024 * 4])[..]
                 };
-                key_group::<T, V>(set, stream, &planes_k, &lanes, g, ss, &mut keys, dst)
+                key_group::<T, V>(
+                    set,
+                    stream,
+                    &planes_k,
+                    &lanes,
+                    g,
+                    ss,
+                    &mut keys,
+                    &mut ex_store,
+                    dst,
+                )
             }
             None => false,
         };

@@ -726,6 +726,26 @@ fn dec_one<T: SymMode>(st: &[u8], table: &[u16; TABLE], p: &mut u64) -> u32 {
     T::join(s, raw)
 }
 
+/// Most bits one element takes: a 12-bit code and FP16N's 11 raw bits.
+const MAX_ELEM_BITS: usize = 23;
+
+/// [`dec_one`] without the bounds check of the 8-byte load.
+///
+/// # Safety
+/// `st` holds at least 8 bytes from byte `*p >> 3` on.
+#[inline(always)]
+unsafe fn dec_one_fast<T: SymMode>(st: &[u8], table: &[u16; TABLE], p: &mut u64) -> u32 {
+    let q = (*p >> 3) as usize;
+    let v = u64::from_le_bytes(*(st.as_ptr().add(q) as *const [u8; 8])) >> (*p & 7);
+    let te = table[(v & (TABLE as u64 - 1)) as usize];
+    let s = (te & 0xFF) as usize;
+    let ln = (te >> 8) as u32;
+    let rb = T::rawbits(s);
+    let raw = ((v >> ln) & ((1u64 << rb) - 1)) as u32;
+    *p += (ln + rb) as u64;
+    T::join(s, raw)
+}
+
 /// Reads `n` packed `w`-bit index entries (zero padding) and returns their sum.
 fn index_sum(bytes: &[u8], n: usize, w: u32, base: u32) -> Result<u64, CodecError> {
     let (mut acc, mut nacc, mut q, mut sum) = (0u64, 0u32, 0usize, 0u64);
@@ -889,10 +909,27 @@ fn decode_sym<T: SymMode>(b: &[u8], out: &mut [u8]) -> Result<(), CodecError> {
             0
         };
         let nmin = nmin.min(ss);
-        for k in 0..nmin {
-            for (ln_i, p) in pos.iter_mut().enumerate() {
-                let x = dec_one::<T>(st, &table, p);
-                T::store(&mut buf, ln_i * ss + k, x);
+        // Fast path: a lane moves at most MAX_ELEM_BITS per element, so over the
+        // `nmin` lockstep elements, corrupt stream or not, every 8-byte load
+        // stays inside `st` (byte `p >> 3` grows by at most
+        // ceil(MAX_ELEM_BITS * nmin / 8) from the lane's start)
+        let fast = pos
+            .iter()
+            .all(|&q| (q >> 3) as usize + (MAX_ELEM_BITS * nmin).div_ceil(8) + 8 <= st.len());
+        if fast {
+            for k in 0..nmin {
+                for (ln_i, p) in pos.iter_mut().enumerate() {
+                    // SAFETY: the bound just checked (see `fast`).
+                    let x = unsafe { dec_one_fast::<T>(st, &table, p) };
+                    T::store(&mut buf, ln_i * ss + k, x);
+                }
+            }
+        } else {
+            for k in 0..nmin {
+                for (ln_i, p) in pos.iter_mut().enumerate() {
+                    let x = dec_one::<T>(st, &table, p);
+                    T::store(&mut buf, ln_i * ss + k, x);
+                }
             }
         }
         for (ln_i, p) in pos.iter_mut().enumerate().take(nl) {
@@ -908,24 +945,40 @@ fn decode_sym<T: SymMode>(b: &[u8], out: &mut [u8]) -> Result<(), CodecError> {
         let n = e0 - a0;
         let bufn = &mut buf[..n * w];
         if transform == T_SHIFT {
-            for (k, x) in bufn.iter_mut().enumerate() {
-                let l = (a0 + k) / SHIFT_LINE;
+            // one shift per line (the group's first element is a multiple of
+            // `ss`, itself a multiple of SHIFT_LINE; a shorter last line is
+            // the block's)
+            debug_assert_eq!(a0 % SHIFT_LINE, 0);
+            for (c, line) in bufn.chunks_mut(SHIFT_LINE).enumerate() {
+                let l = a0 / SHIFT_LINE + c;
                 let sh = shift_of(centre, nib[l / 2] >> (4 * (l & 1)) & 15);
-                *x = (*x & 0x80) | (x.wrapping_add(sh) & 0x7F);
+                for x in line.iter_mut() {
+                    *x = (*x & 0x80) | (x.wrapping_add(sh) & 0x7F);
+                }
             }
         } else if transform == T_LAG {
-            for k in 0..n {
-                let i = a0 + k;
-                if i < lag {
-                    continue;
+            // element i (= a0 + k) from the element `lag` back: elements below
+            // `lag` are verbatim; for k < lag the one back is in the output
+            // already (an earlier group), else in this group at k - lag, final
+            // by then: done in runs of at most `lag` elements, each reading
+            // only the finished ones before it
+            let undo = |x: &mut u8, y: u8| *x = ((*x ^ y) & 0x80) | (x.wrapping_add(y) & 0x7F);
+            let k0 = lag.saturating_sub(a0).min(n);
+            let ka = lag.min(n).max(k0);
+            for (x, &y) in bufn[k0..ka]
+                .iter_mut()
+                .zip(&grid[a0 + k0 - lag..a0 + ka - lag])
+            {
+                undo(x, y);
+            }
+            let mut k = ka;
+            while k < n {
+                let r = lag.min(n - k);
+                let (done, rest) = bufn.split_at_mut(k);
+                for (x, &y) in rest[..r].iter_mut().zip(&done[k - lag..k - lag + r]) {
+                    undo(x, y);
                 }
-                let y = if i - lag >= a0 {
-                    bufn[i - lag - a0]
-                } else {
-                    grid[i - lag]
-                };
-                let x = bufn[k];
-                bufn[k] = ((x ^ y) & 0x80) | (x.wrapping_add(y) & 0x7F);
+                k += r;
             }
         }
         copy_ascending(&mut grid[a0 * w..e0 * w], bufn);
