@@ -506,7 +506,8 @@ fn table_for_body<T: V2>(src: &[u8], b: usize) -> Option<ColTab> {
         return None;
     }
     // the grid of block 0 (its phase, V2.7 step 3): element i is in column i mod P
-    let phi = crate::v2::choose_phase::<T>(&src[..src.len().min(b)]).0;
+    // (kept for block 0's encoder: the same choice)
+    let phi = crate::v2::choose_phase_memo::<T>(&src[..src.len().min(b)]);
     let src = &src[phi..];
     let m = src.len() / T::W;
     SCRATCH.with(|s| {
@@ -514,14 +515,26 @@ fn table_for_body<T: V2>(src: &[u8], b: usize) -> Option<ColTab> {
         let nw = m.min(WINDOW);
         let sh = eshift::<T>();
         s.keys.resize(nw, 0);
-        for (k, xb) in s.keys.iter_mut().zip(src[..nw * T::W].chunks_exact(T::W)) {
-            *k = ((T::load(xb, 0) >> sh) & T::EMAX) as u8;
-        }
         // exponent fields 0 (zeros, subnormals) take the mean of the others in the
         // search, so that scattered zeros or zero lines do not drown the channels
-        // (sums below 2^24: at most 32768 fields of at most 255)
-        let tot: u32 = s.keys.iter().map(|&e| e as u32).sum();
-        let cnt: u32 = s.keys.iter().map(|&e| (e != 0) as u32).sum();
+        // (sums below 2^24: at most 32768 fields of at most 255); one pass, 16
+        // fields at a time (the compiler's vector loop)
+        let (mut tot, mut cnt) = (0u32, 0u32);
+        for (ks, xs) in s
+            .keys
+            .chunks_mut(16)
+            .zip(src[..nw * T::W].chunks(16 * T::W))
+        {
+            let (mut t16, mut c16) = (0u32, 0u32);
+            for (k, xb) in ks.iter_mut().zip(xs.chunks_exact(T::W)) {
+                let e = ((T::load(xb, 0) >> sh) & T::EMAX) as u8;
+                *k = e;
+                t16 += e as u32;
+                c16 += (e != 0) as u32;
+            }
+            tot += t16;
+            cnt += c16;
+        }
         if cnt == 0 {
             return None;
         }

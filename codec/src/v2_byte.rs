@@ -980,6 +980,26 @@ pub(crate) fn detect_more(
     if bytes == 0 {
         return best;
     }
+    let stride = crate::encode::SAMPLE_STRIDE as u64;
+    // Shortcut (same decisions): FP16N needs a phase of mostly subnormals; fp8 (not
+    // raw) needs `16·v / (15·bytes)` below `bar`'s ratio, at most `best`'s. Every
+    // prefix code costs at least the histogram's entropy (Kraft), so a lower bound
+    // of `v` at or above that settles it without the codes or `bar`.
+    let to_raw = best.0 * 32 >= 31 * 8 * stride * best.1;
+    if !to_raw && (0..2).all(|phi| 2 * sub[phi] <= count[phi]) {
+        let tot: u64 = hb.iter().sum();
+        let ent: f64 = hb
+            .iter()
+            .filter(|&&h| h != 0)
+            .map(|&h| h as f64 * (tot as f64 / h as f64).log2())
+            .sum();
+        // below the exact entropy by far more than the sum's rounding
+        let lb = (ent * (1.0 - 1e-9)).floor().max(0.0) as u64;
+        let v_lb = stride * (lb + 64 * skipped) + 8 * 128;
+        if (16 * v_lb) as u128 * best.1 as u128 >= 15 * best.0 as u128 * bytes as u128 {
+            return best;
+        }
+    }
     // what the new candidates must beat: the float candidates with explicit codes
     // (V2.6 choose(stats, true): exponent patterns the static codes escape, such as
     // NaN and subnormal sprinkles, cost them little), as (value, bytes)
@@ -1010,7 +1030,6 @@ pub(crate) fn detect_more(
         let lens = code_lengths(&w, n);
         (0..n).map(|s| h[s] * lens[s] as u64).sum()
     };
-    let stride = crate::encode::SAMPLE_STRIDE as u64;
     let better = |v: u64, by: u64, b: &(u64, u64, Dtype)| {
         (v as u128) * (b.1 as u128) < (b.0 as u128) * (by as u128)
     };
