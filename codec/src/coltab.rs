@@ -500,6 +500,41 @@ unsafe fn table_for_avx2<T: V2>(src: &[u8], b: usize) -> Option<ColTab> {
     table_for_body::<T>(src, b)
 }
 
+/// 16-bit types' exponent fields `(x >> sh) & (0xFFFF >> (sh + 1))`, 32 at a time,
+/// into `keys`, with their sum and nonzero count; returns (sum, count, fields done).
+///
+/// # Safety
+/// The CPU must support AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn exps16_avx2(src: &[u8], keys: &mut [u8], sh: u32) -> (u32, u32, usize) {
+    use std::arch::x86_64::*;
+    let n = keys.len().min(src.len() / 2) / 32 * 32;
+    let mask = _mm256_set1_epi16((0xFFFFu32 >> (sh + 1)) as i16);
+    let shc = _mm_cvtsi32_si128(sh as i32);
+    let zero = _mm256_setzero_si256();
+    let (mut sum, mut cnt) = (_mm256_setzero_si256(), 0u32);
+    let mut i = 0;
+    while i < n {
+        let p = src.as_ptr().add(2 * i) as *const __m256i;
+        let a = _mm256_and_si256(_mm256_srl_epi16(_mm256_loadu_si256(p), shc), mask);
+        let b = _mm256_and_si256(_mm256_srl_epi16(_mm256_loadu_si256(p.add(1)), shc), mask);
+        // packus interleaves the 128-bit lanes: (a0 b0 a1 b1) -> (a0 a1 b0 b1)
+        let e = _mm256_permute4x64_epi64(_mm256_packus_epi16(a, b), 0xD8);
+        _mm256_storeu_si256(keys.as_mut_ptr().add(i) as *mut __m256i, e);
+        sum = _mm256_add_epi64(sum, _mm256_sad_epu8(e, zero));
+        let z = _mm256_movemask_epi8(_mm256_cmpeq_epi8(e, zero)) as u32;
+        cnt += 32 - z.count_ones();
+        i += 32;
+    }
+    let h = _mm_add_epi64(
+        _mm256_castsi256_si128(sum),
+        _mm256_extracti128_si256(sum, 1),
+    );
+    let tot = (_mm_cvtsi128_si64(h) + _mm_cvtsi128_si64(_mm_unpackhi_epi64(h, h))) as u32;
+    (tot, cnt, n)
+}
+
 #[inline(always)]
 fn table_for_body<T: V2>(src: &[u8], b: usize) -> Option<ColTab> {
     if src.len() < T::W * (LAG_N + PMIN) + T::W {
@@ -520,11 +555,14 @@ fn table_for_body<T: V2>(src: &[u8], b: usize) -> Option<ColTab> {
         // (sums below 2^24: at most 32768 fields of at most 255); one pass, 16
         // fields at a time (the compiler's vector loop)
         let (mut tot, mut cnt) = (0u32, 0u32);
-        for (ks, xs) in s
-            .keys
-            .chunks_mut(16)
-            .zip(src[..nw * T::W].chunks(16 * T::W))
-        {
+        let mut done = 0;
+        #[cfg(target_arch = "x86_64")]
+        if T::W == 2 && std::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU has AVX2.
+            (tot, cnt, done) = unsafe { exps16_avx2(&src[..2 * nw], &mut s.keys[..nw], sh) };
+        }
+        let (ks, xs) = (&mut s.keys[done..nw], &src[done * T::W..nw * T::W]);
+        for (ks, xs) in ks.chunks_mut(16).zip(xs.chunks(16 * T::W)) {
             let (mut t16, mut c16) = (0u32, 0u32);
             for (k, xb) in ks.iter_mut().zip(xs.chunks_exact(T::W)) {
                 let e = ((T::load(xb, 0) >> sh) & T::EMAX) as u8;

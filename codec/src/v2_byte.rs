@@ -565,19 +565,56 @@ fn write_sym<T: SymMode>(
     // FP16N passes the grid `blk[phi..]`, fp8 a transformed copy of the block
     let phi = l - syms.len();
     let m = (l - phi) / w;
-    let t = (l - phi) % w;
     let grid = &syms[..m * w];
     let mut cnt = [0u64; 256];
+    // FP16N: each element's symbol and raw field, split once (the three passes
+    // below read them)
+    let mut sr = SPLIT.with(|c| std::mem::take(&mut *c.borrow_mut()));
     if let Some(h) = hist {
         cnt = *h;
     } else if w == 1 {
         cnt = histogram(grid);
     } else {
+        sr.0.clear();
+        sr.1.clear();
         for i in 0..m {
-            cnt[T::split(T::load(grid, i)).0] += 1;
+            let (s, raw, _) = T::split(T::load(grid, i));
+            cnt[s] += 1;
+            sr.0.push(s as u8);
+            sr.1.push(raw as u16);
         }
     }
-    let lens = code_lengths(&cnt, T::NSYM);
+    let r = write_sym_body::<T>(mode, flags, side, syms, blk, out, &cnt, &sr);
+    SPLIT.with(|c| *c.borrow_mut() = sr);
+    r
+}
+
+thread_local! {
+    /// [`write_sym`]'s per-element symbols and raw fields (FP16N)
+    static SPLIT: std::cell::RefCell<(Vec<u8>, Vec<u16>)> = const {
+        std::cell::RefCell::new((Vec::new(), Vec::new()))
+    };
+}
+
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn write_sym_body<T: SymMode>(
+    mode: u8,
+    flags: u8,
+    side: &[u8],
+    syms: &[u8],
+    blk: &[u8],
+    out: &mut [u8],
+    cnt: &[u64; 256],
+    sr: &(Vec<u8>, Vec<u16>),
+) -> Option<usize> {
+    let l = blk.len();
+    let w = T::MODE_W;
+    let phi = l - syms.len();
+    let m = (l - phi) / w;
+    let t = (l - phi) % w;
+    let grid = &syms[..m * w];
+    let lens = code_lengths(cnt, T::NSYM);
     let codes = canonical(&lens, T::NSYM);
     // bits per element by symbol
     let mut cost = [0u32; 256];
@@ -595,8 +632,8 @@ fn write_sym<T: SymMode>(
                 bits += cost[x as usize];
             }
         } else {
-            for i in a..b {
-                bits += cost[T::split(T::load(grid, i)).0];
+            for &x in &sr.0[a..b] {
+                bits += cost[x as usize];
             }
         }
         *sb = bits;
@@ -673,12 +710,17 @@ fn write_sym<T: SymMode>(
                 }
             }
         }
-        for i in 0..if w == 1 { 0 } else { m } {
-            let (s, raw, rb) = T::split(T::load(grid, i));
+        // code | raw bits << 16 per symbol: lengths ≤ 12, raw fields ≤ 11 bits
+        let mut lr = [0u32; 256];
+        for s in 0..if w == 1 { 0 } else { T::NSYM } {
+            lr[s] = lens[s] as u32 | T::rawbits(s) << 16;
+        }
+        for (&s, &raw) in sr.0[..if w == 1 { 0 } else { m }].iter().zip(&sr.1) {
+            let (s, lrs) = (s as usize, lr[s as usize]);
             acc |= (codes[s] as u64) << nacc;
-            nacc += lens[s] as u32;
+            nacc += lrs & 0xFFFF;
             acc |= (raw as u64) << nacc;
-            nacc += rb;
+            nacc += lrs >> 16;
             if nacc >= 32 {
                 st[q..q + 4].copy_from_slice(&(acc as u32).to_le_bytes());
                 q += 4;
