@@ -255,6 +255,22 @@ pub(crate) fn sample_hist_rotated<T: V2>(
     let (sh, emax, p) = (eshift::<T>(), T::EMAX, ct.p);
     let per = crate::v2::LINE / T::W;
     let mut h = [0u32; 256];
+    if elided.is_none() {
+        // the kept elements are the grid: element j is in column (col0 + j) mod P
+        let step = SAMPLE_STRIDE % p;
+        let mut cg = col0 % p;
+        let mut j = 0;
+        while j < k {
+            let e = (T::load(kept, j) >> sh) & emax;
+            h[rot::<false>(e, ct.off[cg], emax) as usize] += 1;
+            cg += step;
+            if cg >= p {
+                cg -= p;
+            }
+            j += SAMPLE_STRIDE;
+        }
+        return h;
+    }
     // the grid line of kept line `kl` (asked in ascending order): lines walked once
     let mut cur: Option<(usize, usize)> = None;
     let mut grid_line = |kl: usize| -> usize {
