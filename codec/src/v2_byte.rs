@@ -156,7 +156,16 @@ pub(crate) fn code_lengths(cnt: &[u64; 256], n: usize) -> [u8; 256] {
     for &s in &live[..used] {
         is_used[s] = true;
     }
-    live[..nlive].sort_by_key(|&s| (weight[s], s));
+    // by (weight, symbol): one u64 key each (counts are far below 2^56), unique
+    let mut key = [0u64; 256];
+    for (k, &s) in key.iter_mut().zip(&live[..nlive]) {
+        debug_assert!(weight[s] < 1 << 56);
+        *k = weight[s] << 8 | s as u64;
+    }
+    key[..nlive].sort_unstable();
+    for (l, &k) in live.iter_mut().zip(&key[..nlive]) {
+        *l = (k & 0xFF) as usize;
+    }
     // Two queues, the sorted leaves and the parents in creation order (their weights
     // never decrease), a leaf first on equal weight: the same merges as keeping one
     // list sorted by (weight, number) with each parent placed after every node of
