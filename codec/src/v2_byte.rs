@@ -1019,9 +1019,6 @@ pub(crate) fn detect_more(
         for phi in 0..2 {
             for i in 0..(64 - phi) / 2 {
                 let x = F16n::load(&s[phi..], i);
-                let (v, _, rb) = F16n::split(x);
-                hv[phi][v] += 1;
-                raw[phi] += rb as u64;
                 sub[phi] += (x & 0x7C00 == 0 && x & 0x7FFF != 0) as u64;
                 count[phi] += 1;
             }
@@ -1030,6 +1027,22 @@ pub(crate) fn detect_more(
     let mut best = best;
     if bytes == 0 {
         return best;
+    }
+    // FP16N's symbol histogram and raw bits, only at a phase of mostly subnormals
+    // (the only one where they are read): the same groups again
+    for phi in (0..2).filter(|&phi| 2 * sub[phi] > count[phi]) {
+        for j in 0..g {
+            let off = 64 * (j * units / g);
+            let s = &src[off..off + 64];
+            if crate::encode::all_equal(s) {
+                continue;
+            }
+            for i in 0..(64 - phi) / 2 {
+                let (v, _, rb) = F16n::split(F16n::load(&s[phi..], i));
+                hv[phi][v] += 1;
+                raw[phi] += rb as u64;
+            }
+        }
     }
     let stride = crate::encode::SAMPLE_STRIDE as u64;
     // Shortcut (same decisions): FP16N needs a phase of mostly subnormals; fp8 (not
