@@ -375,7 +375,17 @@ fn find_period_body<const V: bool>(e: &[u8]) -> Option<usize> {
     let a = &e[..LAG_N];
     let mut d = [0u32; PMAX / PMIN];
     let nl = pmax / PMIN;
-    for (k, dk) in d.iter_mut().enumerate().take(nl) {
+    let mut k0 = 0;
+    #[cfg(target_arch = "x86_64")]
+    if V {
+        // four lags per read of `a`
+        while k0 + 4 <= nl {
+            // SAFETY: V: AVX2; lags up to (k0 + 4)·PMIN <= pmax <= e.len() − LAG_N.
+            d[k0..k0 + 4].copy_from_slice(&unsafe { sad4_avx2(e, (k0 + 1) * PMIN) });
+            k0 += 4;
+        }
+    }
+    for (k, dk) in d.iter_mut().enumerate().take(nl).skip(k0) {
         let b = &e[(k + 1) * PMIN..(k + 1) * PMIN + LAG_N];
         *dk = sad::<V>(a, b);
     }
@@ -387,6 +397,29 @@ fn find_period_body<const V: bool>(e: &[u8]) -> Option<usize> {
     }
     let k = d.iter().position(|&x| 4 * x as u64 <= 5 * dmin)?;
     Some((k + 1) * PMIN)
+}
+
+/// `sad(e[..LAG_N], e[p + t·PMIN..][..LAG_N])` for `t < 4`.
+///
+/// # Safety
+/// The CPU must support AVX2; `p + 3·PMIN + LAG_N <= e.len()`.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn sad4_avx2(e: &[u8], p: usize) -> [u32; 4] {
+    use std::arch::x86_64::*;
+    debug_assert!(p + 3 * PMIN + LAG_N <= e.len());
+    let mut acc = [_mm256_setzero_si256(); 4];
+    for c in (0..LAG_N).step_by(32) {
+        let x = _mm256_loadu_si256(e.as_ptr().add(c) as *const __m256i);
+        for (t, at) in acc.iter_mut().enumerate() {
+            let y = _mm256_loadu_si256(e.as_ptr().add(p + t * PMIN + c) as *const __m256i);
+            *at = _mm256_add_epi64(*at, _mm256_sad_epu8(x, y));
+        }
+    }
+    acc.map(|v| {
+        let h = _mm_add_epi64(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+        (_mm_cvtsi128_si64(h) + _mm_cvtsi128_si64(_mm_unpackhi_epi64(h, h))) as u32
+    })
 }
 
 /// `Σ |a_i − b_i|` over whole 32-byte chunks (`psadbw` on x86-64; `V`: the caller is
@@ -677,6 +710,33 @@ mod tests {
         for p in [48, 80, 384, 1536, 4096] {
             let d = channels(WINDOW, p, p as u64);
             assert_eq!(find_period(&exps(&d)), Some(p), "period {p}");
+        }
+    }
+
+    #[test]
+    fn lag_sums_agree_across_paths() {
+        // the AVX2 search (four lags per read) against the portable one
+        let mut r = Rng(5);
+        for (n, p) in [(WINDOW, 384usize), (LAG_N + 16 * 37 + 5, 80), (WINDOW, 0)] {
+            let mut e = if p > 0 {
+                exps(&channels(n, p, 7))
+            } else {
+                (0..n).map(|_| (r.next() % 7) as u8 + 120).collect()
+            };
+            e.truncate(n);
+            let want = find_period_body::<false>(&e);
+            assert_eq!(find_period(&e), want, "n {n}, p {p}");
+            #[cfg(target_arch = "x86_64")]
+            if std::is_x86_feature_detected!("avx2") {
+                for q in (PMIN..=n - LAG_N - 3 * PMIN).step_by(16 * 29) {
+                    // SAFETY: AVX2 checked; q + 3·PMIN + LAG_N <= n.
+                    let got = unsafe { sad4_avx2(&e, q) };
+                    for (t, &g) in got.iter().enumerate() {
+                        let b = &e[q + t * PMIN..q + t * PMIN + LAG_N];
+                        assert_eq!(g, sad::<false>(&e[..LAG_N], b), "lag {}", q + t * PMIN);
+                    }
+                }
+            }
         }
     }
 
