@@ -1511,17 +1511,17 @@ NZC_HD u32 decode_block_v2(X& x, Smem& s, const u8* blk, u32 size, u8* out, u32 
     const bool last_elided = nl && ((v.elided[(nl - 1) >> 5] >> ((nl - 1) & 31)) & 1);
     const u32 eb = ne * LINE - (last_elided && (gbytes & (LINE - 1)) ? LINE - (gbytes & (LINE - 1)) : 0);
     const u32 K = (gbytes - eb) >> wl, ns = (K + ss - 1) >> (8 + ssl);
-    // head, index, zero index
+    // head; the index and zero index sit between the stream and the tail
     if (p + phi > size) return ST_BLOCK;
     const u64 head_at = p;
     p += phi;
     const u32 ib = (ns * iw + 7) / 8, zb = z ? (ns * zw + 7) / 8 : 0;
-    if (p + ib + zb > size) return ST_BLOCK;
-    const u8* ix = blk + p;
-    const u8* zx = blk + p + ib;
+    if (p + ib + zb + t > size) return ST_BLOCK;
+    const u64 ix_at = size - t - ib - zb;
+    const u8* ix = blk + ix_at;
+    const u8* zx = blk + ix_at + ib;
     if ((ns * iw) & 7 && (ix[ib - 1] >> ((ns * iw) & 7))) return ST_BLOCK;
     if (z && (ns * zw) & 7 && (zx[zb - 1] >> ((ns * zw) & 7))) return ST_BLOCK;
-    p += ib + zb;
     x.par(ns, [&](u64 j) {
         const u32 nj = K - (u32)j * ss < ss ? K - (u32)j * ss : ss;
         v.nbits[j] = base + packed_entry(ix, ib, (u32)j, iw);
@@ -1546,9 +1546,9 @@ NZC_HD u32 decode_block_v2(X& x, Smem& s, const u8* blk, u32 size, u8* out, u32 
     p += (u64)P * (1 + nlo);
     const u32 sbytes = (u32)(((u64)total_bits + 7) / 8);
     const u64 stream_at = p;
-    if (p + sbytes + t != size) return ST_BLOCK;
-    const u64 tail_at = p + sbytes;
-    if ((total_bits & 7) && (blk[tail_at - 1] >> (total_bits & 7))) return ST_BLOCK;
+    if (p + sbytes != ix_at) return ST_BLOCK;
+    const u64 tail_at = size - t;
+    if ((total_bits & 7) && (blk[ix_at - 1] >> (total_bits & 7))) return ST_BLOCK;
     V2Planes pw;
     pw.p1 = blk + planes_at;
     pw.has_lo1 = ti.w == 4 && !(flags & V2_NO_LO1);

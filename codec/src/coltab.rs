@@ -255,6 +255,22 @@ pub(crate) fn sample_hist_rotated<T: V2>(
     let (sh, emax, p) = (eshift::<T>(), T::EMAX, ct.p);
     let per = crate::v2::LINE / T::W;
     let mut h = [0u32; 256];
+    if elided.is_none() {
+        // the kept elements are the grid: element j is in column (col0 + j) mod P
+        let step = SAMPLE_STRIDE % p;
+        let mut cg = col0 % p;
+        let mut j = 0;
+        while j < k {
+            let e = (T::load(kept, j) >> sh) & emax;
+            h[rot::<false>(e, ct.off[cg], emax) as usize] += 1;
+            cg += step;
+            if cg >= p {
+                cg -= p;
+            }
+            j += SAMPLE_STRIDE;
+        }
+        return h;
+    }
     // the grid line of kept line `kl` (asked in ascending order): lines walked once
     let mut cur: Option<(usize, usize)> = None;
     let mut grid_line = |kl: usize| -> usize {
@@ -359,7 +375,17 @@ fn find_period_body<const V: bool>(e: &[u8]) -> Option<usize> {
     let a = &e[..LAG_N];
     let mut d = [0u32; PMAX / PMIN];
     let nl = pmax / PMIN;
-    for (k, dk) in d.iter_mut().enumerate().take(nl) {
+    let mut k0 = 0;
+    #[cfg(target_arch = "x86_64")]
+    if V {
+        // four lags per read of `a`
+        while k0 + 4 <= nl {
+            // SAFETY: V: AVX2; lags up to (k0 + 4)·PMIN <= pmax <= e.len() − LAG_N.
+            d[k0..k0 + 4].copy_from_slice(&unsafe { sad4_avx2(e, (k0 + 1) * PMIN) });
+            k0 += 4;
+        }
+    }
+    for (k, dk) in d.iter_mut().enumerate().take(nl).skip(k0) {
         let b = &e[(k + 1) * PMIN..(k + 1) * PMIN + LAG_N];
         *dk = sad::<V>(a, b);
     }
@@ -371,6 +397,29 @@ fn find_period_body<const V: bool>(e: &[u8]) -> Option<usize> {
     }
     let k = d.iter().position(|&x| 4 * x as u64 <= 5 * dmin)?;
     Some((k + 1) * PMIN)
+}
+
+/// `sad(e[..LAG_N], e[p + t·PMIN..][..LAG_N])` for `t < 4`.
+///
+/// # Safety
+/// The CPU must support AVX2; `p + 3·PMIN + LAG_N <= e.len()`.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn sad4_avx2(e: &[u8], p: usize) -> [u32; 4] {
+    use std::arch::x86_64::*;
+    debug_assert!(p + 3 * PMIN + LAG_N <= e.len());
+    let mut acc = [_mm256_setzero_si256(); 4];
+    for c in (0..LAG_N).step_by(32) {
+        let x = _mm256_loadu_si256(e.as_ptr().add(c) as *const __m256i);
+        for (t, at) in acc.iter_mut().enumerate() {
+            let y = _mm256_loadu_si256(e.as_ptr().add(p + t * PMIN + c) as *const __m256i);
+            *at = _mm256_add_epi64(*at, _mm256_sad_epu8(x, y));
+        }
+    }
+    acc.map(|v| {
+        let h = _mm_add_epi64(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+        (_mm_cvtsi128_si64(h) + _mm_cvtsi128_si64(_mm_unpackhi_epi64(h, h))) as u32
+    })
 }
 
 /// `Σ |a_i − b_i|` over whole 32-byte chunks (`psadbw` on x86-64; `V`: the caller is
@@ -500,13 +549,49 @@ unsafe fn table_for_avx2<T: V2>(src: &[u8], b: usize) -> Option<ColTab> {
     table_for_body::<T>(src, b)
 }
 
+/// 16-bit types' exponent fields `(x >> sh) & (0xFFFF >> (sh + 1))`, 32 at a time,
+/// into `keys`, with their sum and nonzero count; returns (sum, count, fields done).
+///
+/// # Safety
+/// The CPU must support AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn exps16_avx2(src: &[u8], keys: &mut [u8], sh: u32) -> (u32, u32, usize) {
+    use std::arch::x86_64::*;
+    let n = keys.len().min(src.len() / 2) / 32 * 32;
+    let mask = _mm256_set1_epi16((0xFFFFu32 >> (sh + 1)) as i16);
+    let shc = _mm_cvtsi32_si128(sh as i32);
+    let zero = _mm256_setzero_si256();
+    let (mut sum, mut cnt) = (_mm256_setzero_si256(), 0u32);
+    let mut i = 0;
+    while i < n {
+        let p = src.as_ptr().add(2 * i) as *const __m256i;
+        let a = _mm256_and_si256(_mm256_srl_epi16(_mm256_loadu_si256(p), shc), mask);
+        let b = _mm256_and_si256(_mm256_srl_epi16(_mm256_loadu_si256(p.add(1)), shc), mask);
+        // packus interleaves the 128-bit lanes: (a0 b0 a1 b1) -> (a0 a1 b0 b1)
+        let e = _mm256_permute4x64_epi64(_mm256_packus_epi16(a, b), 0xD8);
+        _mm256_storeu_si256(keys.as_mut_ptr().add(i) as *mut __m256i, e);
+        sum = _mm256_add_epi64(sum, _mm256_sad_epu8(e, zero));
+        let z = _mm256_movemask_epi8(_mm256_cmpeq_epi8(e, zero)) as u32;
+        cnt += 32 - z.count_ones();
+        i += 32;
+    }
+    let h = _mm_add_epi64(
+        _mm256_castsi256_si128(sum),
+        _mm256_extracti128_si256(sum, 1),
+    );
+    let tot = (_mm_cvtsi128_si64(h) + _mm_cvtsi128_si64(_mm_unpackhi_epi64(h, h))) as u32;
+    (tot, cnt, n)
+}
+
 #[inline(always)]
 fn table_for_body<T: V2>(src: &[u8], b: usize) -> Option<ColTab> {
     if src.len() < T::W * (LAG_N + PMIN) + T::W {
         return None;
     }
     // the grid of block 0 (its phase, V2.7 step 3): element i is in column i mod P
-    let phi = crate::v2::choose_phase::<T>(&src[..src.len().min(b)]).0;
+    // (kept for block 0's encoder: the same choice)
+    let phi = crate::v2::choose_phase_memo::<T>(&src[..src.len().min(b)]);
     let src = &src[phi..];
     let m = src.len() / T::W;
     SCRATCH.with(|s| {
@@ -514,14 +599,29 @@ fn table_for_body<T: V2>(src: &[u8], b: usize) -> Option<ColTab> {
         let nw = m.min(WINDOW);
         let sh = eshift::<T>();
         s.keys.resize(nw, 0);
-        for (k, xb) in s.keys.iter_mut().zip(src[..nw * T::W].chunks_exact(T::W)) {
-            *k = ((T::load(xb, 0) >> sh) & T::EMAX) as u8;
-        }
         // exponent fields 0 (zeros, subnormals) take the mean of the others in the
         // search, so that scattered zeros or zero lines do not drown the channels
-        // (sums below 2^24: at most 32768 fields of at most 255)
-        let tot: u32 = s.keys.iter().map(|&e| e as u32).sum();
-        let cnt: u32 = s.keys.iter().map(|&e| (e != 0) as u32).sum();
+        // (sums below 2^24: at most 32768 fields of at most 255); one pass, 16
+        // fields at a time (the compiler's vector loop)
+        let (mut tot, mut cnt) = (0u32, 0u32);
+        let mut done = 0;
+        #[cfg(target_arch = "x86_64")]
+        if T::W == 2 && std::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU has AVX2.
+            (tot, cnt, done) = unsafe { exps16_avx2(&src[..2 * nw], &mut s.keys[..nw], sh) };
+        }
+        let (ks, xs) = (&mut s.keys[done..nw], &src[done * T::W..nw * T::W]);
+        for (ks, xs) in ks.chunks_mut(16).zip(xs.chunks(16 * T::W)) {
+            let (mut t16, mut c16) = (0u32, 0u32);
+            for (k, xb) in ks.iter_mut().zip(xs.chunks_exact(T::W)) {
+                let e = ((T::load(xb, 0) >> sh) & T::EMAX) as u8;
+                *k = e;
+                t16 += e as u32;
+                c16 += (e != 0) as u32;
+            }
+            tot += t16;
+            cnt += c16;
+        }
         if cnt == 0 {
             return None;
         }
@@ -610,6 +710,33 @@ mod tests {
         for p in [48, 80, 384, 1536, 4096] {
             let d = channels(WINDOW, p, p as u64);
             assert_eq!(find_period(&exps(&d)), Some(p), "period {p}");
+        }
+    }
+
+    #[test]
+    fn lag_sums_agree_across_paths() {
+        // the AVX2 search (four lags per read) against the portable one
+        let mut r = Rng(5);
+        for (n, p) in [(WINDOW, 384usize), (LAG_N + 16 * 37 + 5, 80), (WINDOW, 0)] {
+            let mut e = if p > 0 {
+                exps(&channels(n, p, 7))
+            } else {
+                (0..n).map(|_| (r.next() % 7) as u8 + 120).collect()
+            };
+            e.truncate(n);
+            let want = find_period_body::<false>(&e);
+            assert_eq!(find_period(&e), want, "n {n}, p {p}");
+            #[cfg(target_arch = "x86_64")]
+            if std::is_x86_feature_detected!("avx2") {
+                for q in (PMIN..=n - LAG_N - 3 * PMIN).step_by(16 * 29) {
+                    // SAFETY: AVX2 checked; q + 3·PMIN + LAG_N <= n.
+                    let got = unsafe { sad4_avx2(&e, q) };
+                    for (t, &g) in got.iter().enumerate() {
+                        let b = &e[q + t * PMIN..q + t * PMIN + LAG_N];
+                        assert_eq!(g, sad::<false>(&e[..LAG_N], b), "lag {}", q + t * PMIN);
+                    }
+                }
+            }
         }
     }
 

@@ -63,6 +63,7 @@ fn compress_impl(
         let limit = HEADER_LEN + n;
         // version 2: the column table (FORMAT.md §V2.9) sits between header and block table
         let ct = if opts.format == VERSION_2 {
+            crate::v2::clear_phase_memo();
             crate::coltab::encoder_table(dtype, src, b)
         } else {
             None
@@ -406,6 +407,35 @@ pub(crate) fn encode_block_by(
 
 /// Whether some block of the input is one repeated byte (a block frame of FILL and
 /// RAW blocks then beats a stored frame even when nothing is coded).
+/// As [`encode_block_by`], but `code` gets all of `out` and the most bytes the coded
+/// block may take, `min(blk.len(), out.len())` (version 2 codes in place when the
+/// room allows).
+pub(crate) fn encode_block_in(
+    blk: &[u8],
+    out: &mut [u8],
+    code: impl FnOnce(&mut [u8], usize) -> Option<usize>,
+) -> Option<(usize, BlockKind)> {
+    let l = blk.len();
+    if all_equal(blk) {
+        if out.len() < 2 {
+            return None;
+        }
+        out[0] = MODE_FILL;
+        out[1] = blk[0];
+        return Some((2, BlockKind::Fill));
+    }
+    let cap = l.min(out.len());
+    if let Some(size) = code(out, cap) {
+        return Some((size, BlockKind::Coded));
+    }
+    if out.len() < 1 + l {
+        return None;
+    }
+    out[0] = MODE_RAW;
+    out[1..1 + l].copy_from_slice(blk);
+    Some((1 + l, BlockKind::Raw))
+}
+
 pub(crate) fn has_fill_block(src: &[u8], block_log2: u8) -> bool {
     src.len() >= MIN_CODED_INPUT && src.chunks(1 << block_log2).any(all_equal)
 }
@@ -834,6 +864,11 @@ impl Bits {
             let c = lut[k as usize];
             self.put((c & 0xFF_FFFF) as u64, c >> 24);
         }
+    }
+    /// Moves the writer to `dst`, where the caller copied the `pos` bytes written.
+    #[inline(always)]
+    pub(crate) fn rebase(&mut self, dst: *mut u8) {
+        self.dst = dst;
     }
     /// Flushes the pending bits; returns the byte length written.
     ///

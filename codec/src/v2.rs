@@ -377,11 +377,8 @@ pub(crate) fn explicit_lengths(cnt: &[u64; NSYM]) -> [u8; NSYM] {
 struct Scratch {
     kept: Vec<u8>,
     stream: Vec<u8>,
-    /// per kept element: key (version 1's), plane bytes (compacted under Z)
+    /// per kept element: key (version 1's)
     keys: Vec<u8>,
-    p1: Vec<u8>,
-    lo1: Vec<u8>,
-    lo0: Vec<u8>,
     /// per sub-segment: holds an element with `e = 0`, `x != 0` (escaped under Z)
     esc0: Vec<bool>,
     elided: Vec<bool>,
@@ -389,6 +386,8 @@ struct Scratch {
     seg_zeros: Vec<u32>,
     /// the kept elements rotated by the column table
     rot: Vec<u8>,
+    /// a block coded here when the room left is too small to code it in place
+    spill: Vec<u8>,
 }
 
 thread_local! {
@@ -405,15 +404,15 @@ pub(crate) fn encode_block_v2(
     simd: bool,
     col: Option<(&ColTab, usize)>,
 ) -> Option<(usize, BlockKind)> {
-    crate::encode::encode_block_by(blk, out, |o| match dtype {
-        Dtype::Bf16 => encode_coded::<Bf16>(blk, o, simd, col),
+    crate::encode::encode_block_in(blk, out, |o, cap| match dtype {
+        Dtype::Bf16 => encode_coded::<Bf16>(blk, o, cap, simd, col),
         // fp16 blocks mostly of subnormals code as FP16N (FORMAT.md §V2.10)
         Dtype::Fp16 => match crate::v2_byte::f16n_phase(blk) {
-            Some(phi) => crate::v2_byte::encode_f16n(blk, phi, o),
-            None => encode_coded::<Fp16>(blk, o, simd, col),
+            Some(phi) => crate::v2_byte::encode_f16n(blk, phi, &mut o[..cap]),
+            None => encode_coded::<Fp16>(blk, o, cap, simd, col),
         },
-        Dtype::Fp32 => encode_coded::<Fp32>(blk, o, simd, col),
-        Dtype::Fp8E4m3 | Dtype::Fp8E5m2 => crate::v2_byte::encode_fp8(dtype, blk, o),
+        Dtype::Fp32 => encode_coded::<Fp32>(blk, o, cap, simd, col),
+        Dtype::Fp8E4m3 | Dtype::Fp8E5m2 => crate::v2_byte::encode_fp8(dtype, blk, &mut o[..cap]),
         Dtype::Raw => None,
     })
 }
@@ -433,6 +432,39 @@ pub(crate) fn choose_phase<T: V2>(blk: &[u8]) -> (usize, Stats, Static) {
         }
     }
     best.unwrap()
+}
+
+type PhaseMemo = Option<(usize, usize, u8, (usize, Stats, Static))>;
+
+thread_local! {
+    /// Block 0's phase choice, made by the column table's search
+    /// ([`crate::coltab`]) and taken by block 0's encoder in the same `compress`
+    /// (cleared at its start): keyed by the block's address, length and mode.
+    static PHASE_MEMO: RefCell<PhaseMemo> = const { RefCell::new(None) };
+}
+
+/// Forgets a phase choice [`choose_phase_memo`] left (called as a frame begins).
+pub(crate) fn clear_phase_memo() {
+    PHASE_MEMO.with(|m| *m.borrow_mut() = None);
+}
+
+/// [`choose_phase`]'s φ, the choice kept for the block's encoder.
+#[inline(always)]
+pub(crate) fn choose_phase_memo<T: V2>(blk: &[u8]) -> usize {
+    let c = choose_phase::<T>(blk);
+    let phi = c.0;
+    PHASE_MEMO.with(|m| *m.borrow_mut() = Some((blk.as_ptr() as usize, blk.len(), T::MODE, c)));
+    phi
+}
+
+/// [`choose_phase`], or the choice [`choose_phase_memo`] made for this block.
+#[inline(always)]
+fn choose_phase_once<T: V2>(blk: &[u8]) -> (usize, Stats, Static) {
+    let key = (blk.as_ptr() as usize, blk.len(), T::MODE);
+    match PHASE_MEMO.with(|m| m.borrow_mut().take()) {
+        Some((p, l, mode, c)) if (p, l, mode) == key => c,
+        _ => choose_phase::<T>(blk),
+    }
 }
 
 /// What the encoder chose for a block's code.
@@ -747,27 +779,52 @@ pub(crate) fn put_packed(out: &mut [u8], vals: impl Iterator<Item = u32>, w: u32
     p
 }
 
+/// Codes `blk` into `out` if it takes at most `cap <= out.len()` bytes. The planes
+/// and the stream are written in place, which needs `blk.len() + 64` bytes of room;
+/// with less, the block is coded in scratch and copied.
 fn encode_coded<T: V2>(
     blk: &[u8],
     out: &mut [u8],
+    cap: usize,
     simd: bool,
     col: Option<(&ColTab, usize)>,
 ) -> Option<usize> {
     SCRATCH.with(|s| {
         let s = &mut *s.borrow_mut();
-        #[cfg(target_arch = "x86_64")]
-        {
-            if simd
-                && std::is_x86_feature_detected!("avx2")
-                && std::is_x86_feature_detected!("bmi2")
-            {
-                // SAFETY: the CPU has the features the function is compiled for.
-                return unsafe { encode_coded_avx2::<T>(blk, out, s, col) };
-            }
+        let room = blk.len() + 64;
+        if out.len() >= room {
+            return encode_coded_in::<T>(blk, out, cap, simd, s, col);
         }
-        let _ = simd;
-        encode_coded_body::<T, false>(blk, out, s, col)
+        let mut buf = std::mem::take(&mut s.spill);
+        if buf.len() < room {
+            buf.resize(room, 0);
+        }
+        let r = encode_coded_in::<T>(blk, &mut buf, cap, simd, s, col);
+        if let Some(n) = r {
+            out[..n].copy_from_slice(&buf[..n]);
+        }
+        s.spill = buf;
+        r
     })
+}
+
+fn encode_coded_in<T: V2>(
+    blk: &[u8],
+    out: &mut [u8],
+    cap: usize,
+    simd: bool,
+    s: &mut Scratch,
+    col: Option<(&ColTab, usize)>,
+) -> Option<usize> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if simd && std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("bmi2") {
+            // SAFETY: the CPU has the features the function is compiled for.
+            return unsafe { encode_coded_avx2::<T>(blk, out, cap, s, col) };
+        }
+    }
+    let _ = simd;
+    encode_coded_body::<T, false>(blk, out, cap, s, col)
 }
 
 /// # Safety
@@ -777,10 +834,11 @@ fn encode_coded<T: V2>(
 unsafe fn encode_coded_avx2<T: V2>(
     blk: &[u8],
     out: &mut [u8],
+    cap: usize,
     s: &mut Scratch,
     col: Option<(&ColTab, usize)>,
 ) -> Option<usize> {
-    encode_coded_body::<T, true>(blk, out, s, col)
+    encode_coded_body::<T, true>(blk, out, cap, s, col)
 }
 
 /// The coded-block encoder (FORMAT.md §V2.7). `V`: compiled for AVX2+BMI2, so full
@@ -789,6 +847,7 @@ unsafe fn encode_coded_avx2<T: V2>(
 fn encode_coded_body<T: V2, const V: bool>(
     blk: &[u8],
     out: &mut [u8],
+    cap: usize,
     s: &mut Scratch,
     col: Option<(&ColTab, usize)>,
 ) -> Option<usize> {
@@ -798,7 +857,7 @@ fn encode_coded_body<T: V2, const V: bool>(
         return None;
     }
     {
-        let (phi, phase_st, phase_static) = choose_phase::<T>(blk);
+        let (phi, phase_st, phase_static) = choose_phase_once::<T>(blk);
         let m = (l - phi) / w;
         let t = (l - phi) % w;
         let gbytes = m * w;
@@ -877,23 +936,28 @@ fn encode_coded_body<T: V2, const V: bool>(
         let words = crate::codes::canonical_words(&ch.lens);
         let ss = 1usize << SS_LOG2;
         let ns = k_elems.div_ceil(ss);
-        // Split into keys and planes (version 1's split), then, under Z, drop the
-        // planes' bytes of ZERO elements (x == 0) and count them per sub-segment.
-        for v in [&mut s.keys, &mut s.p1] {
-            if v.len() < k_elems + 32 {
-                v.resize(k_elems + 32, 0);
-            }
-        }
+        let bitmap_len = nl.div_ceil(8);
+        let runs_len = 2 + 4 * runs;
+        let list_len = if lines {
+            1 + bitmap_len.min(runs_len)
+        } else {
+            0
+        };
+        // the planes start right after the head (FORMAT.md §V2.3): version 1's split
+        // writes them in place, fp32's low planes at `k_elems` and `2·k_elems` (moved
+        // down below when ZERO elements or an omitted plane leave them short)
+        let pa =
+            FIXED + if ch.z { 3 } else { 0 } + if ch.k.is_none() { 13 } else { 0 } + list_len + phi;
         let lo_len = if T::W == 4 { k_elems } else { 0 };
-        for v in [&mut s.lo1, &mut s.lo0] {
-            if v.len() < lo_len + 32 {
-                v.resize(lo_len + 32, 0);
-            }
+        if s.keys.len() < k_elems + 32 {
+            s.keys.resize(k_elems + 32, 0);
         }
         let kept = &kept[..k_elems * w];
+        let (p1, rest) = out[pa..].split_at_mut(k_elems);
+        let (lo1, rest) = rest.split_at_mut(lo_len);
+        let lo0 = &mut rest[..lo_len];
         {
-            let (keys, p1) = (&mut s.keys[..k_elems], &mut s.p1[..k_elems]);
-            let (lo1, lo0) = (&mut s.lo1[..lo_len], &mut s.lo0[..lo_len]);
+            let keys = &mut s.keys[..k_elems];
             #[cfg(target_arch = "x86_64")]
             if V && T::MODE == MODE_BF16 {
                 // SAFETY: V means the CPU has AVX2.
@@ -904,6 +968,8 @@ fn encode_coded_body<T: V2, const V: bool>(
             #[cfg(not(target_arch = "x86_64"))]
             T::split_v2(kept, keys, p1, lo1, lo0);
         }
+        // Under Z, drop the planes' bytes of ZERO elements (x == 0) and count them
+        // per sub-segment.
         s.seg_zeros.clear();
         s.esc0.clear();
         let mut zsum = 0usize;
@@ -924,10 +990,10 @@ fn encode_coded_body<T: V2, const V: bool>(
                         e0 |= x != 0 && T::exp(x) == 0;
                     }
                     let sh = &COMPACT[m];
-                    let planes: &mut [&mut Vec<u8>] = if T::W == 4 {
-                        &mut [&mut s.p1, &mut s.lo1, &mut s.lo0]
+                    let planes: &mut [&mut [u8]] = if T::W == 4 {
+                        &mut [&mut *p1, &mut *lo1, &mut *lo0]
                     } else {
-                        &mut [&mut s.p1]
+                        &mut [&mut *p1]
                     };
                     for pl in planes.iter_mut() {
                         let v = u64::from_le_bytes(pl[i..i + 8].try_into().unwrap());
@@ -940,10 +1006,10 @@ fn encode_coded_body<T: V2, const V: bool>(
                 for i in n8..i1 {
                     let x = T::load(kept, i);
                     // in place: q <= i
-                    s.p1[q] = s.p1[i];
+                    p1[q] = p1[i];
                     if T::W == 4 {
-                        s.lo1[q] = s.lo1[i];
-                        s.lo0[q] = s.lo0[i];
+                        lo1[q] = lo1[i];
+                        lo0[q] = lo0[i];
                     }
                     q += (x != 0) as usize;
                     zc += (x == 0) as u32;
@@ -960,10 +1026,23 @@ fn encode_coded_body<T: V2, const V: bool>(
         let p_elems = k_elems - zsum;
         let lo_or = if T::W == 4 {
             let or = |v: &[u8]| v.iter().fold(0u8, |a, &b| a | b) as u32;
-            (or(&s.lo1[..p_elems]) << 8) | or(&s.lo0[..p_elems])
+            (or(&lo1[..p_elems]) << 8) | or(&lo0[..p_elems])
         } else {
             0
         };
+        let no_lo0 = T::W == 4 && lo_or & 0xFF == 0;
+        let no_lo1 = T::W == 4 && lo_or & 0xFF00 == 0;
+        let mut sa = pa + p_elems;
+        if T::W == 4 {
+            if !no_lo1 {
+                out.copy_within(pa + k_elems..pa + k_elems + p_elems, sa);
+                sa += p_elems;
+            }
+            if !no_lo0 {
+                out.copy_within(pa + 2 * k_elems..pa + 2 * k_elems + p_elems, sa);
+                sa += p_elems;
+            }
+        }
         // per exponent field: (code word + escape payload, its length, extra raw bits);
         // entry 256 is ZERO under Z (an index, not a branch: zeros are scattered)
         let mut enc = [(0u64, 0u32, 0u32); 257];
@@ -1000,16 +1079,26 @@ fn encode_coded_body<T: V2, const V: bool>(
                 ch.code_bits * 4 > 13 * st.count,
             )
         });
-        // stream: at most 20 bits per element, and the writer's 8-byte stores
-        let cap = k_elems * 3 + 64;
-        if s.stream.len() < cap {
-            s.stream.resize(cap, 0);
-        }
+        // The stream is written in place behind the planes while `out` has room for
+        // the next sub-segment's worst case (3 bytes per element + 64: more than 20
+        // bits per element and the writer's 8-byte stores); else it goes on in
+        // scratch (`spilled`) and is copied in place once its length is known.
         s.seg_bits.clear();
-        let mut wr = crate::encode::Bits::new(s.stream.as_mut_ptr());
+        // SAFETY: `sa <= out.len()` (the planes were written below it).
+        let mut wr = crate::encode::Bits::new(unsafe { out.as_mut_ptr().add(sa) });
+        let mut spilled = false;
         let mut total_bits = 0u64;
         for j in 0..ns {
             let (i0, i1) = (j * ss, ((j + 1) * ss).min(k_elems));
+            if !spilled && sa + wr.pos + 3 * (i1 - i0) + 64 > out.len() {
+                let need = k_elems * 3 + 64;
+                if s.stream.len() < need {
+                    s.stream.resize(need, 0);
+                }
+                s.stream[..wr.pos].copy_from_slice(&out[sa..sa + wr.pos]);
+                wr.rebase(s.stream.as_mut_ptr());
+                spilled = true;
+            }
             let bit0 = 8 * wr.pos as u64 + wr.nb as u64;
             let mut i = i0;
             #[cfg(target_arch = "x86_64")]
@@ -1017,8 +1106,9 @@ fn encode_coded_body<T: V2, const V: bool>(
                 if !(ch.z && (*fp16 || s.esc0[j])) {
                     let n32 = (i1 - i0) / 32 * 32;
                     let keys = &s.keys[i0..i0 + n32];
-                    // SAFETY: V: AVX2 and BMI2; `stream` holds 3 bytes per element
-                    // + 64, more than 20 bits per element and the 8-byte stores.
+                    // SAFETY: V: AVX2 and BMI2; the writer has 3 bytes per element
+                    // + 64 of room, more than 20 bits per element and the 8-byte
+                    // stores.
                     unsafe {
                         use crate::encode::avx2::{code_keys, code_keys_fp16};
                         match (fp16, wide) {
@@ -1049,37 +1139,24 @@ fn encode_coded_body<T: V2, const V: bool>(
         // SAFETY: as above.
         let stream_bytes = unsafe { wr.finish() };
         debug_assert_eq!(stream_bytes as u64, total_bits.div_ceil(8));
-        let no_lo0 = T::W == 4 && lo_or & 0xFF == 0;
-        let no_lo1 = T::W == 4 && lo_or & 0xFF00 == 0;
         let base = s.seg_bits.iter().copied().min().unwrap_or(0);
         let iw = bits_for(s.seg_bits.iter().copied().max().unwrap_or(0) - base);
         let zbase = s.seg_zeros.iter().copied().min().unwrap_or(0);
         let zw = bits_for(s.seg_zeros.iter().copied().max().unwrap_or(0) - zbase);
-        let bitmap_len = nl.div_ceil(8);
-        let runs_len = 2 + 4 * runs;
-        let list_len = if lines {
-            1 + bitmap_len.min(runs_len)
-        } else {
-            0
-        };
-        let planes =
-            p_elems * (1 + (T::W == 4 && !no_lo1) as usize + (T::W == 4 && !no_lo0) as usize);
-        let size = FIXED
-            + if ch.z { 3 } else { 0 }
-            + if ch.k.is_none() { 13 } else { 0 }
-            + list_len
-            + phi
+        let size = sa
+            + stream_bytes
             + (ns * iw as usize).div_ceil(8)
             + if ch.z {
                 (ns * zw as usize).div_ceil(8)
             } else {
                 0
             }
-            + planes
-            + stream_bytes
             + t;
-        if size > out.len() {
+        if size > cap {
             return None;
+        }
+        if spilled {
+            out[sa..sa + stream_bytes].copy_from_slice(&s.stream[..stream_bytes]);
         }
         // header
         let mut flags = 0u8;
@@ -1153,23 +1230,13 @@ fn encode_coded_body<T: V2, const V: bool>(
         }
         out[p..p + phi].copy_from_slice(&blk[..phi]);
         p += phi;
+        debug_assert_eq!(p, pa);
+        // planes and stream are in place; then index, zero index, tail
+        p = sa + stream_bytes;
         p += put_packed(&mut out[p..], s.seg_bits.iter().map(|&b| b - base), iw);
         if ch.z {
             p += put_packed(&mut out[p..], s.seg_zeros.iter().map(|&z| z - zbase), zw);
         }
-        // planes
-        out[p..p + p_elems].copy_from_slice(&s.p1[..p_elems]);
-        let mut q = p + p_elems;
-        if T::W == 4 && !no_lo1 {
-            out[q..q + p_elems].copy_from_slice(&s.lo1[..p_elems]);
-            q += p_elems;
-        }
-        if T::W == 4 && !no_lo0 {
-            out[q..q + p_elems].copy_from_slice(&s.lo0[..p_elems]);
-        }
-        p += planes;
-        out[p..p + stream_bytes].copy_from_slice(&s.stream[..stream_bytes]);
-        p += stream_bytes;
         out[p..p + t].copy_from_slice(&blk[l - t..]);
         p += t;
         debug_assert_eq!(p, size);
@@ -1725,6 +1792,17 @@ fn decode_coded_body<T: V2, S: TableSource, const V: bool>(
     let k_elems = (gbytes - n_elided_bytes) / w;
     let ns = k_elems.div_ceil(ss);
     let head = cur.take(phi)?;
+    // the index and the zero index sit between the stream and the tail (FORMAT.md §V2.3)
+    let ixb = (ns * iw as usize).div_ceil(8) + if z { (ns * zw as usize).div_ceil(8) } else { 0 };
+    let ix_at = b
+        .len()
+        .checked_sub(t + ixb)
+        .filter(|&q| q >= cur.p)
+        .ok_or(corrupt("coded block shorter than its layout"))?;
+    let mut icur = Cur {
+        b: &b[..ix_at + ixb],
+        p: ix_at,
+    };
     // per sub-segment: bits and ZERO count; blocks up to 64 KiB (at most 128
     // sub-segments) clear 2 KiB, not the 16 KiB a 1 MiB block's index needs
     let (mut small, mut big);
@@ -1737,9 +1815,9 @@ fn decode_coded_body<T: V2, S: TableSource, const V: bool>(
         let [b, z] = &mut big;
         (b, z)
     };
-    read_packed(&mut cur, ns, iw, base, seg_bits)?;
+    read_packed(&mut icur, ns, iw, base, seg_bits)?;
     if z {
-        read_packed(&mut cur, ns, zw, zbase, seg_zeros)?;
+        read_packed(&mut icur, ns, zw, zbase, seg_zeros)?;
     }
     let mut total_bits = 0u64;
     let mut zsum = 0usize;
@@ -1768,8 +1846,8 @@ fn decode_coded_body<T: V2, S: TableSource, const V: bool>(
         return Err(corrupt("coded block shorter than its layout"));
     }
     let stream = cur.take(stream_bytes as usize)?;
-    let tail = cur.take(t)?;
-    if cur.p != b.len() {
+    let tail = &b[b.len() - t..];
+    if cur.p != ix_at {
         return Err(corrupt("coded block length mismatch"));
     }
     if total_bits % 8 != 0 && stream[stream.len() - 1] >> (total_bits % 8) != 0 {

@@ -156,7 +156,16 @@ pub(crate) fn code_lengths(cnt: &[u64; 256], n: usize) -> [u8; 256] {
     for &s in &live[..used] {
         is_used[s] = true;
     }
-    live[..nlive].sort_by_key(|&s| (weight[s], s));
+    // by (weight, symbol): one u64 key each (counts are far below 2^56), unique
+    let mut key = [0u64; 256];
+    for (k, &s) in key.iter_mut().zip(&live[..nlive]) {
+        debug_assert!(weight[s] < 1 << 56);
+        *k = weight[s] << 8 | s as u64;
+    }
+    key[..nlive].sort_unstable();
+    for (l, &k) in live.iter_mut().zip(&key[..nlive]) {
+        *l = (k & 0xFF) as usize;
+    }
     // Two queues, the sorted leaves and the parents in creation order (their weights
     // never decrease), a leaf first on equal weight: the same merges as keeping one
     // list sorted by (weight, number) with each parent placed after every node of
@@ -565,19 +574,56 @@ fn write_sym<T: SymMode>(
     // FP16N passes the grid `blk[phi..]`, fp8 a transformed copy of the block
     let phi = l - syms.len();
     let m = (l - phi) / w;
-    let t = (l - phi) % w;
     let grid = &syms[..m * w];
     let mut cnt = [0u64; 256];
+    // FP16N: each element's symbol and raw field, split once (the three passes
+    // below read them)
+    let mut sr = SPLIT.with(|c| std::mem::take(&mut *c.borrow_mut()));
     if let Some(h) = hist {
         cnt = *h;
     } else if w == 1 {
         cnt = histogram(grid);
     } else {
+        sr.0.clear();
+        sr.1.clear();
         for i in 0..m {
-            cnt[T::split(T::load(grid, i)).0] += 1;
+            let (s, raw, _) = T::split(T::load(grid, i));
+            cnt[s] += 1;
+            sr.0.push(s as u8);
+            sr.1.push(raw as u16);
         }
     }
-    let lens = code_lengths(&cnt, T::NSYM);
+    let r = write_sym_body::<T>(mode, flags, side, syms, blk, out, &cnt, &sr);
+    SPLIT.with(|c| *c.borrow_mut() = sr);
+    r
+}
+
+thread_local! {
+    /// [`write_sym`]'s per-element symbols and raw fields (FP16N)
+    static SPLIT: std::cell::RefCell<(Vec<u8>, Vec<u16>)> = const {
+        std::cell::RefCell::new((Vec::new(), Vec::new()))
+    };
+}
+
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn write_sym_body<T: SymMode>(
+    mode: u8,
+    flags: u8,
+    side: &[u8],
+    syms: &[u8],
+    blk: &[u8],
+    out: &mut [u8],
+    cnt: &[u64; 256],
+    sr: &(Vec<u8>, Vec<u16>),
+) -> Option<usize> {
+    let l = blk.len();
+    let w = T::MODE_W;
+    let phi = l - syms.len();
+    let m = (l - phi) / w;
+    let t = (l - phi) % w;
+    let grid = &syms[..m * w];
+    let lens = code_lengths(cnt, T::NSYM);
     let codes = canonical(&lens, T::NSYM);
     // bits per element by symbol
     let mut cost = [0u32; 256];
@@ -595,8 +641,8 @@ fn write_sym<T: SymMode>(
                 bits += cost[x as usize];
             }
         } else {
-            for i in a..b {
-                bits += cost[T::split(T::load(grid, i)).0];
+            for &x in &sr.0[a..b] {
+                bits += cost[x as usize];
             }
         }
         *sb = bits;
@@ -673,12 +719,17 @@ fn write_sym<T: SymMode>(
                 }
             }
         }
-        for i in 0..if w == 1 { 0 } else { m } {
-            let (s, raw, rb) = T::split(T::load(grid, i));
+        // code | raw bits << 16 per symbol: lengths ≤ 12, raw fields ≤ 11 bits
+        let mut lr = [0u32; 256];
+        for s in 0..if w == 1 { 0 } else { T::NSYM } {
+            lr[s] = lens[s] as u32 | T::rawbits(s) << 16;
+        }
+        for (&s, &raw) in sr.0[..if w == 1 { 0 } else { m }].iter().zip(&sr.1) {
+            let (s, lrs) = (s as usize, lr[s as usize]);
             acc |= (codes[s] as u64) << nacc;
-            nacc += lens[s] as u32;
+            nacc += lrs & 0xFFFF;
             acc |= (raw as u64) << nacc;
-            nacc += rb;
+            nacc += lrs >> 16;
             if nacc >= 32 {
                 st[q..q + 4].copy_from_slice(&(acc as u32).to_le_bytes());
                 q += 4;
@@ -1021,9 +1072,6 @@ pub(crate) fn detect_more(
         for phi in 0..2 {
             for i in 0..(64 - phi) / 2 {
                 let x = F16n::load(&s[phi..], i);
-                let (v, _, rb) = F16n::split(x);
-                hv[phi][v] += 1;
-                raw[phi] += rb as u64;
                 sub[phi] += (x & 0x7C00 == 0 && x & 0x7FFF != 0) as u64;
                 count[phi] += 1;
             }
@@ -1032,6 +1080,42 @@ pub(crate) fn detect_more(
     let mut best = best;
     if bytes == 0 {
         return best;
+    }
+    // FP16N's symbol histogram and raw bits, only at a phase of mostly subnormals
+    // (the only one where they are read): the same groups again
+    for phi in (0..2).filter(|&phi| 2 * sub[phi] > count[phi]) {
+        for j in 0..g {
+            let off = 64 * (j * units / g);
+            let s = &src[off..off + 64];
+            if crate::encode::all_equal(s) {
+                continue;
+            }
+            for i in 0..(64 - phi) / 2 {
+                let (v, _, rb) = F16n::split(F16n::load(&s[phi..], i));
+                hv[phi][v] += 1;
+                raw[phi] += rb as u64;
+            }
+        }
+    }
+    let stride = crate::encode::SAMPLE_STRIDE as u64;
+    // Shortcut (same decisions): FP16N needs a phase of mostly subnormals; fp8 (not
+    // raw) needs `16·v / (15·bytes)` below `bar`'s ratio, at most `best`'s. Every
+    // prefix code costs at least the histogram's entropy (Kraft), so a lower bound
+    // of `v` at or above that settles it without the codes or `bar`.
+    let to_raw = best.0 * 32 >= 31 * 8 * stride * best.1;
+    if !to_raw && (0..2).all(|phi| 2 * sub[phi] <= count[phi]) {
+        let tot: u64 = hb.iter().sum();
+        let ent: f64 = hb
+            .iter()
+            .filter(|&&h| h != 0)
+            .map(|&h| h as f64 * (tot as f64 / h as f64).log2())
+            .sum();
+        // below the exact entropy by far more than the sum's rounding
+        let lb = (ent * (1.0 - 1e-9)).floor().max(0.0) as u64;
+        let v_lb = stride * (lb + 64 * skipped) + 8 * 128;
+        if (16 * v_lb) as u128 * best.1 as u128 >= 15 * best.0 as u128 * bytes as u128 {
+            return best;
+        }
     }
     // what the new candidates must beat: the float candidates with explicit codes
     // (V2.6 choose(stats, true): exponent patterns the static codes escape, such as
@@ -1063,7 +1147,6 @@ pub(crate) fn detect_more(
         let lens = code_lengths(&w, n);
         (0..n).map(|s| h[s] * lens[s] as u64).sum()
     };
-    let stride = crate::encode::SAMPLE_STRIDE as u64;
     let better = |v: u64, by: u64, b: &(u64, u64, Dtype)| {
         (v as u128) * (b.1 as u128) < (b.0 as u128) * (by as u128)
     };
