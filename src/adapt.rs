@@ -42,12 +42,7 @@
 //!    ends there (the codec is the bottleneck; link-bound, a compressed epoch
 //!    measures its real rate from the start, as the buffers take compressed
 //!    bytes at the link's rate times the ratio): on the unshaped veth this cut
-//!    a 1 GiB run's learning cost from 2.1% to 0.8% (simulation). Likewise an
-//!    exploration of raw (and raw's first measured epoch) that measures
-//!    [`RAW_CUT_FACTOR`] times slower than compression a quarter of the way in
-//!    ends there: link-bound, raw's epochs were most of what `auto` left behind
-//!    of `on` (two nodes at 2 Gbit/s both ways: 0.970 of `on` before, 0.987
-//!    after, simulation).
+//!    a 1 GiB run's learning cost from 2.1% to 0.8% (simulation).
 //!    An epoch that
 //!    spans an idle gap (no chunk for [`IDLE`]) measures the application, not us,
 //!    and is discarded.
@@ -102,13 +97,6 @@ pub const IDLE: Duration = Duration::from_millis(50);
 /// An exploration of compression is cut short once it measures this many times
 /// slower than raw (see [`Policy::hopeless_exploration`]).
 pub const CUT_FACTOR: f64 = 1.25;
-/// An exploration of raw is cut short once it measures this many times slower
-/// than compression (see [`Policy::hopeless_exploration`]). Smaller than
-/// [`CUT_FACTOR`]: when both nodes send, a node's figure counts what it
-/// receives too, and that does not change when only its own sends go raw, so
-/// a link-bound raw epoch measures about 1/1.2 of compression's figure at a
-/// ratio of 1.5 (1/1.5 when one node sends).
-pub const RAW_CUT_FACTOR: f64 = 1.12;
 const ALPHA: f64 = 0.25;
 /// The weight of an exploration's figure.
 const EXPLORE_ALPHA: f64 = 0.5;
@@ -360,35 +348,21 @@ impl Policy {
         }
     }
 
-    /// An exploration that, a quarter of the way into its epoch, moves clearly
-    /// less than the running mode's figure: the rest of the epoch would only
-    /// cost time.
-    /// * Compression, less than raw's figure divided by [`CUT_FACTOR`]: the
-    ///   codec, not the link, is the bottleneck. (Link-bound, a compressed epoch
-    ///   after raw ones first drains the raw bytes the buffers hold and measures
-    ///   about raw's figure: it is not cut.)
-    /// * Raw, less than compression's figure divided by [`RAW_CUT_FACTOR`]: the
-    ///   link is the bottleneck. Raw's first measured epoch counts as an
-    ///   exploration here (it runs only to be compared). After compressed epochs
-    ///   the socket buffers are full, so raw bytes enter at the link's rate from
-    ///   the start, and the quarter measures what the whole epoch would.
+    /// An exploration of compression that, a quarter of the way into its epoch,
+    /// moves less than raw's figure divided by [`CUT_FACTOR`]: the codec, not the
+    /// link, is the bottleneck, and the rest of the epoch would only cost time.
+    /// (Link-bound, a compressed epoch after raw ones first drains the raw bytes
+    /// the buffers hold and measures about raw's figure: it is not cut.)
     fn hopeless_exploration(e: &Epoch, now: Instant, rx: u64) -> bool {
-        if e.idle || e.settling || e.bytes < EPOCH_BYTES / 4 {
+        if !e.exploring || e.mode != Mode::Compressed || e.idle || e.bytes < EPOCH_BYTES / 4 {
             return false;
         }
-        let (other, factor) = match e.mode {
-            Mode::Compressed if e.exploring => (e.thr[Mode::Raw as usize], CUT_FACTOR),
-            Mode::Raw if e.exploring || e.thr[Mode::Raw as usize].is_none() => {
-                (e.thr[Mode::Compressed as usize], RAW_CUT_FACTOR)
-            }
-            _ => return false,
-        };
-        let Some(other) = other else {
+        let Some(r) = e.thr[Mode::Raw as usize] else {
             return false;
         };
         let secs = now.saturating_duration_since(e.start).as_secs_f64();
         let moved = (e.bytes + rx.saturating_sub(e.rx_start)) as f64;
-        secs > 0.0 && moved / secs * factor < other
+        secs > 0.0 && moved / secs * CUT_FACTOR < r
     }
 
     /// Closes the current epoch's measurement and picks the next epoch's mode.
@@ -855,45 +829,6 @@ mod tests {
             assert!(
                 *r <= per_epoch / 4 + 1,
                 "an exploration ran {r} chunks (epoch {per_epoch}): {runs:?}"
-            );
-        }
-    }
-
-    /// The mirror case (link-bound, compression 1.5x faster): raw's first
-    /// measured epoch and its explorations end a quarter of the way in, so a
-    /// 1 GiB run leaves the gain behind for less time. Only the settling epoch
-    /// (raw's first, which fills the buffers) runs whole.
-    #[test]
-    fn slow_raw_explorations_are_cut_short() {
-        let p = Policy::new(CompressMode::Auto, None, 4);
-        let mut t = Instant::now();
-        let chunk = 256usize << 10;
-        let per_epoch = (EPOCH_BYTES / chunk as u64) as usize;
-        let mut runs = Vec::new();
-        let mut run = 0usize;
-        for _ in 0..8 * 1024 {
-            let d = p.decide_at(chunk, t);
-            let rate = if d == Decision::Compress {
-                p.record(chunk, chunk * 2 / 3, 100_000);
-                if run > 0 {
-                    runs.push(run);
-                }
-                run = 0;
-                0.375e9
-            } else {
-                run += 1;
-                0.25e9
-            };
-            t += Duration::from_secs_f64(chunk as f64 / rate);
-        }
-        eprintln!("raw runs (chunks): {runs:?}");
-        assert!(runs.len() >= 3, "explorations happened: {runs:?}");
-        // The settling epoch, then the measured one cut at a quarter.
-        assert_eq!(runs[0], per_epoch + per_epoch / 4, "{runs:?}");
-        for r in &runs[1..] {
-            assert!(
-                *r <= per_epoch / 4 + 1,
-                "a raw exploration ran {r} chunks (epoch {per_epoch}): {runs:?}"
             );
         }
     }
