@@ -267,6 +267,8 @@ impl Registration {
             // SAFETY: the task (which owns the fd) is alive here.
             let bfd = unsafe { BorrowedFd::borrow_raw(self.fd) };
             let _ = self.worker.ep.delete(bfd);
+            // The worker then finds it gone and forgets its edges.
+            self.worker.kick(self.id);
         }
     }
 }
