@@ -1057,6 +1057,16 @@ struct V2Planes {
     u32 lo1o, lo0o;
 };
 
+// Tops up a sub-segment decoder's bit buffer (stream bits LSB-first, zero past
+// the stream's `sbytes`) a byte at a time to at least 57 bits.
+NZC_HD void bits_fill(u64& buf, u32& rp, u32& have, const u8* sp, u32 sbytes) {
+    while (have <= 56) {
+        buf |= (u64)(rp < sbytes ? sp[rp] : 0) << have;
+        rp++;
+        have += 8;
+    }
+}
+
 // Decodes one sub-segment (V2.3 "Stream", "Element value") of dtype DT into o (W
 // bytes per value); false unless its values end exactly at `end` and use exactly
 // its plane elements. Reads the stream only below sbytes (zero beyond).
@@ -1072,21 +1082,11 @@ NZC_HD bool v2_subseg(const u32* lut, const u8* sp, u32 sbytes, V2Lane ln, bool 
     // element takes at most 12 + 8 or 12 + 5 + 3 bits).
     u64 buf = 0;
     u32 rp = bit >> 3, have = 0;
-    while (have <= 56) {
-        buf |= (u64)(rp < sbytes ? sp[rp] : 0) << have;
-        rp++;
-        have += 8;
-    }
+    bits_fill(buf, rp, have, sp, sbytes);
     buf >>= bit & 7;
     have -= bit & 7;
     for (u32 i = 0; i < ln.n; i++) {
-        if (have < 32) {
-            while (have <= 56) {
-                buf |= (u64)(rp < sbytes ? sp[rp] : 0) << have;
-                rp++;
-                have += 8;
-            }
-        }
+        if (have < 32) bits_fill(buf, rp, have, sp, sbytes);
         const u32 ent = lut[buf & (DEC_TABLE - 1)];
         u32 len = ent & 31, e = (ent >> 8) & 0xFF, el = 0;
         if (ent & E2_INVALID) return false;
@@ -1175,22 +1175,12 @@ NZC_HD bool sym_subseg(const u32* lut, const u8* sp, u32 sbytes, u32 bit, u32 en
                        u32 centre, u8* o) {
     u64 buf = 0;
     u32 rp = bit >> 3, have = 0;
-    while (have <= 56) {
-        buf |= (u64)(rp < sbytes ? sp[rp] : 0) << have;
-        rp++;
-        have += 8;
-    }
+    bits_fill(buf, rp, have, sp, sbytes);
     buf >>= bit & 7;
     have -= bit & 7;
     u32 sh = 0;
     for (u32 i = 0; i < n; i++) {
-        if (have < 32) {
-            while (have <= 56) {
-                buf |= (u64)(rp < sbytes ? sp[rp] : 0) << have;
-                rp++;
-                have += 8;
-            }
-        }
+        if (have < 32) bits_fill(buf, rp, have, sp, sbytes);
         const u32 ent = lut[buf & (DEC_TABLE - 1)];
         const u32 sy = ent & 0xFF;
         u32 len = ent >> 8;

@@ -384,25 +384,7 @@ pub(crate) fn encode_block_by(
     out: &mut [u8],
     code: impl FnOnce(&mut [u8]) -> Option<usize>,
 ) -> Option<(usize, BlockKind)> {
-    let l = blk.len();
-    if all_equal(blk) {
-        if out.len() < 2 {
-            return None;
-        }
-        out[0] = MODE_FILL;
-        out[1] = blk[0];
-        return Some((2, BlockKind::Fill));
-    }
-    let cap = l.min(out.len());
-    if let Some(size) = code(&mut out[..cap]) {
-        return Some((size, BlockKind::Coded));
-    }
-    if out.len() < 1 + l {
-        return None;
-    }
-    out[0] = MODE_RAW;
-    out[1..1 + l].copy_from_slice(blk);
-    Some((1 + l, BlockKind::Raw))
+    encode_block_in(blk, out, |o, cap| code(&mut o[..cap]))
 }
 
 /// Whether some block of the input is one repeated byte (a block frame of FILL and

@@ -768,6 +768,12 @@ pub(crate) fn decode_block(b: &[u8], out: &mut [u8]) -> Result<(), CodecError> {
 #[inline(always)]
 fn dec_one<T: SymMode>(st: &[u8], table: &[u16; TABLE], p: &mut u64) -> u32 {
     let v = load64(st, (*p >> 3) as usize) >> (*p & 7);
+    dec_word::<T>(v, table, p)
+}
+
+/// One element from `v`, the stream's bits from `*p` on (LSB first).
+#[inline(always)]
+fn dec_word<T: SymMode>(v: u64, table: &[u16; TABLE], p: &mut u64) -> u32 {
     let te = table[(v & (TABLE as u64 - 1)) as usize];
     let s = (te & 0xFF) as usize;
     let ln = (te >> 8) as u32;
@@ -788,13 +794,7 @@ const MAX_ELEM_BITS: usize = 23;
 unsafe fn dec_one_fast<T: SymMode>(st: &[u8], table: &[u16; TABLE], p: &mut u64) -> u32 {
     let q = (*p >> 3) as usize;
     let v = u64::from_le_bytes(*(st.as_ptr().add(q) as *const [u8; 8])) >> (*p & 7);
-    let te = table[(v & (TABLE as u64 - 1)) as usize];
-    let s = (te & 0xFF) as usize;
-    let ln = (te >> 8) as u32;
-    let rb = T::rawbits(s);
-    let raw = ((v >> ln) & ((1u64 << rb) - 1)) as u32;
-    *p += (ln + rb) as u64;
-    T::join(s, raw)
+    dec_word::<T>(v, table, p)
 }
 
 /// Reads `n` packed `w`-bit index entries (zero padding) and returns their sum.
