@@ -333,6 +333,23 @@ NZC_HD void fill_rounds(X& x, u8* dst, u8 val, u64 len) {
     });
 }
 
+// out[lo..hi) = byte_at(lo..hi), in ascending 16-byte rounds aligned to out (the
+// write order NCCL's pollers need, FORMAT.md / issue 19 item 6).
+template <class X, class F>
+NZC_HD void gather_rounds(X& x, u8* out, u32 lo, u32 hi, F byte_at) {
+    if (hi <= lo) return;
+    const u32 c0 = lo / 16, c1 = (hi + 15) / 16;
+    x.rounds(c1 - c0, [&](u64 c) {
+        const u32 a0 = (c0 + (u32)c) * 16 > lo ? (c0 + (u32)c) * 16 : lo;
+        const u32 a1 = (c0 + (u32)c) * 16 + 16 < hi ? (c0 + (u32)c) * 16 + 16 : hi;
+        // constant indices: b stays in registers
+        u8 b[16];
+NZC_UNROLL
+        for (u32 i = 0; i < 16; i++) b[i] = a0 + i < a1 ? (u8)byte_at(a0 + i) : 0;
+        store_chunk(out + a0, b, a1 - a0);
+    });
+}
+
 // Whether all len (>= 1) bytes of p equal p[0].
 template <class X>
 NZC_HD bool all_equal(X& x, const u8* p, u64 len) {
@@ -1364,16 +1381,7 @@ NZC_HD u32 decode_block_sym(X& x, Smem& s, const u8* blk, u32 size, u8* out, u32
             const u32 r = g - gb0;
             return s.stage[(r >> (ssl + wl)) * stride + (r & (ssw - 1))];
         };
-        const u32 c0 = lo / 16, c1 = (hi + 15) / 16;
-        if (hi > lo)
-            x.rounds(c1 - c0, [&](u64 c) {
-                const u32 q0 = (c0 + (u32)c) * 16 > lo ? (c0 + (u32)c) * 16 : lo;
-                const u32 q1 = (c0 + (u32)c) * 16 + 16 < hi ? (c0 + (u32)c) * 16 + 16 : hi;
-                u8 b[16];
-NZC_UNROLL
-                for (u32 i = 0; i < 16; i++) b[i] = q0 + i < q1 ? (u8)byte_at(q0 + i) : 0;
-                store_chunk(out + q0, b, q1 - q0);
-            });
+        gather_rounds(x, out, lo, hi, byte_at);
     }
     return ST_OK;
 }
@@ -1634,17 +1642,7 @@ NZC_HD u32 decode_block_v2(X& x, Smem& s, const u8* blk, u32 size, u8* out, u32 
             const u32 r = kb - kb0;
             return s.stage[(r >> (8 + ssl + wl)) * stride + (r & (ssw - 1))];
         };
-        const u32 c0 = lo / 16, c1 = (hi + 15) / 16;
-        if (hi > lo)
-            x.rounds(c1 - c0, [&](u64 c) {
-                const u32 a0 = (c0 + (u32)c) * 16 > lo ? (c0 + (u32)c) * 16 : lo;
-                const u32 a1 = (c0 + (u32)c) * 16 + 16 < hi ? (c0 + (u32)c) * 16 + 16 : hi;
-                // constant indices: b stays in registers
-                u8 b[16];
-NZC_UNROLL
-                for (u32 i = 0; i < 16; i++) b[i] = a0 + i < a1 ? (u8)byte_at(a0 + i) : 0;
-                store_chunk(out + a0, b, a1 - a0);
-            });
+        gather_rounds(x, out, lo, hi, byte_at);
         if (j1 == ns) break;
     }
     return ST_OK;
