@@ -26,10 +26,13 @@
 //!    after [`EXPLORE_EPOCHS`] epochs (four times that when it measured more than
 //!    1.5x slower), and each time it confirms the choice, twice as long after, up
 //!    to [`MAX_EXPLORE_EPOCHS`]. Only an exploration switches modes, and it is
-//!    judged against the running mode on both sides: A, the other mode B, then
-//!    A twice (the first only settles: the pipelines still carry B's effects);
-//!    B takes over if it beats both measured A epochs by its margin
-//!    ([`SWITCH_MARGIN`] for compression, [`RAW_MARGIN`] for raw). On a shared
+//!    judged against the running mode on both sides: A, the other mode B (two
+//!    epochs: the first settles, as the buffers still hold A's bytes), then A
+//!    twice; B takes over if it beats the A epoch before it and the better of
+//!    the two after it by its margin ([`SWITCH_MARGIN`] for compression,
+//!    [`RAW_MARGIN`] for raw): the pipelines still carry B's effects after it
+//!    (a receive backlog, the peer still decoding what B sent), which
+//!    penalise one of those A epochs, not both. On a shared
 //!    machine conditions change between epochs (other tenants, the peer's own
 //!    mode), and comparing a fresh figure with one many epochs old let noise
 //!    carry CPU-bound runs into compression (issue 21, 4 GiB both ways); a step
@@ -37,24 +40,29 @@
 //!    mode's average falls behind the other's older figure, the exploration
 //!    comes after one more epoch. In steady state explorations then cost about
 //!    `(gap - 1) / 97` of the throughput, where `gap` is how many times slower the
-//!    explored mode is: 0.5% at 1.45x, 2% at 3x. An exploration of compression
-//!    that measures [`CUT_FACTOR`] times slower than raw a quarter of the way in
-//!    ends there (the codec is the bottleneck; link-bound, a compressed epoch
-//!    measures its real rate from the start, as the buffers take compressed
-//!    bytes at the link's rate times the ratio): on the unshaped veth this cut
-//!    a 1 GiB run's learning cost from 2.1% to 0.8% (simulation).
+//!    explored mode is: 0.5% at 1.45x, 2% at 3x. An exploration that measures
+//!    [`CUT_FACTOR`] times slower than the running mode a quarter of the way
+//!    into its settling epoch ends there: even the buffers' start did not help
+//!    it (compression where the codec is the bottleneck, raw where the link
+//!    is). On the unshaped veth this cut a 1 GiB run's learning cost from
+//!    2.1% to 0.8% (simulation).
 //!    An epoch that
 //!    spans an idle gap (no chunk for [`IDLE`]) measures the application, not us,
 //!    and is discarded.
 //!
-//!    Learning starts compressed. Raw is measured next, except when the static
-//!    model finds the codec [`CONFIDENT`] times faster than the link: then only
-//!    after [`LEARN_EPOCHS`] compressed epochs. A mode's first epoch after a
-//!    switch is flattered while socket buffers still have room (they take bytes
-//!    at memory speed); raw measured right after a compressed start meets room
-//!    nearly always, looks several times faster than the link, and kept
-//!    link-bound comms raw for many epochs until the average forgot it. A traced
-//!    run: `NCCL_DEBUG=TRACE` prints one line per epoch.
+//!    Learning measures raw, then compression, each after an epoch that only
+//!    settles (compression's is cut short where it is hopeless). A comm's
+//!    first epoch measures its start, not a mode: the buffers take bytes at
+//!    memory speed, and a peer that starts later sends nothing back yet. On
+//!    2 Gbit/s both ways a compressed start measured 0.35 to 1.0 GB/s against
+//!    a steady 0.7, and where it measured low, raw ran for a quarter of the
+//!    run. A mode's first epoch after a switch is flattered while socket
+//!    buffers still have room, and compression's after raw epochs measures
+//!    raw's rate while it drains the raw bytes the buffers hold. When the
+//!    static model finds the codec [`CONFIDENT`] times faster than the link
+//!    (the user gave its speed), learning starts compressed instead and raw is
+//!    measured after [`LEARN_EPOCHS`] compressed epochs. A traced run:
+//!    `NCCL_DEBUG=TRACE` prints one line per epoch.
 
 use std::time::{Duration, Instant};
 
@@ -176,6 +184,8 @@ struct Epoch {
     confirm: Option<(Option<f64>, Option<f64>)>,
     /// A epochs after B still to run before the one compared with B.
     skip: u32,
+    /// What the A epoch right after B measured.
+    after_skip: Option<f64>,
     /// The first choice between measured modes is made.
     decided: bool,
     /// Compressed epochs measured so far.
@@ -311,8 +321,14 @@ impl Policy {
         s.probe = false;
         let codec = s.codec_bps * self.parallel;
         let rx = self.received.get();
+        // A codec far faster than a link the user described: compression
+        // will almost surely win, and raw is measured only once buffers are
+        // full (see below).
+        let confident = self.link_bps.is_some_and(|l| codec >= CONFIDENT * l);
         let e = s.epoch.get_or_insert(Epoch {
-            mode: Mode::Compressed,
+            // Learning starts raw (see [`Policy::next_epoch`]), or compressed
+            // for a confident codec.
+            mode: if confident { Mode::Compressed } else { Mode::Raw },
             start: now,
             last: now,
             bytes: 0,
@@ -324,22 +340,22 @@ impl Policy {
             before: None,
             confirm: None,
             skip: 0,
+            after_skip: None,
             decided: false,
             c_epochs: 0,
             rx_start: rx,
-            settling: false,
+            // The comm's first epoch measures its start (a peer that starts
+            // sending later, buffers with room), not a mode.
+            settling: !confident,
             raw_own: None,
         });
         if now.saturating_duration_since(e.last) > IDLE {
             e.idle = true;
         }
         e.last = now;
-        if e.bytes >= EPOCH_BYTES || Self::hopeless_exploration(e, now, rx) {
-            // A codec far faster than a link the user described: compression
-            // will almost surely win, and raw is measured only once buffers are
-            // full (see below).
-            let confident = self.link_bps.is_some_and(|l| codec >= CONFIDENT * l);
-            Self::next_epoch(e, now, rx, confident, codec);
+        let cut = Self::hopeless_exploration(e, now, rx);
+        if e.bytes >= EPOCH_BYTES || cut {
+            Self::next_epoch(e, now, rx, confident, codec, cut);
         }
         e.bytes += len as u64;
         match e.mode {
@@ -354,15 +370,17 @@ impl Policy {
     /// (Link-bound, a compressed epoch after raw ones first drains the raw bytes
     /// the buffers hold and measures about raw's figure: it is not cut.)
     fn hopeless_exploration(e: &Epoch, now: Instant, rx: u64) -> bool {
-        if !e.exploring || e.mode != Mode::Compressed || e.idle || e.bytes < EPOCH_BYTES / 4 {
+        // Explorations, and learning's compressed epochs after raw's.
+        let trial = e.exploring || e.thr[Mode::Compressed as usize].is_none();
+        if !trial || e.idle || e.bytes < EPOCH_BYTES / 4 {
             return false;
         }
-        let Some(r) = e.thr[Mode::Raw as usize] else {
+        let Some(other) = e.thr[e.mode.other() as usize] else {
             return false;
         };
         let secs = now.saturating_duration_since(e.start).as_secs_f64();
         let moved = (e.bytes + rx.saturating_sub(e.rx_start)) as f64;
-        secs > 0.0 && moved / secs * CUT_FACTOR < r
+        secs > 0.0 && moved / secs * CUT_FACTOR < other
     }
 
     /// Closes the current epoch's measurement and picks the next epoch's mode.
@@ -370,14 +388,17 @@ impl Policy {
     /// link or more.
     /// `rx`: the received meter now; `codec`: the codec's throughput, all
     /// threads together.
-    fn next_epoch(e: &mut Epoch, now: Instant, rx: u64, confident: bool, codec: f64) {
+    /// `cut`: the epoch ends early, a hopeless exploration.
+    fn next_epoch(e: &mut Epoch, now: Instant, rx: u64, confident: bool, codec: f64, cut: bool) {
         if e.mode == Mode::Compressed && !e.idle {
             e.c_epochs += 1;
         }
         let secs = now.saturating_duration_since(e.start).as_secs_f64();
         let received = rx.saturating_sub(e.rx_start);
         let mut measured = None;
-        if !e.idle && !e.settling && secs > 0.0 {
+        // A settling epoch cut short as hopeless measured enough: compression
+        // moved far less than raw even while the buffers drained raw bytes.
+        if !e.idle && (!e.settling || cut) && secs > 0.0 {
             // What this node moved: sent on this comm, and received.
             let t = (e.bytes + received) as f64 / secs;
             measured = Some(t);
@@ -392,8 +413,25 @@ impl Policy {
             *m = Some(m.map_or(t, |old| old + alpha * (t - old)));
         }
         let was = e.mode;
+        let learning = was == Mode::Compressed && e.thr[was as usize].is_none();
+        if e.settling && (e.exploring || learning) && measured.is_none() {
+            // An exploration, or learning's compressed epoch, settled; the
+            // measured epoch of the same mode follows.
+            e.settling = false;
+            Self::log_epoch(e, was, measured);
+            e.start = now;
+            e.rx_start = rx;
+            e.bytes = 0;
+            e.idle = false;
+            return;
+        }
         e.mode = match e.thr {
-            [None, _] => Mode::Compressed,
+            [None, _] if confident => Mode::Compressed,
+            // Not confident: learning measured raw first (its first epoch
+            // settled), then compression, whose first epoch settles while the
+            // buffers drain raw bytes (it is cut short if hopeless).
+            [None, Some(_)] => Mode::Compressed,
+            [None, None] => Mode::Raw,
             // Raw's first epoch is measured once [`LEARN_EPOCHS`] compressed ones
             // have filled the socket buffers, when the codec is far faster than
             // the link; otherwise at once. A raw epoch that starts while buffers
@@ -479,13 +517,18 @@ impl Policy {
         }
         if e.confirm.is_some() && e.skip > 0 {
             e.skip -= 1;
+            e.after_skip = measured;
             return was;
         }
         if let Some((before, b)) = e.confirm.take() {
             let explored = was.other();
             // The A epochs around B that measured something (no allocation: this
             // runs on the thread that calls isend).
-            let neighbours = || [before, measured].into_iter().flatten();
+            let after = match (e.after_skip.take(), measured) {
+                (Some(x), Some(y)) => Some(x.max(y)),
+                (_, m) => m,
+            };
+            let neighbours = || [before, after].into_iter().flatten();
             let n = neighbours().count();
             let Some(b) = b.filter(|_| n > 0) else {
                 // An idle epoch measured nothing: the interval stands.
@@ -549,8 +592,16 @@ impl Policy {
         // compressed start that did not fill them: it would be taken up at memory
         // speed and look several times faster than the link. It only settles.
         // (After the confident delay the buffers are full already.)
-        e.settling =
-            !confident && e.mode == Mode::Raw && e.thr[Mode::Raw as usize].is_none() && !e.settling;
+        let raw_first =
+            e.mode == Mode::Raw && e.thr[Mode::Raw as usize].is_none() && !e.settling;
+        // Compression tried after raw epochs (learning, or an exploration) first
+        // drains the raw bytes the buffers hold, and measures about raw's
+        // figure where the link is the bottleneck: on 2 Gbit/s both ways such
+        // explorations kept raw running a quarter of a run. Its first epoch
+        // settles (and is cut short where compression is hopeless).
+        let compressed_first =
+            e.mode == Mode::Compressed && e.thr[Mode::Compressed as usize].is_none();
+        e.settling = e.exploring || (!confident && (raw_first || compressed_first));
         e.start = now;
         e.rx_start = rx;
         e.bytes = 0;
@@ -795,9 +846,10 @@ mod tests {
     }
 
     /// An exploration of compression on a CPU-bound pipeline (compression 2.5x
-    /// slower than raw) stops a quarter of the way into its epoch; the first
-    /// compressed epoch (no raw figure yet) runs whole. A link-bound pipeline's
-    /// explorations of raw are never cut (only compression's are).
+    /// slower than raw) stops a quarter of the way into its epoch, and so does
+    /// learning's first compressed epoch (raw was measured first). A
+    /// link-bound pipeline's explorations of raw are never cut (only
+    /// compression's are).
     #[test]
     fn slow_explorations_are_cut_short() {
         let p = Policy::new(CompressMode::Auto, None, 4);
@@ -824,8 +876,7 @@ mod tests {
         }
         eprintln!("compressed runs (chunks): {runs:?}");
         assert!(runs.len() >= 3, "explorations happened: {runs:?}");
-        assert!(runs[0] >= per_epoch, "the first epoch runs whole: {runs:?}");
-        for r in &runs[1..] {
+        for r in &runs {
             assert!(
                 *r <= per_epoch / 4 + 1,
                 "an exploration ran {r} chunks (epoch {per_epoch}): {runs:?}"
@@ -925,9 +976,15 @@ mod tests {
             }
         }
         assert_eq!(one.decide(1 << 20), Decision::RawBypass);
+        // Not the gate: the chunk is sent raw for `REPROBE_EVERY` chunks.
+        assert_eq!(one.state.lock().bypass_left, REPROBE_EVERY);
         // (Two streams run in parallel only with two cores.)
         if std::thread::available_parallelism().map_or(1, |n| n.get()) >= 2 {
-            assert_eq!(two.decide(1 << 20), Decision::Compress);
+            // The gate lets the policy measure both modes (learning starts
+            // raw: the codec is not `CONFIDENT` times the link).
+            assert_eq!(two.decide(1 << 20), Decision::RawBypass);
+            assert_eq!(two.state.lock().bypass_left, 0);
+            assert!(two.state.lock().epoch.is_some());
         }
         // A slow codec loses even on a modest link.
         let p = Policy::new(CompressMode::Auto, Some(100 * GBIT), 1);
@@ -1069,22 +1126,34 @@ mod tests {
     /// and 0.76). Cores shared with other work (noise at two time scales, as a
     /// shared VM has) reproduce it: the policy that compared a fresh figure with
     /// an old one and let compression win while 9% slower gave auto/off 0.90–0.96
-    /// with 10–60% compressed at 4 GiB. Five seeds of the same noise: the
-    /// median meets the issue's bar, and no run falls far below it.
+    /// with 10–60% compressed at 4 GiB. Sixteen seeds of the same noise per
+    /// cell: the median meets the issue's bar, and no run falls far below it.
+    /// Both ways at 2 Gbit/s, where on this noise compression still pays 1.33–
+    /// 1.46x, the median must keep 98% of the better mode: the policy of
+    /// session 12 (learning started compressed, explorations measured in one
+    /// epoch and judged against the second A epoch after them) kept 97.1%
+    /// (minimum 92.7%); this one keeps 98.6% (minimum 94.5%).
     #[test]
     fn two_nodes_on_noisy_cores_do_not_drift() {
         use two_nodes::*;
         const MIB: f64 = 1048576.0;
         let mut fails = Vec::new();
-        for (lname, link) in [("10gbit", GBIT10), ("none", UNSHAPED), ("2gbit", GBIT2)] {
+        for (both, lname, link, keep) in [
+            (true, "10gbit", GBIT10, 0.95),
+            (true, "none", UNSHAPED, 0.95),
+            (true, "2gbit", GBIT2, 0.98),
+            (false, "none", UNSHAPED, 0.95),
+            (false, "2gbit", GBIT2, 0.95),
+        ] {
+            let dir = if both { "both" } else { "one " };
             let (mut vs_best, mut vs_off) = (Vec::new(), Vec::new());
-            for seed in 0..5 {
+            for seed in 0..16 {
                 let noise = Some(Noise {
                     slow: 0.3,
                     fast: 0.3,
                     seed,
                 });
-                let g = |m| run_noisy(Which::Now, m, true, BF16, link, 1024.0 * MIB, 1.0, noise);
+                let g = |m| run_noisy(Which::Now, m, both, BF16, link, 1024.0 * MIB, 1.0, noise);
                 let (auto, on, off) = (
                     g(CompressMode::Auto),
                     g(CompressMode::On),
@@ -1092,7 +1161,7 @@ mod tests {
                 );
                 let best = auto.goodput / on.goodput.max(off.goodput);
                 eprintln!(
-                    "noisy both {lname:6} seed {seed}: auto/off {:.3} auto/best {best:.3} on/off {:.3} (compressed {:.2?})",
+                    "noisy {dir} {lname:6} seed {seed}: auto/off {:.3} auto/best {best:.3} on/off {:.3} (compressed {:.2?})",
                     auto.goodput / off.goodput,
                     on.goodput / off.goodput,
                     auto.compressed_dir
@@ -1106,13 +1175,15 @@ mod tests {
             };
             let (best, off) = (median(&mut vs_best), median(&mut vs_off));
             let min = vs_best[0];
+            eprintln!("noisy {dir} {lname:6}: median auto/best {best:.3}, auto/off {off:.3}; min auto/best {min:.3}");
             // The issue's bar on the median; no run far below it.
-            if best < 0.95 || off < 0.97 || min < 0.93 {
+            if best < keep || off < 0.97 || min < 0.93 {
                 fails.push(format!(
-                    "{lname}: median auto/best {best:.3}, auto/off {off:.3}; min auto/best {min:.3}"
+                    "{dir} {lname}: median auto/best {best:.3}, auto/off {off:.3}; min auto/best {min:.3}"
                 ));
             }
         }
         assert!(fails.is_empty(), "{fails:#?}");
     }
 }
+
