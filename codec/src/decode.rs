@@ -498,28 +498,32 @@ pub(crate) struct Lane {
 
 /// Slack after a segment's keys: a table entry is stored as 4 bytes.
 pub(crate) const KEY_SLACK: usize = 20;
-/// Keys one [`lane_step`] decodes at most.
+/// Keys one [`lane_step_in`] decodes at most.
 const STEP_KEYS: usize = 4 * MULTI;
 const _: () = assert!(KEY_SLACK >= STEP_KEYS);
 
 /// One refill and up to 4 multi-symbol lookups (at most [`STEP_KEYS`] keys, 48
 /// stream bits). Callers keep `lane.kp + STEP_KEYS <= SEG_ELEMS`; memory safety
-/// holds regardless (`kp` is clamped).
+/// holds regardless (`kp` is clamped). `U`: the stream loads are not bounds-checked.
+///
+/// # Safety
+/// With `U`, `src` holds 8 bytes at every byte the lane loads from: see
+/// [`dec_segments4_unchecked`].
 #[inline(always)]
-fn lane_step<T: Elem>(
+unsafe fn lane_step_in<T: Elem, const U: bool>(
     t: &Tables,
     src: &[u8],
     keys: &mut [u8; SEG_ELEMS + KEY_SLACK],
     l: &mut Lane,
 ) {
-    let mut buf = load64(src, l.base + (l.bp >> 3) as usize) >> (l.bp & 7);
+    let mut buf = load64_in::<U>(src, l.base + (l.bp >> 3) as usize) >> (l.bp & 7);
     let mut kp = l.kp.min(SEG_ELEMS);
     for _ in 0..4 {
         let idx = (buf & t.mmask & (TABLE as u64 - 1)) as usize;
         let info = t.meta[idx] as u32;
         let cnt = (info >> 4) as usize;
         if cnt == 0 {
-            let buf = load64(src, l.base + (l.bp >> 3) as usize) >> (l.bp & 7);
+            let buf = load64_in::<U>(src, l.base + (l.bp >> 3) as usize) >> (l.bp & 7);
             let (k, n, b) = dec_one::<T>(&t.single, buf);
             keys[kp] = k;
             kp += 1;
@@ -553,11 +557,27 @@ pub(crate) fn lane_finish<T: Elem>(
     n: usize,
     l: &mut Lane,
 ) {
+    // SAFETY: U = false: every load is bounds-checked.
+    unsafe { lane_finish_in::<T, false>(t, src, keys, n, l) }
+}
+
+/// [`lane_finish`]; `U`: as in [`lane_step_in`].
+///
+/// # Safety
+/// As [`lane_step_in`].
+#[inline(always)]
+unsafe fn lane_finish_in<T: Elem, const U: bool>(
+    t: &Tables,
+    src: &[u8],
+    keys: &mut [u8; SEG_ELEMS + KEY_SLACK],
+    n: usize,
+    l: &mut Lane,
+) {
     while l.kp + STEP_KEYS <= n {
-        lane_step::<T>(t, src, keys, l);
+        lane_step_in::<T, U>(t, src, keys, l);
     }
     while l.kp < n {
-        let buf = load64(src, l.base + (l.bp >> 3) as usize) >> (l.bp & 7);
+        let buf = load64_in::<U>(src, l.base + (l.bp >> 3) as usize) >> (l.bp & 7);
         let (k, b, f) = dec_one::<T>(&t.single, buf);
         keys[l.kp.min(SEG_ELEMS)] = k;
         l.kp += 1;
@@ -576,18 +596,66 @@ pub(crate) fn dec_segments4<T: Elem>(
     lanes: &mut [Lane; 4],
     n: usize,
 ) {
+    // SAFETY: U = false: every load is bounds-checked.
+    unsafe { dec_segments4_in::<T, false>(t, src, keys, lanes, n) }
+}
+
+/// [`dec_segments4`] without bounds checks on the stream loads.
+///
+/// # Safety
+/// For every lane, `src` holds `l.base + (l.bp / 8 + (20 * n).div_ceil(8)) + 8`
+/// bytes or more (its state on entry). Why that is enough: every key a lane decodes
+/// takes at most 20 stream bits (a 12-bit code and an 8-bit escape payload, or fp16's
+/// 5-bit payload and 3 extra bits; a multi-symbol lookup takes at most 12 bits for
+/// at least one key), a lane decodes at most `n` keys (steps run while `kp +
+/// STEP_KEYS <= n`, single keys while `kp < n`), and it loads 8 bytes at the byte of
+/// its next key's first bit: at most `l.bp / 8 + (7 + 20 * (n - 1)) / 8` bytes
+/// past `l.base`, below the bound whatever the stream holds.
+#[inline(always)]
+pub(crate) unsafe fn dec_segments4_unchecked<T: Elem>(
+    t: &Tables,
+    src: &[u8],
+    keys: &mut [[u8; SEG_ELEMS + KEY_SLACK]; 4],
+    lanes: &mut [Lane; 4],
+    n: usize,
+) {
+    dec_segments4_in::<T, true>(t, src, keys, lanes, n)
+}
+
+#[inline(always)]
+unsafe fn dec_segments4_in<T: Elem, const U: bool>(
+    t: &Tables,
+    src: &[u8],
+    keys: &mut [[u8; SEG_ELEMS + KEY_SLACK]; 4],
+    lanes: &mut [Lane; 4],
+    n: usize,
+) {
     let [k0, k1, k2, k3] = keys;
     let [l0, l1, l2, l3] = lanes;
     while l0.kp.max(l1.kp).max(l2.kp.max(l3.kp)) + STEP_KEYS <= n {
-        lane_step::<T>(t, src, k0, l0);
-        lane_step::<T>(t, src, k1, l1);
-        lane_step::<T>(t, src, k2, l2);
-        lane_step::<T>(t, src, k3, l3);
+        lane_step_in::<T, U>(t, src, k0, l0);
+        lane_step_in::<T, U>(t, src, k1, l1);
+        lane_step_in::<T, U>(t, src, k2, l2);
+        lane_step_in::<T, U>(t, src, k3, l3);
     }
-    lane_finish::<T>(t, src, k0, n, l0);
-    lane_finish::<T>(t, src, k1, n, l1);
-    lane_finish::<T>(t, src, k2, n, l2);
-    lane_finish::<T>(t, src, k3, n, l3);
+    lane_finish_in::<T, U>(t, src, k0, n, l0);
+    lane_finish_in::<T, U>(t, src, k1, n, l1);
+    lane_finish_in::<T, U>(t, src, k2, n, l2);
+    lane_finish_in::<T, U>(t, src, k3, n, l3);
+}
+
+/// [`load64`], or with `U` an unchecked load.
+///
+/// # Safety
+/// With `U`, `p + 8 <= src.len()`.
+#[inline(always)]
+unsafe fn load64_in<const U: bool>(src: &[u8], p: usize) -> u64 {
+    if U {
+        debug_assert!(p + 8 <= src.len());
+        u64::from_le_bytes(*(src.as_ptr().add(p) as *const [u8; 8]))
+    } else {
+        load64(src, p)
+    }
 }
 
 /// Little-endian 64-bit load at byte `p` of `src`, zero-filled past its end.
