@@ -2035,7 +2035,7 @@ fn decode_coded_body<T: V2, S: TableSource, const V: bool>(
         let col0 = colb.map(|(ct, bs)| (ct, crate::coltab::grid_col0::<T>(bs, phi)));
         if !lines {
             if let Some((ct, c0)) = col0 {
-                crate::coltab::rotate::<T, true>(bytes, c0 + i0, ct);
+                crate::coltab::unrotate::<T, V>(bytes, c0 + i0, ct);
             }
             copy_ascending(&mut grid_out[i0 * w..i0 * w + bytes.len()], bytes);
         } else {
@@ -2054,7 +2054,7 @@ fn decode_coded_body<T: V2, S: TableSource, const V: bool>(
                     return Err(corrupt("kept line split across groups"));
                 }
                 if let Some((ct, c0)) = col0 {
-                    crate::coltab::rotate::<T, true>(&mut bytes[q..q + lb], c0 + gl * LINE / w, ct);
+                    crate::coltab::unrotate::<T, V>(&mut bytes[q..q + lb], c0 + gl * LINE / w, ct);
                 }
                 copy_ascending(&mut grid_out[gl * LINE..gl * LINE + lb], &bytes[q..q + lb]);
                 q += lb;
