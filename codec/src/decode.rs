@@ -959,6 +959,43 @@ mod tests {
         }
     }
 
+    /// A [`Decoder`] keeps the tables of an explicit code (version 2: its lengths are
+    /// in the block) and finds them again when a later block carries the same
+    /// lengths: compared whole, no rebuild. Another anchor or window is another set.
+    #[test]
+    fn decoder_reuses_tables_of_equal_lengths() {
+        let mut l1 = [0u8; NSYM];
+        for (i, l) in l1.iter_mut().enumerate().take(12) {
+            *l = (i + 1) as u8;
+        }
+        l1[12] = 12;
+        let mut l2 = [4u8; NSYM];
+        l2[..20].fill(5);
+        let mut d = Decoder::new();
+        let set = |d: &mut Decoder, l: &[u8; NSYM], a: u32| {
+            d.tables::<Bf16>(l, a, false, MBITS_EXPLICIT) as *const Tables
+        };
+        let p1 = set(&mut d, &l1, 20);
+        let p2 = set(&mut d, &l2, 20);
+        assert_ne!(p1, p2);
+        // same lengths (a fresh copy: compared by value), same anchor: the same set
+        let l1b = l1;
+        assert_eq!(set(&mut d, &l1b, 20), p1);
+        assert_eq!(set(&mut d, &l2, 20), p2);
+        assert_eq!(d.held_bytes(), 2 * std::mem::size_of::<Tables>());
+        // one length differs: a new set (lengths are compared whole, not hashed)
+        let mut l3 = l1;
+        l3.swap(0, 1);
+        assert_ne!(set(&mut d, &l3, 20), p1);
+        assert_eq!(d.held_bytes(), 3 * std::mem::size_of::<Tables>());
+        // the tables found are those of the code asked for
+        let t = d.tables::<Bf16>(&l1, 20, false, MBITS_EXPLICIT);
+        let words = crate::codes::canonical_words(&l1);
+        let mut want = [0u32; TABLE];
+        dec_table::<Bf16>(&l1, &words, 20, false, &mut want);
+        assert!(t.single == want);
+    }
+
     /// The multi-symbol tables equal the greedy decode of every 12-bit window, for
     /// every static code at several anchors and for explicit-like codes (lengths
     /// 1..=12, some unused).
