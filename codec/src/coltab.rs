@@ -12,6 +12,7 @@
 
 use std::cell::{Cell, RefCell};
 
+use crate::decode::copy_ascending;
 use crate::elem::{Bf16, Fp16, Fp32};
 use crate::encode::SAMPLE_STRIDE;
 use crate::format::*;
@@ -241,30 +242,40 @@ pub(crate) fn rotate_kept<T: V2, const INV: bool>(
     }
 }
 
-/// [`rotate`]`::<T, true>` (the decoder's un-rotation), with AVX2 where `V` (the
-/// caller is compiled for it): 16 bf16/fp16 or 8 fp32 elements a step.
+/// The decoder's un-rotation ([`rotate`]`::<T, true>`) of `src` (scratch: it may be
+/// changed), written to `dst` once, in ascending address order (as
+/// [`copy_ascending`]); with AVX2 where `V` (the caller is compiled for it): 16
+/// bf16/fp16 or 8 fp32 elements a step, loaded from `src` and stored to `dst`.
 #[inline(always)]
-pub(crate) fn unrotate<T: V2, const V: bool>(buf: &mut [u8], col0: usize, ct: &ColTab) {
+pub(crate) fn unrotate_copy<T: V2, const V: bool>(
+    dst: &mut [u8],
+    src: &mut [u8],
+    col0: usize,
+    ct: &ColTab,
+) {
+    assert_eq!(dst.len(), src.len());
     #[cfg(target_arch = "x86_64")]
     if V {
         // SAFETY: V is set only in functions compiled for AVX2, called after the CPU
         // was checked.
-        unsafe { unrotate_avx2::<T>(buf, col0, ct) };
+        unsafe { unrotate_avx2::<T>(dst, src, col0, ct) };
         return;
     }
-    rotate::<T, true>(buf, col0, ct)
+    rotate::<T, true>(src, col0, ct);
+    copy_ascending(dst, src);
 }
 
-/// [`unrotate`] with AVX2: [`rotate`]'s runs (a column table period at most), each
-/// in whole vectors and a scalar rest.
+/// [`unrotate_copy`] with AVX2: [`rotate`]'s runs (a column table period at most),
+/// each in whole vectors and a scalar rest (un-rotated in `src`, then copied).
 ///
 /// # Safety
-/// The CPU supports AVX2.
+/// The CPU supports AVX2; `dst` and `src` have one length.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-unsafe fn unrotate_avx2<T: V2>(buf: &mut [u8], col0: usize, ct: &ColTab) {
+unsafe fn unrotate_avx2<T: V2>(dst: &mut [u8], src: &mut [u8], col0: usize, ct: &ColTab) {
     use std::arch::x86_64::*;
-    let n = buf.len() / T::W;
+    use std::sync::atomic::{compiler_fence, Ordering};
+    let n = src.len() / T::W;
     let p = ct.p;
     let mut col = col0 % p;
     let mut i = 0;
@@ -277,10 +288,11 @@ unsafe fn unrotate_avx2<T: V2>(buf: &mut [u8], col0: usize, ct: &ColTab) {
         let whole = len - len % step;
         for k in (0..whole).step_by(step) {
             let at = (i + k) * T::W;
-            let xb: &mut [u8; 32] = (&mut buf[at..at + 32]).try_into().unwrap();
+            let xb: &[u8; 32] = (&src[at..at + 32]).try_into().unwrap();
+            let yb: &mut [u8; 32] = (&mut dst[at..at + 32]).try_into().unwrap();
             let o = &ct.off[col + k..col + k + step];
-            // SAFETY: the loads and the store cover `xb` (32 bytes) and `o` (`step`
-            // bytes: 8 or 16) exactly.
+            // SAFETY: the loads and the store cover `xb`, `yb` (32 bytes each) and `o`
+            // (`step` bytes: 8 or 16) exactly.
             let x = _mm256_loadu_si256(xb.as_ptr() as *const __m256i);
             let y = if T::W == 2 {
                 let c = _mm256_cvtepi8_epi16(_mm_loadu_si128(o.as_ptr() as *const __m128i));
@@ -311,17 +323,18 @@ unsafe fn unrotate_avx2<T: V2>(buf: &mut [u8], col0: usize, ct: &ColTab) {
                 let keep = _mm256_set1_epi32(!(emax << sh) as i32);
                 _mm256_or_si256(_mm256_and_si256(x, keep), _mm256_sll_epi32(r, cnt))
             };
-            _mm256_storeu_si256(xb.as_mut_ptr() as *mut __m256i, y);
+            _mm256_storeu_si256(yb.as_mut_ptr() as *mut __m256i, y);
+            // ascending stores (see `copy_ascending`)
+            compiler_fence(Ordering::Release);
         }
         // the run's last elements (fewer than a vector), from their column
-        rotate::<T, true>(
-            &mut buf[(i + whole) * T::W..(i + len) * T::W],
-            col + whole,
-            ct,
-        );
+        let rest = (i + whole) * T::W..(i + len) * T::W;
+        rotate::<T, true>(&mut src[rest.clone()], col + whole, ct);
+        copy_ascending(&mut dst[rest.clone()], &src[rest]);
         i += len;
         col = 0;
     }
+    copy_ascending(&mut dst[n * T::W..], &src[n * T::W..]);
 }
 
 #[cfg(all(test, target_arch = "x86_64"))]
@@ -330,8 +343,8 @@ mod unrotate_tests {
     use crate::elem::{Fp16, Fp32};
 
     #[target_feature(enable = "avx2")]
-    unsafe fn avx2<T: V2>(buf: &mut [u8], col0: usize, ct: &ColTab) {
-        unrotate::<T, true>(buf, col0, ct)
+    unsafe fn avx2<T: V2>(dst: &mut [u8], src: &mut [u8], col0: usize, ct: &ColTab) {
+        unrotate_copy::<T, true>(dst, src, col0, ct)
     }
 
     fn check<T: V2>(seed: u64) {
@@ -366,9 +379,16 @@ mod unrotate_tests {
                 }
                 let mut want = buf.clone();
                 rotate::<T, true>(&mut want, col0, &ct);
+                let mut out = vec![0u8; buf.len()];
                 // SAFETY: checked just now.
-                unsafe { avx2::<T>(&mut buf, col0, &ct) };
-                assert!(buf == want, "p {p} len {len} col0 {col0}");
+                unsafe { avx2::<T>(&mut out, &mut buf, col0, &ct) };
+                assert!(out == want, "p {p} len {len} col0 {col0}");
+                // the portable path: the same un-rotation, copied
+                let mut out = vec![0u8; buf.len()];
+                unrotate_copy::<T, false>(&mut out, &mut want.clone(), 0, &ct);
+                let mut twice = want.clone();
+                rotate::<T, true>(&mut twice, 0, &ct);
+                assert!(out == twice);
             }
         }
     }

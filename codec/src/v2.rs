@@ -2034,10 +2034,11 @@ fn decode_coded_body<T: V2, S: TableSource, const V: bool>(
         let bytes = &mut tmp_store.get_or_insert_with(|| [0; LANES * 1024 * 4])[..n_group * w];
         let col0 = colb.map(|(ct, bs)| (ct, crate::coltab::grid_col0::<T>(bs, phi)));
         if !lines {
-            if let Some((ct, c0)) = col0 {
-                crate::coltab::unrotate::<T, V>(bytes, c0 + i0, ct);
+            let dst = &mut grid_out[i0 * w..i0 * w + bytes.len()];
+            match col0 {
+                Some((ct, c0)) => crate::coltab::unrotate_copy::<T, V>(dst, bytes, c0 + i0, ct),
+                None => copy_ascending(dst, bytes),
             }
-            copy_ascending(&mut grid_out[i0 * w..i0 * w + bytes.len()], bytes);
         } else {
             let mut q = 0;
             while q < bytes.len() {
@@ -2053,10 +2054,16 @@ fn decode_coded_body<T: V2, S: TableSource, const V: bool>(
                 if q + lb > bytes.len() {
                     return Err(corrupt("kept line split across groups"));
                 }
-                if let Some((ct, c0)) = col0 {
-                    crate::coltab::unrotate::<T, V>(&mut bytes[q..q + lb], c0 + gl * LINE / w, ct);
+                let (dst, src) = (
+                    &mut grid_out[gl * LINE..gl * LINE + lb],
+                    &mut bytes[q..q + lb],
+                );
+                match col0 {
+                    Some((ct, c0)) => {
+                        crate::coltab::unrotate_copy::<T, V>(dst, src, c0 + gl * LINE / w, ct)
+                    }
+                    None => copy_ascending(dst, src),
                 }
-                copy_ascending(&mut grid_out[gl * LINE..gl * LINE + lb], &bytes[q..q + lb]);
                 q += lb;
                 gl += 1;
             }
