@@ -200,7 +200,14 @@ impl Tables {
         let (_, zesc, a, lens, mbits) = key;
         let words = crate::codes::canonical_words(&lens);
         dec_table::<T>(&lens, &words, a as u32, zesc, &mut self.single);
-        multi_table::<T>(&self.single, &mut self.multi, &mut self.meta, mbits as u32);
+        multi_table::<T>(
+            &lens,
+            &words,
+            &self.single,
+            &mut self.multi,
+            &mut self.meta,
+            mbits as u32,
+        );
         self.mmask = (1 << mbits) - 1;
         self.key = Some(key);
     }
@@ -415,73 +422,125 @@ fn dec_table<T: Elem>(
 /// Keys one multi-symbol lookup decodes at most.
 const MULTI: usize = 4;
 
+/// Bit `i` of `j` at bit `11 - i` (12-bit reversal, see [`multi_table`]).
+static REV12: [u16; TABLE] = {
+    let mut r = [0u16; TABLE];
+    let mut j = 0;
+    while j < TABLE {
+        let mut i = 0;
+        while i < MAXLEN {
+            r[j] |= (((j >> i) & 1) << (MAXLEN - 1 - i)) as u16;
+            i += 1;
+        }
+        j += 1;
+    }
+    r
+};
+
 /// Multi-symbol tables: for the next `mbits` stream bits, up to [`MULTI`] whole
-/// elements (keys in `m`, bits used and count in `meta`, see [`Tables`]). Greedy
-/// decoding is prefix-consistent, so an entry is its first element followed by the
-/// elements of entry `idx >> len` (built before it: smaller) that fit in the
-/// `mbits - len` bits left.
+/// elements (keys in `m`, bits used and count in `meta`, see [`Tables`]), the greedy
+/// decode of the window.
+///
+/// Built by window width, by first element: the greedy decode of a `w`-bit window
+/// whose first element (code word, and fp16's extra bits: `len` bits in all) is `p`
+/// is that element followed by the greedy decode of the `(w - len)`-bit window `r`
+/// above it, cut to [`MULTI`] elements. So the table of width `w` is made, one first
+/// element at a time, from the table of width `w - len`, widths 1 to `mbits` in
+/// turn; windows whose first element does not fit (longer than `w`, an escape, an
+/// invalid symbol, or no code word) stay empty. The tables are kept with their
+/// windows' bits reversed: window `p | r << len` of width `w` then sits at
+/// `rev(p) << (w - len) | rev(r)`, so each first element's part is the whole table
+/// of width `w - len`, mapped entry by entry into one run (a loop the compiler
+/// vectorises); the last width is then read out in its natural order. About 2
+/// entries made per table entry, no per-entry search for the elements that fit.
 fn multi_table<T: Elem>(
+    lens: &[u8; NSYM],
+    words: &[u16; NSYM],
     single: &[u32; TABLE],
     m: &mut [u32; TABLE],
     meta: &mut [u8; TABLE],
     mbits: u32,
 ) {
-    // per entry: bits used after each of its elements, one byte each (explicit
-    // codes' 10-bit windows clear 4 KiB of it, not 16)
-    let (mut small, mut big);
-    let ends: &mut [u32] = if mbits <= MBITS_EXPLICIT {
-        small = [0u32; 1 << MBITS_EXPLICIT];
-        &mut small
-    } else {
-        big = [0u32; TABLE];
-        &mut big
-    };
-    for idx in 0..1usize << mbits {
-        let t = single[idx];
-        let xb = xbits::<T>(t);
-        let len = ((t >> 12) & 0x1F) + xb;
-        if t & INVALID != 0 || (t >> 24) != 0 || len > mbits {
-            m[idx] = 0;
-            meta[idx] = 0;
-            ends[idx] = 0;
+    // the first elements that can start a multi entry: (pattern, bits, key)
+    let mut first = [(0u32, 0u32, 0u32); NSYM << 3];
+    let mut nf = 0;
+    for s in 0..NSYM {
+        if lens[s] == 0 {
             continue;
         }
-        let x = ((idx as u32) >> (len - xb)) & ((1 << xb) - 1);
-        let key = if T::XBITS > 0 {
-            T::make_key(t & 0xFF, x)
-        } else {
-            t & 0xFF
-        };
-        // the rest: entry idx >> len (entry 0 with a zero-length rest is itself:
-        // len >= 1, so idx >> len < idx for every idx > 0)
-        let r = idx >> len;
-        let (rk, rc, re) = if r < idx {
-            (m[r], (meta[r] >> 4) as u32, ends[r])
-        } else {
-            // entry 0: its element again and again
-            let n = (MULTI as u32 - 1).min(mbits / len);
-            let (mut k, mut e) = (0, 0);
-            for i in 0..n {
-                k |= (key & 0xFF) << (8 * i);
-                e |= (len * (i + 1)) << (8 * i);
+        // the symbol's entry (every window that starts with its code word holds it)
+        let t = single[words[s] as usize];
+        if t & INVALID != 0 || (t >> 24) != 0 {
+            continue;
+        }
+        let xb = xbits::<T>(t);
+        let lc = (t >> 12) & 0x1F;
+        for x in 0..1u32 << xb {
+            let key = if T::XBITS > 0 {
+                T::make_key(t & 0xFF, x)
+            } else {
+                t & 0xFF
+            };
+            first[nf] = (words[s] as u32 | (x << lc), lc + xb, key & 0xFF);
+            nf += 1;
+        }
+    }
+    let first = &first[..nf];
+    // One element before a narrower window's keys `rk` and ends `re` (bits used
+    // after each element, one byte each, 0 past the last: every element takes at
+    // least one bit, and all ends are below 128): the rest's ends move by `len`, its
+    // empty bytes stay 0; shifting by a byte drops a fifth element.
+    #[inline(always)]
+    fn join(len: u32, key: u32, rk: u32, re: u32) -> (u32, u32) {
+        let nz = ((re + 0x7F7F_7F7F) & 0x8080_8080) >> 7;
+        let used = (nz << 8) - nz;
+        (
+            key | (rk << 8),
+            len | (((re + len * 0x0101_0101) & used) << 8),
+        )
+    }
+    // Widths 0..=mbits, bit-reversed: width w at `(1 << w) - 1`. Width 0 is the
+    // empty window.
+    let (mut small, mut big);
+    let (keys, ends): (&mut [u32], &mut [u32]) = if mbits <= MBITS_EXPLICIT {
+        small = [[0u32; 2 << MBITS_EXPLICIT]; 2];
+        let [k, e] = &mut small;
+        (k, e)
+    } else {
+        big = [[0u32; 2 * TABLE]; 2];
+        let [k, e] = &mut big;
+        (k, e)
+    };
+    for w in 1..=mbits {
+        let at = (1usize << w) - 1;
+        let (klo, khi) = keys.split_at_mut(at);
+        let (elo, ehi) = ends.split_at_mut(at);
+        for &(p, len, key) in first.iter().filter(|f| f.1 <= w) {
+            let rw = w - len;
+            let (from, n) = ((1usize << rw) - 1, 1usize << rw);
+            let to = ((REV12[p as usize] >> (MAXLEN - len)) as usize) << rw;
+            let src = klo[from..from + n].iter().zip(&elo[from..from + n]);
+            let dst = khi[to..to + n].iter_mut().zip(&mut ehi[to..to + n]);
+            for ((dk, de), (&rk, &re)) in dst.zip(src) {
+                (*dk, *de) = join(len, key, rk, re);
             }
-            (k, n, e)
-        };
-        // The rest's elements that fit in the `mbits - len` bits left, of its
-        // first MULTI - 1: its ends are ascending bytes below 128, so they are
-        // the bytes `b <= room`, counted at once ((room | 0x80) - b keeps bit 7
-        // iff b <= room, and never borrows from the next byte).
-        let room = mbits - len;
-        let first = (1u64 << (8 * rc.min(MULTI as u32 - 1))) as u32 - 1;
-        let fit = ((room * 0x0101_0101) | 0x8080_8080).wrapping_sub(re) & 0x8080_8080 & first;
-        // bits 7, 15, 23 summed into byte 2 (no popcnt in this build)
-        let c = (((fit >> 7) & 0x01_0101).wrapping_mul(0x01_0101) >> 16) & 0xFF;
-        let kmask = ((1u64 << (8 * c)) - 1) as u32;
-        let rest_ends = ((re & kmask) + len * 0x0101_0101) & kmask;
-        let all_ends = len | (rest_ends << 8);
-        m[idx] = (key & 0xFF) | ((rk & kmask) << 8);
-        meta[idx] = (((all_ends >> (8 * c)) & 0xFF) | ((c + 1) << 4)) as u8;
-        ends[idx] = all_ends;
+        }
+    }
+    // width mbits in its natural order (empty windows: keys and ends 0, meta 0)
+    let at = (1usize << mbits) - 1;
+    let sh = MAXLEN - mbits;
+    for (idx, (mk, mm)) in m
+        .iter_mut()
+        .zip(meta.iter_mut())
+        .enumerate()
+        .take(1 << mbits)
+    {
+        let j = at + (REV12[idx] >> sh) as usize;
+        let (k, e) = (keys[j], ends[j]);
+        // elements: the nonzero bytes of `e`; bits used: the last of them
+        let c = ((((e + 0x7F7F_7F7F) & 0x8080_8080) >> 7).wrapping_mul(0x0101_0101)) >> 24;
+        *mk = k;
+        *mm = ((((e as u64) << 8) >> (8 * c)) as u32 & 0xFF | (c << 4)) as u8;
     }
 }
 const _: () = assert!(MULTI == 4);
@@ -498,28 +557,32 @@ pub(crate) struct Lane {
 
 /// Slack after a segment's keys: a table entry is stored as 4 bytes.
 pub(crate) const KEY_SLACK: usize = 20;
-/// Keys one [`lane_step`] decodes at most.
+/// Keys one [`lane_step_in`] decodes at most.
 const STEP_KEYS: usize = 4 * MULTI;
 const _: () = assert!(KEY_SLACK >= STEP_KEYS);
 
 /// One refill and up to 4 multi-symbol lookups (at most [`STEP_KEYS`] keys, 48
 /// stream bits). Callers keep `lane.kp + STEP_KEYS <= SEG_ELEMS`; memory safety
-/// holds regardless (`kp` is clamped).
+/// holds regardless (`kp` is clamped). `U`: the stream loads are not bounds-checked.
+///
+/// # Safety
+/// With `U`, `src` holds 8 bytes at every byte the lane loads from: see
+/// [`dec_segments4_unchecked`].
 #[inline(always)]
-fn lane_step<T: Elem>(
+unsafe fn lane_step_in<T: Elem, const U: bool>(
     t: &Tables,
     src: &[u8],
     keys: &mut [u8; SEG_ELEMS + KEY_SLACK],
     l: &mut Lane,
 ) {
-    let mut buf = load64(src, l.base + (l.bp >> 3) as usize) >> (l.bp & 7);
+    let mut buf = load64_in::<U>(src, l.base + (l.bp >> 3) as usize) >> (l.bp & 7);
     let mut kp = l.kp.min(SEG_ELEMS);
     for _ in 0..4 {
         let idx = (buf & t.mmask & (TABLE as u64 - 1)) as usize;
         let info = t.meta[idx] as u32;
         let cnt = (info >> 4) as usize;
         if cnt == 0 {
-            let buf = load64(src, l.base + (l.bp >> 3) as usize) >> (l.bp & 7);
+            let buf = load64_in::<U>(src, l.base + (l.bp >> 3) as usize) >> (l.bp & 7);
             let (k, n, b) = dec_one::<T>(&t.single, buf);
             keys[kp] = k;
             kp += 1;
@@ -553,11 +616,27 @@ pub(crate) fn lane_finish<T: Elem>(
     n: usize,
     l: &mut Lane,
 ) {
+    // SAFETY: U = false: every load is bounds-checked.
+    unsafe { lane_finish_in::<T, false>(t, src, keys, n, l) }
+}
+
+/// [`lane_finish`]; `U`: as in [`lane_step_in`].
+///
+/// # Safety
+/// As [`lane_step_in`].
+#[inline(always)]
+unsafe fn lane_finish_in<T: Elem, const U: bool>(
+    t: &Tables,
+    src: &[u8],
+    keys: &mut [u8; SEG_ELEMS + KEY_SLACK],
+    n: usize,
+    l: &mut Lane,
+) {
     while l.kp + STEP_KEYS <= n {
-        lane_step::<T>(t, src, keys, l);
+        lane_step_in::<T, U>(t, src, keys, l);
     }
     while l.kp < n {
-        let buf = load64(src, l.base + (l.bp >> 3) as usize) >> (l.bp & 7);
+        let buf = load64_in::<U>(src, l.base + (l.bp >> 3) as usize) >> (l.bp & 7);
         let (k, b, f) = dec_one::<T>(&t.single, buf);
         keys[l.kp.min(SEG_ELEMS)] = k;
         l.kp += 1;
@@ -576,18 +655,66 @@ pub(crate) fn dec_segments4<T: Elem>(
     lanes: &mut [Lane; 4],
     n: usize,
 ) {
+    // SAFETY: U = false: every load is bounds-checked.
+    unsafe { dec_segments4_in::<T, false>(t, src, keys, lanes, n) }
+}
+
+/// [`dec_segments4`] without bounds checks on the stream loads.
+///
+/// # Safety
+/// For every lane, `src` holds `l.base + (l.bp / 8 + (20 * n).div_ceil(8)) + 8`
+/// bytes or more (its state on entry). Why that is enough: every key a lane decodes
+/// takes at most 20 stream bits (a 12-bit code and an 8-bit escape payload, or fp16's
+/// 5-bit payload and 3 extra bits; a multi-symbol lookup takes at most 12 bits for
+/// at least one key), a lane decodes at most `n` keys (steps run while `kp +
+/// STEP_KEYS <= n`, single keys while `kp < n`), and it loads 8 bytes at the byte of
+/// its next key's first bit: at most `l.bp / 8 + (7 + 20 * (n - 1)) / 8` bytes
+/// past `l.base`, below the bound whatever the stream holds.
+#[inline(always)]
+pub(crate) unsafe fn dec_segments4_unchecked<T: Elem>(
+    t: &Tables,
+    src: &[u8],
+    keys: &mut [[u8; SEG_ELEMS + KEY_SLACK]; 4],
+    lanes: &mut [Lane; 4],
+    n: usize,
+) {
+    dec_segments4_in::<T, true>(t, src, keys, lanes, n)
+}
+
+#[inline(always)]
+unsafe fn dec_segments4_in<T: Elem, const U: bool>(
+    t: &Tables,
+    src: &[u8],
+    keys: &mut [[u8; SEG_ELEMS + KEY_SLACK]; 4],
+    lanes: &mut [Lane; 4],
+    n: usize,
+) {
     let [k0, k1, k2, k3] = keys;
     let [l0, l1, l2, l3] = lanes;
     while l0.kp.max(l1.kp).max(l2.kp.max(l3.kp)) + STEP_KEYS <= n {
-        lane_step::<T>(t, src, k0, l0);
-        lane_step::<T>(t, src, k1, l1);
-        lane_step::<T>(t, src, k2, l2);
-        lane_step::<T>(t, src, k3, l3);
+        lane_step_in::<T, U>(t, src, k0, l0);
+        lane_step_in::<T, U>(t, src, k1, l1);
+        lane_step_in::<T, U>(t, src, k2, l2);
+        lane_step_in::<T, U>(t, src, k3, l3);
     }
-    lane_finish::<T>(t, src, k0, n, l0);
-    lane_finish::<T>(t, src, k1, n, l1);
-    lane_finish::<T>(t, src, k2, n, l2);
-    lane_finish::<T>(t, src, k3, n, l3);
+    lane_finish_in::<T, U>(t, src, k0, n, l0);
+    lane_finish_in::<T, U>(t, src, k1, n, l1);
+    lane_finish_in::<T, U>(t, src, k2, n, l2);
+    lane_finish_in::<T, U>(t, src, k3, n, l3);
+}
+
+/// [`load64`], or with `U` an unchecked load.
+///
+/// # Safety
+/// With `U`, `p + 8 <= src.len()`.
+#[inline(always)]
+unsafe fn load64_in<const U: bool>(src: &[u8], p: usize) -> u64 {
+    if U {
+        debug_assert!(p + 8 <= src.len());
+        u64::from_le_bytes(*(src.as_ptr().add(p) as *const [u8; 8]))
+    } else {
+        load64(src, p)
+    }
 }
 
 /// Little-endian 64-bit load at byte `p` of `src`, zero-filled past its end.
@@ -754,7 +881,7 @@ fn decode_coded_body<T: Elem, S: TableSource>(
 mod tests {
     use super::*;
 
-    /// The element-by-element greedy decode that [`multi_table`] builds by reuse.
+    /// The element-by-element greedy decode that [`multi_table`] builds by width.
     fn multi_greedy<T: Elem>(single: &[u32; TABLE], idx: usize, mbits: u32) -> (u32, u8) {
         let (mut used, mut keys, mut cnt) = (0u32, 0u32, 0u32);
         while (cnt as usize) < MULTI {
@@ -824,12 +951,49 @@ mod tests {
         for mbits in [MBITS_EXPLICIT, MBITS_STATIC] {
             let mut m = [0u32; TABLE];
             let mut meta = [0u8; TABLE];
-            multi_table::<T>(&single, &mut m, &mut meta, mbits);
+            multi_table::<T>(lens, &words, &single, &mut m, &mut meta, mbits);
             for idx in 0..1 << mbits {
                 let want = multi_greedy::<T>(&single, idx, mbits);
                 assert_eq!((m[idx], meta[idx]), want, "idx {idx} mbits {mbits}");
             }
         }
+    }
+
+    /// A [`Decoder`] keeps the tables of an explicit code (version 2: its lengths are
+    /// in the block) and finds them again when a later block carries the same
+    /// lengths: compared whole, no rebuild. Another anchor or window is another set.
+    #[test]
+    fn decoder_reuses_tables_of_equal_lengths() {
+        let mut l1 = [0u8; NSYM];
+        for (i, l) in l1.iter_mut().enumerate().take(12) {
+            *l = (i + 1) as u8;
+        }
+        l1[12] = 12;
+        let mut l2 = [4u8; NSYM];
+        l2[..20].fill(5);
+        let mut d = Decoder::new();
+        let set = |d: &mut Decoder, l: &[u8; NSYM], a: u32| {
+            d.tables::<Bf16>(l, a, false, MBITS_EXPLICIT) as *const Tables
+        };
+        let p1 = set(&mut d, &l1, 20);
+        let p2 = set(&mut d, &l2, 20);
+        assert_ne!(p1, p2);
+        // same lengths (a fresh copy: compared by value), same anchor: the same set
+        let l1b = l1;
+        assert_eq!(set(&mut d, &l1b, 20), p1);
+        assert_eq!(set(&mut d, &l2, 20), p2);
+        assert_eq!(d.held_bytes(), 2 * std::mem::size_of::<Tables>());
+        // one length differs: a new set (lengths are compared whole, not hashed)
+        let mut l3 = l1;
+        l3.swap(0, 1);
+        assert_ne!(set(&mut d, &l3, 20), p1);
+        assert_eq!(d.held_bytes(), 3 * std::mem::size_of::<Tables>());
+        // the tables found are those of the code asked for
+        let t = d.tables::<Bf16>(&l1, 20, false, MBITS_EXPLICIT);
+        let words = crate::codes::canonical_words(&l1);
+        let mut want = [0u32; TABLE];
+        dec_table::<Bf16>(&l1, &words, 20, false, &mut want);
+        assert!(t.single == want);
     }
 
     /// The multi-symbol tables equal the greedy decode of every 12-bit window, for

@@ -12,8 +12,8 @@ use std::cell::RefCell;
 use crate::codes::{symbol_of, CODE_LENGTHS, ESC, MAXLEN, NCODES, ND, NSYM, ZERO};
 use crate::coltab::ColTab;
 use crate::decode::{
-    copy_ascending, dec_segments4, fill_ascending, lane_finish, Lane as DLane, TableSource,
-    KEY_SLACK,
+    copy_ascending, dec_segments4, dec_segments4_unchecked, fill_ascending, lane_finish,
+    Lane as DLane, TableSource, KEY_SLACK,
 };
 use crate::elem::{Bf16, Elem, Fp16, Fp32};
 use crate::encode::{all_equal, BlockKind, LENGTHS_BY_SYMBOL, SAMPLE_STRIDE};
@@ -1563,7 +1563,18 @@ fn key_group<T: V2, const V: bool>(
         k.bp = l.bit & 7;
     }
     if g == LANES && lanes.iter().all(|l| l.n == ss) {
-        dec_segments4::<T>(set, stream, keys, &mut kl, ss);
+        // no lane can load past the stream (at most 20 bits a key): see
+        // `dec_segments4_unchecked`
+        if lanes
+            .iter()
+            .all(|l| (l.bit >> 3) as usize + (20 * ss).div_ceil(8) + 8 <= stream.len())
+        {
+            // SAFETY: every lane starts at bit `l.bit & 7` of byte `l.bit >> 3`
+            // (`kl`) and decodes `ss` keys; the stream holds the bound just checked.
+            unsafe { dec_segments4_unchecked::<T>(set, stream, keys, &mut kl, ss) };
+        } else {
+            dec_segments4::<T>(set, stream, keys, &mut kl, ss);
+        }
     } else {
         for q in 0..g {
             lane_finish::<T>(set, stream, &mut keys[q], lanes[q].n, &mut kl[q]);
@@ -2023,10 +2034,11 @@ fn decode_coded_body<T: V2, S: TableSource, const V: bool>(
         let bytes = &mut tmp_store.get_or_insert_with(|| [0; LANES * 1024 * 4])[..n_group * w];
         let col0 = colb.map(|(ct, bs)| (ct, crate::coltab::grid_col0::<T>(bs, phi)));
         if !lines {
-            if let Some((ct, c0)) = col0 {
-                crate::coltab::rotate::<T, true>(bytes, c0 + i0, ct);
+            let dst = &mut grid_out[i0 * w..i0 * w + bytes.len()];
+            match col0 {
+                Some((ct, c0)) => crate::coltab::unrotate_copy::<T, V>(dst, bytes, c0 + i0, ct),
+                None => copy_ascending(dst, bytes),
             }
-            copy_ascending(&mut grid_out[i0 * w..i0 * w + bytes.len()], bytes);
         } else {
             let mut q = 0;
             while q < bytes.len() {
@@ -2042,10 +2054,16 @@ fn decode_coded_body<T: V2, S: TableSource, const V: bool>(
                 if q + lb > bytes.len() {
                     return Err(corrupt("kept line split across groups"));
                 }
-                if let Some((ct, c0)) = col0 {
-                    crate::coltab::rotate::<T, true>(&mut bytes[q..q + lb], c0 + gl * LINE / w, ct);
+                let (dst, src) = (
+                    &mut grid_out[gl * LINE..gl * LINE + lb],
+                    &mut bytes[q..q + lb],
+                );
+                match col0 {
+                    Some((ct, c0)) => {
+                        crate::coltab::unrotate_copy::<T, V>(dst, src, c0 + gl * LINE / w, ct)
+                    }
+                    None => copy_ascending(dst, src),
                 }
-                copy_ascending(&mut grid_out[gl * LINE..gl * LINE + lb], &bytes[q..q + lb]);
                 q += lb;
                 gl += 1;
             }
