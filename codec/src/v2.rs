@@ -652,7 +652,13 @@ pub(crate) fn choose_static<T: V2>(st: &Stats) -> Static {
         code_bits: 0,
     };
     let mut best_ai = [0usize; 2];
+    // Z set with no `e = 0` in the sample (`h[0] = 0`, so `nzero = 0` too) has Z
+    // clear's counts and costs plus 24: it never wins (strictly smaller only), so it
+    // is not evaluated
     for z in [false, true] {
+        if z && h[0] == 0 {
+            break;
+        }
         let raw_bits = if z {
             r * (st.count - st.nzero)
         } else {
@@ -719,6 +725,11 @@ pub(crate) fn choose_explicit<T: V2>(st: &Stats, s: &Static) -> Choice {
     let nesc0 = h[0] as u64 - st.nzero;
     let mut best = s.best;
     for z in [false, true] {
+        // as in `choose_static`: with `h[0] = 0`, Z set's counts are Z clear's, its
+        // lengths the same, its value 24 more: it cannot win
+        if z && h[0] == 0 {
+            break;
+        }
         let raw_bits = if z {
             s.r * (st.count - st.nzero)
         } else {
@@ -777,6 +788,27 @@ pub(crate) fn put_packed(out: &mut [u8], vals: impl Iterator<Item = u32>, w: u32
         p += 1;
     }
     p
+}
+
+/// Whether a whole line (`LINE` = 64 bytes) is all zero. `V`: the caller is compiled
+/// for AVX2 (two 32-byte loads, one `vptest`).
+#[inline(always)]
+fn zero_line<const V: bool>(c: &[u8]) -> bool {
+    debug_assert_eq!(c.len(), LINE);
+    #[cfg(target_arch = "x86_64")]
+    if V && c.len() >= 64 {
+        use std::arch::x86_64::*;
+        // SAFETY: V: the CPU has AVX2; both loads read inside `c` (64 bytes).
+        return unsafe {
+            let a = _mm256_loadu_si256(c.as_ptr() as *const __m256i);
+            let b = _mm256_loadu_si256(c.as_ptr().add(32) as *const __m256i);
+            let o = _mm256_or_si256(a, b);
+            _mm256_testz_si256(o, o) != 0
+        };
+    }
+    c.chunks_exact(8)
+        .fold(0u64, |a, b| a | u64::from_le_bytes(b.try_into().unwrap()))
+        == 0
 }
 
 /// Codes `blk` into `out` if it takes at most `cap <= out.len()` bytes. The planes
@@ -865,29 +897,26 @@ fn encode_coded_body<T: V2, const V: bool>(
         // zero lines
         let nl = gbytes.div_ceil(LINE);
         s.elided.clear();
-        let mut n_elided = 0;
-        let mut runs = 0;
-        let mut prev = false;
-        // whole lines (`chunks_exact`: no per-line length clamp), then the short one
+        // whole lines (`chunks_exact`: no per-line length clamp), then the short one;
+        // runs counted only when a line is elided
         let full = grid.chunks_exact(LINE);
         let last = full.remainder();
         let short = (!last.is_empty()).then(|| last.iter().fold(0u8, |a, &b| a | b) == 0);
-        for z in full
-            .map(|c| {
-                c.chunks_exact(8)
-                    .fold(0u64, |a, b| a | u64::from_le_bytes(b.try_into().unwrap()))
-                    == 0
-            })
-            .chain(short)
-        {
-            s.elided.push(z);
-            if z {
-                n_elided += 1;
-                if !prev {
-                    runs += 1;
-                }
+        s.elided.resize(nl, false);
+        for (z, c) in s.elided.iter_mut().zip(full) {
+            *z = zero_line::<V>(c);
+        }
+        if let Some(z) = short {
+            s.elided[nl - 1] = z;
+        }
+        let n_elided = s.elided.iter().map(|&z| z as usize).sum::<usize>();
+        let mut runs = 0;
+        if n_elided > 0 {
+            let mut prev = false;
+            for &z in s.elided.iter() {
+                runs += (z && !prev) as usize;
+                prev = z;
             }
-            prev = z;
         }
         let lines = n_elided > 0;
         let kept: &[u8] = if lines {
@@ -933,7 +962,10 @@ fn encode_coded_body<T: V2, const V: bool>(
             }
             None => (kept, st, ch),
         };
-        let words = crate::codes::canonical_words(&ch.lens);
+        let words = match ch.k {
+            Some(k) => crate::codes::CODE_WORDS[k as usize],
+            None => crate::codes::canonical_words(&ch.lens),
+        };
         let ss = 1usize << SS_LOG2;
         let ns = k_elems.div_ceil(ss);
         let bitmap_len = nl.div_ceil(8);
@@ -2236,6 +2268,29 @@ mod tests {
                 assert_eq!(shuffle8::<true>(v, &COMPACT[m]) & keep, c & keep);
                 assert_eq!(shuffle8::<true>(c, &EXPAND[m]), e);
             }
+        }
+    }
+
+    /// The AVX2 zero-line test equals the portable one: all-zero lines and lines
+    /// with one set bit at every byte.
+    #[test]
+    fn zero_line_vector_matches_portable() {
+        let mut line = [0u8; LINE];
+        assert!(zero_line::<false>(&line));
+        for i in 0..LINE {
+            for b in [0x01u8, 0x80] {
+                line[i] = b;
+                assert!(!zero_line::<false>(&line));
+                #[cfg(target_arch = "x86_64")]
+                if std::is_x86_feature_detected!("avx2") {
+                    assert!(!zero_line::<true>(&line));
+                }
+                line[i] = 0;
+            }
+        }
+        #[cfg(target_arch = "x86_64")]
+        if std::is_x86_feature_detected!("avx2") {
+            assert!(zero_line::<true>(&line));
         }
     }
 
