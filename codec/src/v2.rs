@@ -2123,12 +2123,15 @@ unsafe fn detect_v2_avx2(src: &[u8]) -> Dtype {
 /// exponent fields go to `hb[φ][parity]` (`first[φ]`: element 0's, which fp32 at
 /// φ + 2 does not hold), fp16's histograms and every candidate's `nzero`, `lo_or`,
 /// `count` straight to `st`. Equals [`Stats::add`] per candidate (a test checks).
+/// `sub[φ]`: fp16 subnormals (`e = 0`, `x & 0x7FFF != 0`) at φ, for V2.10's FP16N
+/// candidate.
 #[inline(always)]
 fn group_stats(
     s: &[u8],
     st: &mut [Stats; 8],
     hb: &mut [[[u32; 256]; 2]; 2],
     first: &mut [[u32; 256]; 2],
+    sub: &mut [u64; 2],
 ) {
     for phi in 0..2 {
         // 16-bit words at bytes phi + 2i: 32 at φ = 0, 31 at φ = 1
@@ -2148,6 +2151,11 @@ fn group_stats(
                 hf[(y >> 10 & 0x1F) as usize] += 1;
             }
         }
+        // (word 31 at φ = 1 is 0: not a subnormal)
+        sub[phi] += wd
+            .iter()
+            .map(|&x| (x & 0x7C00 == 0 && x & 0x7FFF != 0) as u64)
+            .sum::<u64>();
         // word 31 at φ = 1 is 0 (not a word): it counts as a zero
         let nz16 = wd.iter().map(|&x| (x == 0) as u64).sum::<u64>() - (32 - n) as u64;
         let or16 = wd.iter().fold(0, |a, &x| a | x);
@@ -2186,6 +2194,7 @@ fn detect_v2_body(src: &[u8]) -> Dtype {
     let mut used = 0u64;
     let mut hb = [[[0u32; 256]; 2]; 2];
     let mut first = [[0u32; 256]; 2];
+    let mut sub = [0u64; 2];
     for j in 0..g {
         let off = 64 * (j * units / g);
         let s = &src[off..off + 64];
@@ -2193,7 +2202,7 @@ fn detect_v2_body(src: &[u8]) -> Dtype {
             continue;
         }
         used += 1;
-        group_stats(s, &mut st, &mut hb, &mut first);
+        group_stats(s, &mut st, &mut hb, &mut first, &mut sub);
     }
     if used == 0 {
         return Dtype::Raw;
@@ -2229,7 +2238,7 @@ fn detect_v2_body(src: &[u8]) -> Dtype {
         }
     }
     // fp8 byte codes and FP16N (FORMAT.md §V2.10)
-    let best = crate::v2_byte::detect_more(src, best, &st);
+    let best = crate::v2_byte::detect_more(src, best, &st, sub);
     // raw unless the estimate saves more than 1/32 of the sampled bits
     if best.0 * 32 >= 31 * 8 * SAMPLE_STRIDE as u64 * best.1 {
         Dtype::Raw
@@ -2443,10 +2452,22 @@ mod tests {
             let mut hb = [[[0u32; 256]; 2]; 2];
             let mut first = [[0u32; 256]; 2];
             // two groups, as detection adds them up
-            group_stats(&g, &mut st, &mut hb, &mut first);
+            let mut sub = [0u64; 2];
+            group_stats(&g, &mut st, &mut hb, &mut first, &mut sub);
             let mut g2 = g;
             g2.rotate_left(case % 7);
-            group_stats(&g2, &mut st, &mut hb, &mut first);
+            group_stats(&g2, &mut st, &mut hb, &mut first, &mut sub);
+            // fp16 subnormals at each phase, counted directly
+            let mut want_sub = [0u64; 2];
+            for s in [&g[..], &g2[..]] {
+                for (phi, ws) in want_sub.iter_mut().enumerate() {
+                    for c in s[phi..].chunks_exact(2) {
+                        let x = u16::from_le_bytes([c[0], c[1]]);
+                        *ws += (x & 0x7C00 == 0 && x & 0x7FFF != 0) as u64;
+                    }
+                }
+            }
+            assert_eq!(sub, want_sub, "case {case} subnormals");
             for phi in 0..2 {
                 for e in 0..256 {
                     let (ev, od) = (hb[phi][0][e], hb[phi][1][e]);

@@ -1043,11 +1043,14 @@ fn decode_sym<T: SymMode>(b: &[u8], out: &mut [u8]) -> Result<(), CodecError> {
 // Detection
 
 /// The candidates of §V2.10 "Detection", after version 2's float candidates: `best`
-/// is (value, bytes, type) of the cheapest float candidate; returns the new best.
+/// is (value, bytes, type) of the cheapest float candidate; `sub[φ]` the fp16
+/// subnormals at φ in the groups (counted by the float candidates' pass); returns
+/// the new best.
 pub(crate) fn detect_more(
     src: &[u8],
     best: (u64, u64, Dtype),
     fst: &[crate::v2::Stats; 8],
+    sub: [u64; 2],
 ) -> (u64, u64, Dtype) {
     let n = src.len();
     let g = (n / 1024).clamp(1, 64);
@@ -1055,8 +1058,6 @@ pub(crate) fn detect_more(
     let mut hb = [0u64; 256];
     let mut hv = [[0u64; 256]; 2];
     let mut raw = [0u64; 2];
-    let mut sub = [0u64; 2];
-    let mut count = [0u64; 2];
     let (mut bytes, mut skipped) = (0u64, 0u64);
     for j in 0..g {
         let off = 64 * (j * units / g);
@@ -1069,14 +1070,9 @@ pub(crate) fn detect_more(
             hb[x as usize] += 1;
         }
         bytes += 64;
-        for phi in 0..2 {
-            for i in 0..(64 - phi) / 2 {
-                let x = F16n::load(&s[phi..], i);
-                sub[phi] += (x & 0x7C00 == 0 && x & 0x7FFF != 0) as u64;
-                count[phi] += 1;
-            }
-        }
     }
+    // fp16 elements at φ per group: floor((64 − φ) / 2)
+    let count = [bytes / 2, bytes / 64 * 31];
     let mut best = best;
     if bytes == 0 {
         return best;
