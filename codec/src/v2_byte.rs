@@ -83,19 +83,22 @@ impl SymMode for F16n {
     fn store(b: &mut [u8], i: usize, x: u32) {
         b[2 * i..2 * i + 2].copy_from_slice(&(x as u16).to_le_bytes());
     }
+    /// Normal (`e != 0`): symbol `e + 10`, raw `m | s << 10` (11 bits); zero:
+    /// symbol 0, raw `s` (1 bit); subnormal: `v` = bit length of `m`, symbol `v`,
+    /// raw `m` without its top bit, then `s` (`v` bits). Branch-free: `nb` mantissa
+    /// bits (10, 0 or `v − 1`) and the sign above them.
     #[inline(always)]
     fn split(x: u32) -> (usize, u32, u32) {
         let s = x >> 15;
         let e = (x >> 10) & 31;
         let m = x & 1023;
-        if e != 0 {
-            (e as usize + 10, m | s << 10, 11)
-        } else if m == 0 {
-            (0, s, 1)
+        let v = 32 - m.leading_zeros();
+        let (sym, nb) = if e != 0 {
+            (e + 10, 10)
         } else {
-            let v = 32 - m.leading_zeros();
-            (v as usize, (m & ((1 << (v - 1)) - 1)) | s << (v - 1), v)
-        }
+            (v, v.saturating_sub(1))
+        };
+        (sym as usize, (m & ((1 << nb) - 1)) | s << nb, nb + 1)
     }
     #[inline(always)]
     fn rawbits(s: usize) -> u32 {
@@ -584,13 +587,17 @@ fn write_sym<T: SymMode>(
     } else if w == 1 {
         cnt = histogram(grid);
     } else {
-        sr.0.clear();
-        sr.1.clear();
-        for i in 0..m {
-            let (s, raw, _) = T::split(T::load(grid, i));
+        sr.0.resize(m, 0);
+        sr.1.resize(m, 0);
+        for ((xb, so), ro) in grid
+            .chunks_exact(w)
+            .zip(sr.0.iter_mut())
+            .zip(sr.1.iter_mut())
+        {
+            let (s, raw, _) = T::split(T::load(xb, 0));
             cnt[s] += 1;
-            sr.0.push(s as u8);
-            sr.1.push(raw as u16);
+            *so = s as u8;
+            *ro = raw as u16;
         }
     }
     let r = write_sym_body::<T>(mode, flags, side, syms, blk, out, &cnt, &sr);
@@ -1164,4 +1171,32 @@ pub(crate) fn detect_more(
         best = (v, bytes, Dtype::Fp8E4m3);
     }
     best
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The branch-free FP16N split equals the rule as written (normal, zero,
+    /// subnormal) for every 16-bit pattern, and `join` undoes it.
+    #[test]
+    fn f16n_split_matches_the_rule() {
+        for x in 0..=0xFFFFu32 {
+            let s = x >> 15;
+            let e = (x >> 10) & 31;
+            let m = x & 1023;
+            let want = if e != 0 {
+                (e as usize + 10, m | s << 10, 11)
+            } else if m == 0 {
+                (0, s, 1)
+            } else {
+                let v = 32 - m.leading_zeros();
+                (v as usize, (m & ((1 << (v - 1)) - 1)) | s << (v - 1), v)
+            };
+            let got = F16n::split(x);
+            assert_eq!(got, want, "{x:#06x}");
+            assert_eq!(got.2, F16n::rawbits(got.0), "{x:#06x}");
+            assert_eq!(F16n::join(got.0, got.1), x, "{x:#06x}");
+        }
+    }
 }
