@@ -374,7 +374,7 @@ pub(crate) fn encode_fp8(dtype: Dtype, blk: &[u8], out: &mut [u8]) -> Option<usi
         let centre = sorted[nlines / 2];
         nib.clear();
         nib.resize(nlines.div_ceil(2), 0);
-        shift_syms.clear();
+        // every element is written below: no clearing
         shift_syms.resize(m, 0);
         for l in 0..nlines {
             let n = (refs[l] as i32 - centre as i32 + 8).clamp(0, 15) as u8;
@@ -394,7 +394,6 @@ pub(crate) fn encode_fp8(dtype: Dtype, blk: &[u8], out: &mut [u8]) -> Option<usi
         let lag = choose_lag(blk);
         let mut hl = None;
         if let Some(p) = lag {
-            lag_syms.clear();
             lag_syms.resize(m, 0);
             lag_syms[..p].copy_from_slice(&blk[..p]);
             for (o, (&x, &y)) in lag_syms[p..]
