@@ -1105,19 +1105,41 @@ pub(crate) fn detect_more(
     // prefix code costs at least the histogram's entropy (Kraft), so a lower bound
     // of `v` at or above that settles it without the codes or `bar`.
     let to_raw = best.0 * 32 >= 31 * 8 * stride * best.1;
-    if !to_raw && (0..2).all(|phi| 2 * sub[phi] <= count[phi]) {
-        let tot: u64 = hb.iter().sum();
-        let ent: f64 = hb
-            .iter()
-            .filter(|&&h| h != 0)
-            .map(|&h| h as f64 * (tot as f64 / h as f64).log2())
-            .sum();
-        // below the exact entropy by far more than the sum's rounding
-        let lb = (ent * (1.0 - 1e-9)).floor().max(0.0) as u64;
-        let v_lb = stride * (lb + 64 * skipped) + 8 * 128;
-        if (16 * v_lb) as u128 * best.1 as u128 >= 15 * best.0 as u128 * bytes as u128 {
-            return best;
-        }
+    // fp8's lower bound, computed once when first asked
+    let mut vlb: Option<u64> = None;
+    let mut v_lb = || {
+        *vlb.get_or_insert_with(|| {
+            let tot: u64 = hb.iter().sum();
+            let ent: f64 = hb
+                .iter()
+                .filter(|&&h| h != 0)
+                .map(|&h| h as f64 * (tot as f64 / h as f64).log2())
+                .sum();
+            // below the exact entropy by far more than the sum's rounding
+            let lb = (ent * (1.0 - 1e-9)).floor().max(0.0) as u64;
+            stride * (lb + 64 * skipped) + 8 * 128
+        })
+    };
+    if !to_raw
+        && (0..2).all(|phi| 2 * sub[phi] <= count[phi])
+        && (16 * v_lb()) as u128 * best.1 as u128 >= 15 * best.0 as u128 * bytes as u128
+    {
+        return best;
+    }
+    // Shortcut (same decisions): either new candidate must also beat `best`. FP16N's
+    // value is at least its raw bits plus 1 bit per symbol (every length is >= 1),
+    // fp8's at least `v_lb`: when neither bound beats `best`, the explicit float
+    // choices of `bar` below are not needed.
+    let beats = |v: u64, by: u64| (v as u128) * (best.1 as u128) < (best.0 as u128) * (by as u128);
+    let f16n_may = (0..2).any(|phi| {
+        2 * sub[phi] > count[phi]
+            && beats(
+                stride * (count[phi] + raw[phi]) + 8 * (F16N_SYMS as u64 / 2),
+                2 * count[phi],
+            )
+    });
+    if !f16n_may && !beats(v_lb(), bytes) {
+        return best;
     }
     // what the new candidates must beat: the float candidates with explicit codes
     // (V2.6 choose(stats, true): exponent patterns the static codes escape, such as
