@@ -25,6 +25,9 @@ pub const PMAX: usize = 8192;
 const LAG_N: usize = 1024;
 /// Elements the period search reads: `LAG_N` and the largest lag.
 const SEARCH_N: usize = LAG_N + PMAX;
+/// Fewest elements for a table (2048 + 16, the minimum of the 2048-element search
+/// before 2026-11-26 s13: smaller frames rarely repay a table's bytes).
+const MIN_M: usize = 2048 + PMIN;
 /// Elements the offsets read: `min(m, WINDOW)` from the frame start (the search the
 /// first `SEARCH_N` of them).
 const WINDOW: usize = 32768;
@@ -617,7 +620,7 @@ fn exps<T: V2>(src: &[u8], keys: &mut [u8], sh: u32) -> (u32, u32) {
 
 #[inline(always)]
 fn table_for_body<T: V2>(src: &[u8], b: usize) -> Option<ColTab> {
-    if src.len() < T::W * (LAG_N + PMIN) + T::W {
+    if src.len() < T::W * MIN_M + T::W {
         return None;
     }
     // the grid of block 0 (its phase, V2.7 step 3): element i is in column i mod P
@@ -625,6 +628,9 @@ fn table_for_body<T: V2>(src: &[u8], b: usize) -> Option<ColTab> {
     let phi = crate::v2::choose_phase_memo::<T>(&src[..src.len().min(b)]);
     let src = &src[phi..];
     let m = src.len() / T::W;
+    if m < MIN_M {
+        return None;
+    }
     SCRATCH.with(|s| {
         let s = &mut *s.borrow_mut();
         let nw = m.min(WINDOW);
