@@ -23,8 +23,14 @@ use crate::{CodecError, Dtype};
 pub const PMIN: usize = 16;
 pub const PMAX: usize = 8192;
 /// The period search compares the first `LAG_N` elements with those `p` later.
-const LAG_N: usize = 2048;
-/// Elements the search and the offsets read: `min(m, WINDOW)` from the frame start.
+const LAG_N: usize = 1024;
+/// Elements the period search reads: `LAG_N` and the largest lag.
+const SEARCH_N: usize = LAG_N + PMAX;
+/// Fewest elements for a table (2048 + 16, the minimum of the 2048-element search
+/// before 2026-11-26 s13: smaller frames rarely repay a table's bytes).
+const MIN_M: usize = 2048 + PMIN;
+/// Elements the offsets read: `min(m, WINDOW)` from the frame start (the search the
+/// first `SEARCH_N` of them).
 const WINDOW: usize = 32768;
 /// Most stride-13 samples of the table's gain estimate.
 const GAIN_SAMPLES: usize = 4096;
@@ -504,9 +510,9 @@ pub fn set_encoder_table(on: bool) {
     ENCODER_TABLE.with(|c| c.set(on));
 }
 
-/// The period of exponent fields `e` (the first `min(m, WINDOW)` elements): `None`
-/// when no lag stands out. Lags `p = 16, 32, … ≤ min(8192, len − 2048)`;
-/// `D(p) = Σ_{i<2048} |e_i − e_{i+p}|`; a period only if `8·Dmin·L < 7·ΣD` (the best
+/// The period of exponent fields `e` (the first `min(m, SEARCH_N)` elements): `None`
+/// when no lag stands out. Lags `p = 16, 32, … ≤ min(8192, len − 1024)`;
+/// `D(p) = Σ_{i<1024} |e_i − e_{i+p}|`; a period only if `8·Dmin·L < 7·ΣD` (the best
 /// lag at least 1/8 below the mean of the `L` lags), then the smallest `p` with
 /// `4·D(p) ≤ 5·Dmin` (multiples of a period score alike: take the fundamental). A
 /// period that divides 16 is not found (every lag is its multiple).
@@ -748,9 +754,37 @@ unsafe fn exps16_avx2(src: &[u8], keys: &mut [u8], sh: u32) -> (u32, u32, usize)
     (tot, cnt, n)
 }
 
+/// The exponent fields of the elements of `src` into `keys` (one per element),
+/// with their sum and nonzero count; 16-bit types 32 at a time with AVX2, else
+/// 16 at a time (the compiler's vector loop).
+#[inline(always)]
+fn exps<T: V2>(src: &[u8], keys: &mut [u8], sh: u32) -> (u32, u32) {
+    let (mut tot, mut cnt) = (0u32, 0u32);
+    let mut done = 0;
+    #[cfg(target_arch = "x86_64")]
+    if T::W == 2 && std::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU has AVX2.
+        (tot, cnt, done) = unsafe { exps16_avx2(src, keys, sh) };
+    }
+    let n = keys.len();
+    let (ks, xs) = (&mut keys[done..n], &src[done * T::W..n * T::W]);
+    for (ks, xs) in ks.chunks_mut(16).zip(xs.chunks(16 * T::W)) {
+        let (mut t16, mut c16) = (0u32, 0u32);
+        for (k, xb) in ks.iter_mut().zip(xs.chunks_exact(T::W)) {
+            let e = ((T::load(xb, 0) >> sh) & T::EMAX) as u8;
+            *k = e;
+            t16 += e as u32;
+            c16 += (e != 0) as u32;
+        }
+        tot += t16;
+        cnt += c16;
+    }
+    (tot, cnt)
+}
+
 #[inline(always)]
 fn table_for_body<T: V2>(src: &[u8], b: usize) -> Option<ColTab> {
-    if src.len() < T::W * (LAG_N + PMIN) + T::W {
+    if src.len() < T::W * MIN_M + T::W {
         return None;
     }
     // the grid of block 0 (its phase, V2.7 step 3): element i is in column i mod P
@@ -758,43 +792,31 @@ fn table_for_body<T: V2>(src: &[u8], b: usize) -> Option<ColTab> {
     let phi = crate::v2::choose_phase_memo::<T>(&src[..src.len().min(b)]);
     let src = &src[phi..];
     let m = src.len() / T::W;
+    if m < MIN_M {
+        return None;
+    }
     SCRATCH.with(|s| {
         let s = &mut *s.borrow_mut();
         let nw = m.min(WINDOW);
+        // the search reads the first `ns` fields; the offsets all `nw` (extracted
+        // only once a period is found)
+        let ns = nw.min(SEARCH_N);
         let sh = eshift::<T>();
         s.keys.resize(nw, 0);
         // exponent fields 0 (zeros, subnormals) take the mean of the others in the
         // search, so that scattered zeros or zero lines do not drown the channels
-        // (sums below 2^24: at most 32768 fields of at most 255); one pass, 16
-        // fields at a time (the compiler's vector loop)
-        let (mut tot, mut cnt) = (0u32, 0u32);
-        let mut done = 0;
-        #[cfg(target_arch = "x86_64")]
-        if T::W == 2 && std::is_x86_feature_detected!("avx2") {
-            // SAFETY: the CPU has AVX2.
-            (tot, cnt, done) = unsafe { exps16_avx2(&src[..2 * nw], &mut s.keys[..nw], sh) };
-        }
-        let (ks, xs) = (&mut s.keys[done..nw], &src[done * T::W..nw * T::W]);
-        for (ks, xs) in ks.chunks_mut(16).zip(xs.chunks(16 * T::W)) {
-            let (mut t16, mut c16) = (0u32, 0u32);
-            for (k, xb) in ks.iter_mut().zip(xs.chunks_exact(T::W)) {
-                let e = ((T::load(xb, 0) >> sh) & T::EMAX) as u8;
-                *k = e;
-                t16 += e as u32;
-                c16 += (e != 0) as u32;
-            }
-            tot += t16;
-            cnt += c16;
-        }
+        // (sums below 2^24: at most 32768 fields of at most 255)
+        let (tot, cnt) = exps::<T>(&src[..ns * T::W], &mut s.keys[..ns], sh);
         if cnt == 0 {
             return None;
         }
         let r = (tot / cnt) as u8;
-        s.search.resize(nw, 0);
+        s.search.resize(ns, 0);
         for (f, &e) in s.search.iter_mut().zip(s.keys.iter()) {
             *f = if e == 0 { r } else { e };
         }
         let p = find_period(&s.search)?;
+        exps::<T>(&src[ns * T::W..nw * T::W], &mut s.keys[ns..nw], sh);
         let mut ct = ColTab { p, off: [0; PMAX] };
         if !column_offsets_into(&s.keys, p, &mut s.acc, &mut ct) {
             return None;

@@ -426,6 +426,11 @@ pub(crate) fn choose_phase<T: V2>(blk: &[u8]) -> (usize, Stats, Static) {
     for phi in 0..T::W {
         let m = (blk.len() - phi) / T::W;
         let st = Stats::sample::<T>(&blk[phi..], m);
+        // a phase whose lower bound is no smaller than the best value cannot
+        // replace it (strictly smaller only): not evaluated
+        if best.as_ref().is_some_and(|b| static_lb::<T>(&st) >= b.2.best.value) {
+            continue;
+        }
         let c = choose_static::<T>(&st);
         if best.as_ref().is_none_or(|b| c.best.value < b.2.best.value) {
             best = Some((phi, st, c));
@@ -535,27 +540,35 @@ impl Stats {
     /// histogram is version 1's sample histogram (same elements, same counts).
     #[inline(always)]
     pub(crate) fn sample<T: V2>(b: &[u8], m: usize) -> Stats {
-        let h = crate::encode::sample_histogram::<T>(b, m);
-        let (mut nzero, mut lo_or) = (0u64, 0u32);
-        // zeros have e = 0; `lo_or` matters in fp32 only, and only whether its
-        // bits 0..8 and 8..16 are set
-        if h[0] != 0 {
-            for c in b[..m * T::W].chunks(SAMPLE_STRIDE * T::W) {
-                let x = T::load(c, 0);
-                nzero += (x == 0) as u64;
+        // one read of each sampled element for the histogram, zeros and `lo_or`;
+        // four interleaved sub-histograms as `sample_histogram` (same counts; at
+        // most 2^20 / 2 / 13 + 1 < 2^16 samples per block: u16 counts suffice)
+        let mut hs = [[0u16; 256]; 4];
+        let (mut nzero, mut lo_or) = (0u32, 0u32);
+        let stride = SAMPLE_STRIDE * T::W;
+        let mut chunks = b[..m * T::W].chunks_exact(4 * stride);
+        for c in &mut chunks {
+            for (k, hk) in hs.iter_mut().enumerate() {
+                let x = T::load(c, k * SAMPLE_STRIDE);
+                hk[T::exp(x) as usize] += 1;
+                nzero += (x == 0) as u32;
                 lo_or |= x;
             }
-        } else if T::W == 4 {
-            for c in b[..m * T::W].chunks(SAMPLE_STRIDE * T::W) {
-                lo_or |= T::load(c, 0);
-                if lo_or & 0xFF00 != 0 && lo_or & 0xFF != 0 {
-                    break;
-                }
-            }
+        }
+        let done = (m * T::W - chunks.remainder().len()) / T::W;
+        for i in (done..m).step_by(SAMPLE_STRIDE) {
+            let x = T::load(b, i);
+            hs[0][T::exp(x) as usize] += 1;
+            nzero += (x == 0) as u32;
+            lo_or |= x;
+        }
+        let mut h = [0u32; 256];
+        for (e, x) in h.iter_mut().enumerate() {
+            *x = hs[0][e] as u32 + hs[1][e] as u32 + hs[2][e] as u32 + hs[3][e] as u32;
         }
         Stats {
             hc: h,
-            nzero,
+            nzero: nzero as u64,
             count: m.div_ceil(SAMPLE_STRIDE) as u64,
             lo_or,
         }
@@ -652,7 +665,13 @@ pub(crate) fn choose_static<T: V2>(st: &Stats) -> Static {
         code_bits: 0,
     };
     let mut best_ai = [0usize; 2];
+    // Z set with no `e = 0` in the sample (`h[0] = 0`, so `nzero = 0` too) has Z
+    // clear's counts and costs plus 24: it never wins (strictly smaller only), so it
+    // is not evaluated
     for z in [false, true] {
+        if z && h[0] == 0 {
+            break;
+        }
         let raw_bits = if z {
             r * (st.count - st.nzero)
         } else {
@@ -710,6 +729,32 @@ pub(crate) fn choose_static<T: V2>(st: &Stats) -> Static {
     }
 }
 
+/// A lower bound of `choose_static(st).best.value`: every code word is at least 1
+/// bit, the raw bits are at least those of the nonzero elements, and at every anchor
+/// tried the elements `e >= 1` outside its window escape (`EBITS` each, the
+/// fewest over the anchors). A few hundred operations, against the 32 codes ×
+/// 8 anchors of `choose_static`.
+#[inline(always)]
+pub(crate) fn static_lb<T: V2>(st: &Stats) -> u64 {
+    let r: u64 = if T::W == 4 {
+        8 + if st.lo_or & 0xFF00 != 0 { 8 } else { 0 } + if st.lo_or & 0xFF != 0 { 8 } else { 0 }
+    } else {
+        T::RAWBITS
+    };
+    let h = &st.hc;
+    let smax = robust_max(h, T::EMAX);
+    let lo = smax.saturating_sub(4).max(1);
+    let hi = (smax + 3).min(T::EMAX);
+    let total1: u64 = h[1..=T::EMAX as usize].iter().map(|&c| c as u64).sum();
+    let mut desc = u64::MAX;
+    for a in lo..=hi {
+        let lo_e = a + 1 - (ND as u32).min(a);
+        let inwin: u64 = h[lo_e as usize..=a as usize].iter().map(|&c| c as u64).sum();
+        desc = desc.min(total1 - inwin);
+    }
+    SAMPLE_STRIDE as u64 * (st.count + r * (st.count - st.nzero) + desc * T::EBITS as u64)
+}
+
 /// The explicit candidates (FORMAT.md §V2.6), after the static ones of both Z. The
 /// rule visits Z clear's explicit candidate before Z set's static ones: it wins a
 /// tie with the static best when that best has Z set.
@@ -719,6 +764,11 @@ pub(crate) fn choose_explicit<T: V2>(st: &Stats, s: &Static) -> Choice {
     let nesc0 = h[0] as u64 - st.nzero;
     let mut best = s.best;
     for z in [false, true] {
+        // as in `choose_static`: with `h[0] = 0`, Z set's counts are Z clear's, its
+        // lengths the same, its value 24 more: it cannot win
+        if z && h[0] == 0 {
+            break;
+        }
         let raw_bits = if z {
             s.r * (st.count - st.nzero)
         } else {
@@ -777,6 +827,27 @@ pub(crate) fn put_packed(out: &mut [u8], vals: impl Iterator<Item = u32>, w: u32
         p += 1;
     }
     p
+}
+
+/// Whether a whole line (`LINE` = 64 bytes) is all zero. `V`: the caller is compiled
+/// for AVX2 (two 32-byte loads, one `vptest`).
+#[inline(always)]
+fn zero_line<const V: bool>(c: &[u8]) -> bool {
+    debug_assert_eq!(c.len(), LINE);
+    #[cfg(target_arch = "x86_64")]
+    if V && c.len() >= 64 {
+        use std::arch::x86_64::*;
+        // SAFETY: V: the CPU has AVX2; both loads read inside `c` (64 bytes).
+        return unsafe {
+            let a = _mm256_loadu_si256(c.as_ptr() as *const __m256i);
+            let b = _mm256_loadu_si256(c.as_ptr().add(32) as *const __m256i);
+            let o = _mm256_or_si256(a, b);
+            _mm256_testz_si256(o, o) != 0
+        };
+    }
+    c.chunks_exact(8)
+        .fold(0u64, |a, b| a | u64::from_le_bytes(b.try_into().unwrap()))
+        == 0
 }
 
 /// Codes `blk` into `out` if it takes at most `cap <= out.len()` bytes. The planes
@@ -865,29 +936,26 @@ fn encode_coded_body<T: V2, const V: bool>(
         // zero lines
         let nl = gbytes.div_ceil(LINE);
         s.elided.clear();
-        let mut n_elided = 0;
-        let mut runs = 0;
-        let mut prev = false;
-        // whole lines (`chunks_exact`: no per-line length clamp), then the short one
+        // whole lines (`chunks_exact`: no per-line length clamp), then the short one;
+        // runs counted only when a line is elided
         let full = grid.chunks_exact(LINE);
         let last = full.remainder();
         let short = (!last.is_empty()).then(|| last.iter().fold(0u8, |a, &b| a | b) == 0);
-        for z in full
-            .map(|c| {
-                c.chunks_exact(8)
-                    .fold(0u64, |a, b| a | u64::from_le_bytes(b.try_into().unwrap()))
-                    == 0
-            })
-            .chain(short)
-        {
-            s.elided.push(z);
-            if z {
-                n_elided += 1;
-                if !prev {
-                    runs += 1;
-                }
+        s.elided.resize(nl, false);
+        for (z, c) in s.elided.iter_mut().zip(full) {
+            *z = zero_line::<V>(c);
+        }
+        if let Some(z) = short {
+            s.elided[nl - 1] = z;
+        }
+        let n_elided = s.elided.iter().map(|&z| z as usize).sum::<usize>();
+        let mut runs = 0;
+        if n_elided > 0 {
+            let mut prev = false;
+            for &z in s.elided.iter() {
+                runs += (z && !prev) as usize;
+                prev = z;
             }
-            prev = z;
         }
         let lines = n_elided > 0;
         let kept: &[u8] = if lines {
@@ -933,7 +1001,10 @@ fn encode_coded_body<T: V2, const V: bool>(
             }
             None => (kept, st, ch),
         };
-        let words = crate::codes::canonical_words(&ch.lens);
+        let words = match ch.k {
+            Some(k) => crate::codes::CODE_WORDS[k as usize],
+            None => crate::codes::canonical_words(&ch.lens),
+        };
         let ss = 1usize << SS_LOG2;
         let ns = k_elems.div_ceil(ss);
         let bitmap_len = nl.div_ceil(8);
@@ -2109,12 +2180,15 @@ unsafe fn detect_v2_avx2(src: &[u8]) -> Dtype {
 /// exponent fields go to `hb[φ][parity]` (`first[φ]`: element 0's, which fp32 at
 /// φ + 2 does not hold), fp16's histograms and every candidate's `nzero`, `lo_or`,
 /// `count` straight to `st`. Equals [`Stats::add`] per candidate (a test checks).
+/// `sub[φ]`: fp16 subnormals (`e = 0`, `x & 0x7FFF != 0`) at φ, for V2.10's FP16N
+/// candidate.
 #[inline(always)]
 fn group_stats(
     s: &[u8],
     st: &mut [Stats; 8],
     hb: &mut [[[u32; 256]; 2]; 2],
     first: &mut [[u32; 256]; 2],
+    sub: &mut [u64; 2],
 ) {
     for phi in 0..2 {
         // 16-bit words at bytes phi + 2i: 32 at φ = 0, 31 at φ = 1
@@ -2134,6 +2208,11 @@ fn group_stats(
                 hf[(y >> 10 & 0x1F) as usize] += 1;
             }
         }
+        // (word 31 at φ = 1 is 0: not a subnormal)
+        sub[phi] += wd
+            .iter()
+            .map(|&x| (x & 0x7C00 == 0 && x & 0x7FFF != 0) as u64)
+            .sum::<u64>();
         // word 31 at φ = 1 is 0 (not a word): it counts as a zero
         let nz16 = wd.iter().map(|&x| (x == 0) as u64).sum::<u64>() - (32 - n) as u64;
         let or16 = wd.iter().fold(0, |a, &x| a | x);
@@ -2172,6 +2251,7 @@ fn detect_v2_body(src: &[u8]) -> Dtype {
     let mut used = 0u64;
     let mut hb = [[[0u32; 256]; 2]; 2];
     let mut first = [[0u32; 256]; 2];
+    let mut sub = [0u64; 2];
     for j in 0..g {
         let off = 64 * (j * units / g);
         let s = &src[off..off + 64];
@@ -2179,7 +2259,7 @@ fn detect_v2_body(src: &[u8]) -> Dtype {
             continue;
         }
         used += 1;
-        group_stats(s, &mut st, &mut hb, &mut first);
+        group_stats(s, &mut st, &mut hb, &mut first, &mut sub);
     }
     if used == 0 {
         return Dtype::Raw;
@@ -2202,12 +2282,24 @@ fn detect_v2_body(src: &[u8]) -> Dtype {
             2 | 3 => (Dtype::Fp16, 2),
             _ => (Dtype::Fp32, 4),
         };
+        let bytes = stc.count * w;
+        // a candidate whose lower bound is not below the best (as value / bytes)
+        // cannot replace it: not evaluated
+        if best.0 != u64::MAX {
+            let lb = match dt {
+                Dtype::Bf16 => static_lb::<Bf16>(stc),
+                Dtype::Fp16 => static_lb::<Fp16>(stc),
+                _ => static_lb::<Fp32>(stc),
+            };
+            if (lb as u128) * (best.1 as u128) >= (best.0 as u128) * (bytes as u128) {
+                continue;
+            }
+        }
         let value = match dt {
             Dtype::Bf16 => choose::<Bf16>(stc, false).value,
             Dtype::Fp16 => choose::<Fp16>(stc, false).value,
             _ => choose::<Fp32>(stc, false).value,
         };
-        let bytes = stc.count * w;
         if best.0 == u64::MAX
             || (value as u128) * (best.1 as u128) < (best.0 as u128) * (bytes as u128)
         {
@@ -2215,7 +2307,7 @@ fn detect_v2_body(src: &[u8]) -> Dtype {
         }
     }
     // fp8 byte codes and FP16N (FORMAT.md §V2.10)
-    let best = crate::v2_byte::detect_more(src, best, &st);
+    let best = crate::v2_byte::detect_more(src, best, &st, sub);
     // raw unless the estimate saves more than 1/32 of the sampled bits
     if best.0 * 32 >= 31 * 8 * SAMPLE_STRIDE as u64 * best.1 {
         Dtype::Raw
@@ -2253,6 +2345,100 @@ mod tests {
             if std::is_x86_feature_detected!("avx2") {
                 assert_eq!(shuffle8::<true>(v, &COMPACT[m]) & keep, c & keep);
                 assert_eq!(shuffle8::<true>(c, &EXPAND[m]), e);
+            }
+        }
+    }
+
+    /// `Stats::sample` equals `Stats::add` over the elements `0, 13, 26, … < m`
+    /// (histogram, zeros, count; `lo_or` as `choose` reads it), every type, with
+    /// zeros, subnormals and every remainder length.
+    #[test]
+    fn sample_stats_match_add() {
+        fn check<T: V2>(b: &[u8]) {
+            for m in [b.len() / T::W, b.len() / T::W - 1, 53, 52, 1] {
+                let got = Stats::sample::<T>(b, m);
+                let mut want = Stats::default();
+                for i in (0..m).step_by(SAMPLE_STRIDE) {
+                    want.add::<T>(&b[i * T::W..], 1);
+                }
+                assert_eq!(got.hc, want.hc, "m {m}");
+                assert_eq!((got.nzero, got.count), (want.nzero, want.count), "m {m}");
+                assert_eq!(got.lo_or, want.lo_or, "m {m}");
+            }
+        }
+        let mut x = 0x2545_F491_4F6C_DD1Du64;
+        let b: Vec<u8> = (0..40000)
+            .map(|i| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                // runs of zero bytes, small values (subnormals), random bytes
+                match (i / 300) % 3 {
+                    0 => 0,
+                    1 => (x % 3) as u8,
+                    _ => x as u8,
+                }
+            })
+            .collect();
+        check::<Bf16>(&b);
+        check::<Fp16>(&b);
+        check::<Fp32>(&b);
+    }
+
+    /// The AVX2 zero-line test equals the portable one: all-zero lines and lines
+    /// with one set bit at every byte.
+    #[test]
+    fn zero_line_vector_matches_portable() {
+        let mut line = [0u8; LINE];
+        assert!(zero_line::<false>(&line));
+        for i in 0..LINE {
+            for b in [0x01u8, 0x80] {
+                line[i] = b;
+                assert!(!zero_line::<false>(&line));
+                #[cfg(target_arch = "x86_64")]
+                if std::is_x86_feature_detected!("avx2") {
+                    assert!(!zero_line::<true>(&line));
+                }
+                line[i] = 0;
+            }
+        }
+        #[cfg(target_arch = "x86_64")]
+        if std::is_x86_feature_detected!("avx2") {
+            assert!(zero_line::<true>(&line));
+        }
+    }
+
+    /// `static_lb` never exceeds the static choice's value (it prunes phases and
+    /// detection candidates only where they cannot win): every type and phase of
+    /// Gaussian-like, sparse, misaligned and random data.
+    #[test]
+    fn static_lower_bound_holds() {
+        let mut x = 0x2545_F491_4F6C_DD1Du64;
+        let mut rnd = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        for case in 0..300 {
+            let n = 4096 + (rnd() % 4096) as usize;
+            let b: Vec<u8> = (0..n)
+                .map(|i| match case % 4 {
+                    0 => rnd() as u8,
+                    1 if i % 2 == 1 => 0x3C + (rnd() % 3) as u8,
+                    2 if (i / 64) % 3 == 0 => 0,
+                    3 => (rnd() % 5) as u8,
+                    _ => rnd() as u8,
+                })
+                .collect();
+            for phi in 0..4 {
+                let g = &b[phi..];
+                let st = Stats::sample::<Bf16>(g, g.len() / 2);
+                assert!(static_lb::<Bf16>(&st) <= choose_static::<Bf16>(&st).best.value);
+                let st = Stats::sample::<Fp16>(g, g.len() / 2);
+                assert!(static_lb::<Fp16>(&st) <= choose_static::<Fp16>(&st).best.value);
+                let st = Stats::sample::<Fp32>(g, g.len() / 4);
+                assert!(static_lb::<Fp32>(&st) <= choose_static::<Fp32>(&st).best.value);
             }
         }
     }
@@ -2406,10 +2592,22 @@ mod tests {
             let mut hb = [[[0u32; 256]; 2]; 2];
             let mut first = [[0u32; 256]; 2];
             // two groups, as detection adds them up
-            group_stats(&g, &mut st, &mut hb, &mut first);
+            let mut sub = [0u64; 2];
+            group_stats(&g, &mut st, &mut hb, &mut first, &mut sub);
             let mut g2 = g;
             g2.rotate_left(case % 7);
-            group_stats(&g2, &mut st, &mut hb, &mut first);
+            group_stats(&g2, &mut st, &mut hb, &mut first, &mut sub);
+            // fp16 subnormals at each phase, counted directly
+            let mut want_sub = [0u64; 2];
+            for s in [&g[..], &g2[..]] {
+                for (phi, ws) in want_sub.iter_mut().enumerate() {
+                    for c in s[phi..].chunks_exact(2) {
+                        let x = u16::from_le_bytes([c[0], c[1]]);
+                        *ws += (x & 0x7C00 == 0 && x & 0x7FFF != 0) as u64;
+                    }
+                }
+            }
+            assert_eq!(sub, want_sub, "case {case} subnormals");
             for phi in 0..2 {
                 for e in 0..256 {
                     let (ev, od) = (hb[phi][0][e], hb[phi][1][e]);

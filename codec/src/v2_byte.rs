@@ -83,19 +83,22 @@ impl SymMode for F16n {
     fn store(b: &mut [u8], i: usize, x: u32) {
         b[2 * i..2 * i + 2].copy_from_slice(&(x as u16).to_le_bytes());
     }
+    /// Normal (`e != 0`): symbol `e + 10`, raw `m | s << 10` (11 bits); zero:
+    /// symbol 0, raw `s` (1 bit); subnormal: `v` = bit length of `m`, symbol `v`,
+    /// raw `m` without its top bit, then `s` (`v` bits). Branch-free: `nb` mantissa
+    /// bits (10, 0 or `v − 1`) and the sign above them.
     #[inline(always)]
     fn split(x: u32) -> (usize, u32, u32) {
         let s = x >> 15;
         let e = (x >> 10) & 31;
         let m = x & 1023;
-        if e != 0 {
-            (e as usize + 10, m | s << 10, 11)
-        } else if m == 0 {
-            (0, s, 1)
+        let v = 32 - m.leading_zeros();
+        let (sym, nb) = if e != 0 {
+            (e + 10, 10)
         } else {
-            let v = 32 - m.leading_zeros();
-            (v as usize, (m & ((1 << (v - 1)) - 1)) | s << (v - 1), v)
-        }
+            (v, v.saturating_sub(1))
+        };
+        (sym as usize, (m & ((1 << nb) - 1)) | s << nb, nb + 1)
     }
     #[inline(always)]
     fn rawbits(s: usize) -> u32 {
@@ -371,7 +374,7 @@ pub(crate) fn encode_fp8(dtype: Dtype, blk: &[u8], out: &mut [u8]) -> Option<usi
         let centre = sorted[nlines / 2];
         nib.clear();
         nib.resize(nlines.div_ceil(2), 0);
-        shift_syms.clear();
+        // every element is written below: no clearing
         shift_syms.resize(m, 0);
         for l in 0..nlines {
             let n = (refs[l] as i32 - centre as i32 + 8).clamp(0, 15) as u8;
@@ -391,7 +394,6 @@ pub(crate) fn encode_fp8(dtype: Dtype, blk: &[u8], out: &mut [u8]) -> Option<usi
         let lag = choose_lag(blk);
         let mut hl = None;
         if let Some(p) = lag {
-            lag_syms.clear();
             lag_syms.resize(m, 0);
             lag_syms[..p].copy_from_slice(&blk[..p]);
             for (o, (&x, &y)) in lag_syms[p..]
@@ -584,13 +586,17 @@ fn write_sym<T: SymMode>(
     } else if w == 1 {
         cnt = histogram(grid);
     } else {
-        sr.0.clear();
-        sr.1.clear();
-        for i in 0..m {
-            let (s, raw, _) = T::split(T::load(grid, i));
+        sr.0.resize(m, 0);
+        sr.1.resize(m, 0);
+        for ((xb, so), ro) in grid
+            .chunks_exact(w)
+            .zip(sr.0.iter_mut())
+            .zip(sr.1.iter_mut())
+        {
+            let (s, raw, _) = T::split(T::load(xb, 0));
             cnt[s] += 1;
-            sr.0.push(s as u8);
-            sr.1.push(raw as u16);
+            *so = s as u8;
+            *ro = raw as u16;
         }
     }
     let r = write_sym_body::<T>(mode, flags, side, syms, blk, out, &cnt, &sr);
@@ -1043,11 +1049,14 @@ fn decode_sym<T: SymMode>(b: &[u8], out: &mut [u8]) -> Result<(), CodecError> {
 // Detection
 
 /// The candidates of §V2.10 "Detection", after version 2's float candidates: `best`
-/// is (value, bytes, type) of the cheapest float candidate; returns the new best.
+/// is (value, bytes, type) of the cheapest float candidate; `sub[φ]` the fp16
+/// subnormals at φ in the groups (counted by the float candidates' pass); returns
+/// the new best.
 pub(crate) fn detect_more(
     src: &[u8],
     best: (u64, u64, Dtype),
     fst: &[crate::v2::Stats; 8],
+    sub: [u64; 2],
 ) -> (u64, u64, Dtype) {
     let n = src.len();
     let g = (n / 1024).clamp(1, 64);
@@ -1055,8 +1064,6 @@ pub(crate) fn detect_more(
     let mut hb = [0u64; 256];
     let mut hv = [[0u64; 256]; 2];
     let mut raw = [0u64; 2];
-    let mut sub = [0u64; 2];
-    let mut count = [0u64; 2];
     let (mut bytes, mut skipped) = (0u64, 0u64);
     for j in 0..g {
         let off = 64 * (j * units / g);
@@ -1069,14 +1076,9 @@ pub(crate) fn detect_more(
             hb[x as usize] += 1;
         }
         bytes += 64;
-        for phi in 0..2 {
-            for i in 0..(64 - phi) / 2 {
-                let x = F16n::load(&s[phi..], i);
-                sub[phi] += (x & 0x7C00 == 0 && x & 0x7FFF != 0) as u64;
-                count[phi] += 1;
-            }
-        }
     }
+    // fp16 elements at φ per group: floor((64 − φ) / 2)
+    let count = [bytes / 2, bytes / 64 * 31];
     let mut best = best;
     if bytes == 0 {
         return best;
@@ -1103,19 +1105,41 @@ pub(crate) fn detect_more(
     // prefix code costs at least the histogram's entropy (Kraft), so a lower bound
     // of `v` at or above that settles it without the codes or `bar`.
     let to_raw = best.0 * 32 >= 31 * 8 * stride * best.1;
-    if !to_raw && (0..2).all(|phi| 2 * sub[phi] <= count[phi]) {
-        let tot: u64 = hb.iter().sum();
-        let ent: f64 = hb
-            .iter()
-            .filter(|&&h| h != 0)
-            .map(|&h| h as f64 * (tot as f64 / h as f64).log2())
-            .sum();
-        // below the exact entropy by far more than the sum's rounding
-        let lb = (ent * (1.0 - 1e-9)).floor().max(0.0) as u64;
-        let v_lb = stride * (lb + 64 * skipped) + 8 * 128;
-        if (16 * v_lb) as u128 * best.1 as u128 >= 15 * best.0 as u128 * bytes as u128 {
-            return best;
-        }
+    // fp8's lower bound, computed once when first asked
+    let mut vlb: Option<u64> = None;
+    let mut v_lb = || {
+        *vlb.get_or_insert_with(|| {
+            let tot: u64 = hb.iter().sum();
+            let ent: f64 = hb
+                .iter()
+                .filter(|&&h| h != 0)
+                .map(|&h| h as f64 * (tot as f64 / h as f64).log2())
+                .sum();
+            // below the exact entropy by far more than the sum's rounding
+            let lb = (ent * (1.0 - 1e-9)).floor().max(0.0) as u64;
+            stride * (lb + 64 * skipped) + 8 * 128
+        })
+    };
+    if !to_raw
+        && (0..2).all(|phi| 2 * sub[phi] <= count[phi])
+        && (16 * v_lb()) as u128 * best.1 as u128 >= 15 * best.0 as u128 * bytes as u128
+    {
+        return best;
+    }
+    // Shortcut (same decisions): either new candidate must also beat `best`. FP16N's
+    // value is at least its raw bits plus 1 bit per symbol (every length is >= 1),
+    // fp8's at least `v_lb`: when neither bound beats `best`, the explicit float
+    // choices of `bar` below are not needed.
+    let beats = |v: u64, by: u64| (v as u128) * (best.1 as u128) < (best.0 as u128) * (by as u128);
+    let f16n_may = (0..2).any(|phi| {
+        2 * sub[phi] > count[phi]
+            && beats(
+                stride * (count[phi] + raw[phi]) + 8 * (F16N_SYMS as u64 / 2),
+                2 * count[phi],
+            )
+    });
+    if !f16n_may && !beats(v_lb(), bytes) {
+        return best;
     }
     // what the new candidates must beat: the float candidates with explicit codes
     // (V2.6 choose(stats, true): exponent patterns the static codes escape, such as
@@ -1168,4 +1192,32 @@ pub(crate) fn detect_more(
         best = (v, bytes, Dtype::Fp8E4m3);
     }
     best
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The branch-free FP16N split equals the rule as written (normal, zero,
+    /// subnormal) for every 16-bit pattern, and `join` undoes it.
+    #[test]
+    fn f16n_split_matches_the_rule() {
+        for x in 0..=0xFFFFu32 {
+            let s = x >> 15;
+            let e = (x >> 10) & 31;
+            let m = x & 1023;
+            let want = if e != 0 {
+                (e as usize + 10, m | s << 10, 11)
+            } else if m == 0 {
+                (0, s, 1)
+            } else {
+                let v = 32 - m.leading_zeros();
+                (v as usize, (m & ((1 << (v - 1)) - 1)) | s << (v - 1), v)
+            };
+            let got = F16n::split(x);
+            assert_eq!(got, want, "{x:#06x}");
+            assert_eq!(got.2, F16n::rawbits(got.0), "{x:#06x}");
+            assert_eq!(F16n::join(got.0, got.1), x, "{x:#06x}");
+        }
+    }
 }
