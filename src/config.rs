@@ -137,7 +137,7 @@ impl Default for Config {
             ib_gid_index: None,
             compress: CompressMode::Auto,
             dtype: DtypeHint::Auto,
-            nstreams: 4,
+            nstreams: DEFAULT_NSTREAMS,
             max_chunk: 256 << 10,
             min_chunk: 32 << 10,
             inline_max: 64 << 10,
@@ -176,6 +176,8 @@ pub const DEFAULT_PEER_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// Upper bounds that keep memory and thread counts sane whatever the user sets.
 pub const MAX_STREAMS: usize = 16;
+/// TCP data streams per comm unless `NCCL_ZIP_NSTREAMS` says otherwise.
+pub const DEFAULT_NSTREAMS: usize = 4;
 pub const MAX_CHUNK_LIMIT: usize = 4 << 20;
 /// `NCCL_ZIP_IB_QPS` upper bound (the bootstrap accepts at most this many).
 pub const MAX_IB_QPS: usize = 16;
