@@ -493,7 +493,10 @@ fn multi_table<T: Elem>(
     #[inline(always)]
     fn join(len: u32, key: u32, rk: u32, re: u32) -> (u32, u32) {
         let nz = ((re + 0x7F7F_7F7F) & 0x8080_8080) >> 7;
-        let used = (nz << 8) - nz;
+        // 0xFF in each byte of `re` that holds an end (`nz` times 255, mod 2^32:
+        // `(nz << 8) - nz` drops the top byte's carry and underflows when the
+        // rest holds four elements)
+        let used = nz.wrapping_mul(0xFF);
         (
             key | (rk << 8),
             len | (((re + len * 0x0101_0101) & used) << 8),
