@@ -22,11 +22,16 @@ fn probes_of_small_messages_run_here_and_the_messages_go_inline() {
     // REPROBE_EVERY + 1.
     let msgs: Vec<Vec<u8>> = (0..n).map(|i| pattern(7 + i as u64, 16 << 10)).collect();
     let st = s.stats();
-    // Until its estimate of the ratio (a moving average from an optimistic prior)
-    // has come down, the policy compresses on the workers: a warm-up.
-    let warm: Vec<Vec<u8>> = (0..16).map(|i| pattern(1000 + i, 16 << 10)).collect();
+    // A warm-up: the policy's learning measures raw first (two epochs of
+    // `adapt::EPOCH_BYTES`), then compression on the workers, until its estimate
+    // of the ratio (a moving average from an optimistic prior) has come down.
+    let warm_len = 4 << 20;
+    let warm_n = (4 * nccl_net_zip::adapt::EPOCH_BYTES / warm_len as u64) as usize;
+    let warm: Vec<Vec<u8>> = (0..warm_n)
+        .map(|i| pattern(1000 + i as u64, warm_len))
+        .collect();
     let codec0 = st.codec_ns.load(Relaxed);
-    transfer_and_check(&s, &r, &warm, 16 << 10);
+    transfer_and_check(&s, &r, &warm, warm_len);
     let codec1 = st.codec_ns.load(Relaxed);
     assert!(codec1 > codec0, "the warm-up went through the codec");
     let (inline0, bypass0) = (st.chunks_inline.load(Relaxed), st.bypassed.load(Relaxed));
