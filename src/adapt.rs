@@ -328,7 +328,11 @@ impl Policy {
         let e = s.epoch.get_or_insert(Epoch {
             // Learning starts raw (see [`Policy::next_epoch`]), or compressed
             // for a confident codec.
-            mode: if confident { Mode::Compressed } else { Mode::Raw },
+            mode: if confident {
+                Mode::Compressed
+            } else {
+                Mode::Raw
+            },
             start: now,
             last: now,
             bytes: 0,
@@ -592,8 +596,7 @@ impl Policy {
         // compressed start that did not fill them: it would be taken up at memory
         // speed and look several times faster than the link. It only settles.
         // (After the confident delay the buffers are full already.)
-        let raw_first =
-            e.mode == Mode::Raw && e.thr[Mode::Raw as usize].is_none() && !e.settling;
+        let raw_first = e.mode == Mode::Raw && e.thr[Mode::Raw as usize].is_none() && !e.settling;
         // Compression tried after raw epochs (learning, or an exploration) first
         // drains the raw bytes the buffers hold, and measures about raw's
         // figure where the link is the bottleneck: on 2 Gbit/s both ways such
@@ -1186,4 +1189,3 @@ mod tests {
         assert!(fails.is_empty(), "{fails:#?}");
     }
 }
-

@@ -428,7 +428,10 @@ pub(crate) fn choose_phase<T: V2>(blk: &[u8]) -> (usize, Stats, Static) {
         let st = Stats::sample::<T>(&blk[phi..], m);
         // a phase whose lower bound is no smaller than the best value cannot
         // replace it (strictly smaller only): not evaluated
-        if best.as_ref().is_some_and(|b| static_lb::<T>(&st) >= b.2.best.value) {
+        if best
+            .as_ref()
+            .is_some_and(|b| static_lb::<T>(&st) >= b.2.best.value)
+        {
             continue;
         }
         let c = choose_static::<T>(&st);
@@ -749,7 +752,10 @@ pub(crate) fn static_lb<T: V2>(st: &Stats) -> u64 {
     let mut desc = u64::MAX;
     for a in lo..=hi {
         let lo_e = a + 1 - (ND as u32).min(a);
-        let inwin: u64 = h[lo_e as usize..=a as usize].iter().map(|&c| c as u64).sum();
+        let inwin: u64 = h[lo_e as usize..=a as usize]
+            .iter()
+            .map(|&c| c as u64)
+            .sum();
         desc = desc.min(total1 - inwin);
     }
     SAMPLE_STRIDE as u64 * (st.count + r * (st.count - st.nzero) + desc * T::EBITS as u64)
