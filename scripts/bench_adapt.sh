@@ -90,25 +90,27 @@ for rate in 2gbit 10gbit none; do
 done
 # Per build and cell: per round auto/off and auto/max(on,off); median and minimum.
 SUMMARY=$(awk 'function srt(a, n,  i, j, x) { for (i = 2; i <= n; i++) { x = a[i]; for (j = i - 1; j >= 1 && a[j] > x; j--) a[j + 1] = a[j]; a[j + 1] = x } }
+  function med(a, n) { return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2 }
   {k=$1" "$2" "$3" "$4; r=k" "$5; g[r" "$6]=$7; w[r" "$6]=$8; rounds[k]=rounds[k]" "$5; keys[k]=1}
   END {
     for (k in keys) {
-      n=split(rounds[k], rs, " "); m=0; q=0; split("", seen)
+      n=split(rounds[k], rs, " "); m=0; q=0; p=0; split("", seen)
       for (j=1; j<=n; j++) { r=k" "rs[j]; if (seen[r]++) continue
         a=g[r" auto"]; o=g[r" off"]; c=g[r" on"]; if (a=="" || o=="" || c=="") continue
         m++; vo[m]=a/o; vb[m]=a/(c>o?c:o); vc[m]=c/o; ww[m]=w[r" auto"]
-        x=g[r" off2"]; if (x!="") { q++; vn[q]=x/o } }
+        ra[m]=a; p++; po[p]=o
+        x=g[r" off2"]; if (x!="") { q++; vn[q]=x/o; p++; po[p]=x } }
       if (!m) continue
-      srt(vo, m); srt(vb, m); srt(vc, m); srt(ww, m); srt(vn, q)
+      srt(vo, m); srt(vb, m); srt(vc, m); srt(ww, m); srt(vn, q); srt(ra, m); srt(po, p)
       kk=k; gsub(/ /, " | ", kk)
       noise = q ? sprintf("%.3f (%.3f-%.3f)", vn[int((q+1)/2)], vn[1], vn[q]) : "-"
-      printf "| %s | %.3f | %.3f | %.3f | %.3f | %.3f | %.4f | %s | %d |\n", kk, vo[int((m+1)/2)], vo[1], vb[int((m+1)/2)], vb[1], vc[int((m+1)/2)], ww[int((m+1)/2)], noise, m
+      printf "| %s | %.3f | %.3f | %.3f | %.3f | %.3f | %.4f | %s | %.3f | %d |\n", kk, vo[int((m+1)/2)], vo[1], vb[int((m+1)/2)], vb[1], vc[int((m+1)/2)], ww[int((m+1)/2)], noise, med(ra, m) / med(po, p), m
     }
   }' "$WORK/runs" | sort)
-HEAD="| build | direction | link | data | auto/off median | auto/off min | auto/best median | auto/best min | on/off median | auto wire/payload | off2/off median (min-max) | rounds |"
+HEAD="| build | direction | link | data | auto/off median | auto/off min | auto/best median | auto/best min | on/off median | auto wire/payload | off2/off median (min-max) | auto/off pooled | rounds |"
 echo
 echo "$HEAD"
-echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
+echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 echo "$SUMMARY"
 OUT=$(results_path adapt-matrix)
 {
@@ -116,10 +118,10 @@ OUT=$(results_path adapt-matrix)
     "; ranks pinned to cores $CA and $CB (taskset), NCCL_ZIP_LINK_MBPS unset" "$CMD" \
     "N=$N BYTES=$BYTES SIZE=$SIZE CELLS='$CELLS'"
   for v in $BUILDS; do echo "- Build $v: ${!v}"; done
-  echo "- Per round (off2, auto, on, off of one build back to back, the order rotating from round to round): auto/off and auto/max(on, off); median and minimum over the rounds. Both directions: the sum of both receivers' rates; wire: receiver-side veth bytes per payload byte (mean of both ranks). off2/off: a second \`off\` run of the same round against the first, the cell's noise floor."
+  echo "- Per round (off2, auto, on, off of one build back to back, the order rotating from round to round): auto/off and auto/max(on, off); median and minimum over the rounds. Both directions: the sum of both receivers' rates; wire: receiver-side veth bytes per payload byte (mean of both ranks). off2/off: a second \`off\` run of the same round against the first, the cell's noise floor. auto/off pooled: the median of auto's runs over the median of all \`off\` and \`off2\` runs (2N runs: less noise where runs, not rounds, vary)."
   echo
   echo "$HEAD"
-  echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
+  echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
   echo "$SUMMARY"
   echo
   echo "## Runs (build direction link data round mode GB/s wire/payload)"
