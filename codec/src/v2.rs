@@ -1922,7 +1922,7 @@ fn decode_coded_body<T: V2, S: TableSource, const V: bool>(
     let mbits = if flags & F_EXPLICIT != 0 {
         crate::decode::MBITS_EXPLICIT
     } else {
-        crate::decode::MBITS_EXPLICIT
+        crate::decode::MBITS_STATIC
     };
     let (set, sc) = tables.tables_scratch::<T>(&lens, a, z, mbits);
     let DecScratch {
