@@ -2074,7 +2074,7 @@ fn decode_coded_body<T: V2, S: TableSource, const V: bool>(
         lut
     };
     let mut lut_store: Option<[u32; TABLE]> = None;
-    let set = Some(&*set);
+    let set = Some(set);
     copy_ascending(&mut out[..phi], head);
     let planes_k = Planes {
         p1,
