@@ -143,7 +143,7 @@ pub fn decode_chunk(frame: &[u8], dst: &mut [u8], stats: &Stats) -> Result<()> {
 }
 
 /// A receiving thread's decoder: [`decode_chunk`] that keeps the codec's decode
-/// tables from chunk to chunk ([`codec::Decoder`], at most 144 KiB, allocated on the
+/// tables from chunk to chunk ([`codec::Decoder`], at most 171 KiB, allocated on the
 /// first compressed chunk). Counted in [`HELD`]`.decode_tables` while it lives.
 /// It refuses frames of a format above the one its connection agreed on
 /// ([`check_format`]; [`BASE_FORMAT`] until [`ChunkDecoder::agreed`] says more).

@@ -80,7 +80,14 @@ pub(crate) fn table_slice(src: &[u8], t0: usize, nb: u64) -> Result<&[u8], Codec
 /// bytes, fails its checksum, or is longer than `dst`. Writes `dst[..len]` in
 /// ascending address order; on error, a prefix of `dst` may have been written.
 pub fn decompress(src: &[u8], dst: &mut [u8]) -> Result<usize, CodecError> {
-    decompress_with(src, dst, &mut Tables::new())
+    decompress_with(
+        src,
+        dst,
+        &mut FrameTables {
+            t: Tables::new(),
+            scratch: None,
+        },
+    )
 }
 
 fn decompress_with<S: TableSource>(
@@ -234,11 +241,52 @@ pub(crate) trait TableSource {
     /// `zesc`: version 2 under `Z` (see [`ZESC`]); `mbits`: the multi-symbol window,
     /// 1..=12 bits.
     fn tables<T: Elem>(&mut self, lens: &[u8; NSYM], a: u32, zesc: bool, mbits: u32) -> &Tables;
+    /// [`TableSource::tables`] and the version 2 decoder's per-block scratch (kept
+    /// across blocks: a block clears only the parts it reads before writing).
+    fn tables_scratch<T: Elem>(
+        &mut self,
+        lens: &[u8; NSYM],
+        a: u32,
+        zesc: bool,
+        mbits: u32,
+    ) -> (&Tables, &mut crate::v2::DecScratch);
 }
 
-/// One set, rebuilt whenever (mode, code, anchor) changes from the previous block.
-impl TableSource for Tables {
+/// [`decompress`]'s source: one set of tables and one scratch for the frame, on the
+/// caller's stack (the scratch made at the first version 2 coded block).
+struct FrameTables {
+    t: Tables,
+    scratch: Option<crate::v2::DecScratch>,
+}
+
+impl TableSource for FrameTables {
     fn tables<T: Elem>(&mut self, lens: &[u8; NSYM], a: u32, zesc: bool, mbits: u32) -> &Tables {
+        self.t.tables_for::<T>(lens, a, zesc, mbits)
+    }
+    fn tables_scratch<T: Elem>(
+        &mut self,
+        lens: &[u8; NSYM],
+        a: u32,
+        zesc: bool,
+        mbits: u32,
+    ) -> (&Tables, &mut crate::v2::DecScratch) {
+        (
+            self.t.tables_for::<T>(lens, a, zesc, mbits),
+            self.scratch.get_or_insert_with(crate::v2::DecScratch::new),
+        )
+    }
+}
+
+impl Tables {
+    /// This one set for (mode, code, anchor), rebuilt whenever that changes from the
+    /// previous block.
+    fn tables_for<T: Elem>(
+        &mut self,
+        lens: &[u8; NSYM],
+        a: u32,
+        zesc: bool,
+        mbits: u32,
+    ) -> &Tables {
         let key = table_key::<T>(lens, a, zesc, mbits);
         if self.key != Some(key) {
             self.build::<T>(key);
@@ -256,11 +304,14 @@ impl TableSource for Tables {
 /// so [`decompress`], which starts every frame with no tables and keeps one set,
 /// rebuilds for about a third of the blocks of real tensors. A receiver that
 /// decodes frame after frame keeps one `Decoder` instead. It holds at most
-/// [`Decoder::SETS`] × 36 KiB, allocated on first use and never sized by a frame.
+/// [`Decoder::SETS`] × 36 KiB of tables and 26 KiB of version 2 block scratch (kept,
+/// not cleared per block), allocated on first use and never sized by a frame.
 #[derive(Default)]
 pub struct Decoder {
     /// Most recently used first.
     sets: Vec<Box<Tables>>,
+    /// Version 2's block scratch, allocated with the first table set.
+    scratch: Option<Box<crate::v2::DecScratch>>,
 }
 
 impl Decoder {
@@ -276,23 +327,26 @@ impl Decoder {
         decompress_with(src, dst, self)
     }
 
-    /// Bytes of table memory held now.
+    /// Bytes of table (and scratch) memory held now.
     pub fn held_bytes(&self) -> usize {
         self.sets.len() * std::mem::size_of::<Tables>()
+            + self.scratch.as_ref().map_or(0, |_| SCRATCH_BYTES)
     }
 
-    /// Bytes of table memory a decoder holds at most.
-    pub const MAX_HELD_BYTES: usize = Decoder::SETS * std::mem::size_of::<Tables>();
-}
+    /// Bytes of table (and scratch) memory a decoder holds at most.
+    pub const MAX_HELD_BYTES: usize = Decoder::SETS * std::mem::size_of::<Tables>() + SCRATCH_BYTES;
 
-impl TableSource for Decoder {
-    fn tables<T: Elem>(&mut self, lens: &[u8; NSYM], a: u32, zesc: bool, mbits: u32) -> &Tables {
+    /// Finds or builds the set of `key`, moves it to the front.
+    fn set_to_front<T: Elem>(&mut self, lens: &[u8; NSYM], a: u32, zesc: bool, mbits: u32) {
         let key = table_key::<T>(lens, a, zesc, mbits);
         let i = match self.sets.iter().position(|s| s.key == Some(key)) {
             Some(i) => i,
             None => {
                 if self.sets.len() < Decoder::SETS {
                     self.sets.push(Box::new(Tables::new()));
+                }
+                if self.scratch.is_none() {
+                    self.scratch = Some(Box::new(crate::v2::DecScratch::new()));
                 }
                 // The new set, or the least recently used one.
                 let i = self.sets.len() - 1;
@@ -301,7 +355,29 @@ impl TableSource for Decoder {
             }
         };
         self.sets[..=i].rotate_right(1);
+    }
+}
+
+/// Bytes of [`crate::v2::DecScratch`].
+const SCRATCH_BYTES: usize = std::mem::size_of::<crate::v2::DecScratch>();
+
+impl TableSource for Decoder {
+    fn tables<T: Elem>(&mut self, lens: &[u8; NSYM], a: u32, zesc: bool, mbits: u32) -> &Tables {
+        self.set_to_front::<T>(lens, a, zesc, mbits);
         &self.sets[0]
+    }
+    fn tables_scratch<T: Elem>(
+        &mut self,
+        lens: &[u8; NSYM],
+        a: u32,
+        zesc: bool,
+        mbits: u32,
+    ) -> (&Tables, &mut crate::v2::DecScratch) {
+        self.set_to_front::<T>(lens, a, zesc, mbits);
+        let scratch = self
+            .scratch
+            .get_or_insert_with(|| Box::new(crate::v2::DecScratch::new()));
+        (&self.sets[0], scratch)
     }
 }
 
@@ -985,12 +1061,18 @@ mod tests {
         let l1b = l1;
         assert_eq!(set(&mut d, &l1b, 20), p1);
         assert_eq!(set(&mut d, &l2, 20), p2);
-        assert_eq!(d.held_bytes(), 2 * std::mem::size_of::<Tables>());
+        assert_eq!(
+            d.held_bytes(),
+            2 * std::mem::size_of::<Tables>() + SCRATCH_BYTES
+        );
         // one length differs: a new set (lengths are compared whole, not hashed)
         let mut l3 = l1;
         l3.swap(0, 1);
         assert_ne!(set(&mut d, &l3, 20), p1);
-        assert_eq!(d.held_bytes(), 3 * std::mem::size_of::<Tables>());
+        assert_eq!(
+            d.held_bytes(),
+            3 * std::mem::size_of::<Tables>() + SCRATCH_BYTES
+        );
         // the tables found are those of the code asked for
         let t = d.tables::<Bf16>(&l1, 20, false, MBITS_EXPLICIT);
         let words = crate::codes::canonical_words(&l1);

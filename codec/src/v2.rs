@@ -1453,6 +1453,36 @@ struct Lane {
     n: usize,
 }
 
+/// A coded block's working memory, kept across blocks (in the [`crate::Decoder`], or
+/// once per frame for [`crate::decompress`]) instead of cleared per block: every
+/// byte a block reads from it was written earlier in the same block, except the
+/// zero counts (`seg[1]`, read without `Z`) and the line bitmap (`elided`, read with
+/// `LINES`), whose parts the block reads it clears first.
+pub(crate) struct DecScratch {
+    /// the lanes' keys (key path)
+    keys: [[u8; SEG_ELEMS + KEY_SLACK]; LANES],
+    /// the group buffer: a group's elements before un-rotation and line placement
+    tmp: [u8; LANES * 1024 * 4],
+    /// Z's spread planes (key path)
+    ex: [[u8; 1024 + 8]; 3],
+    /// per sub-segment bits and ZERO counts, blocks of up to [`SMALL_NS`]
+    seg: [[u32; SMALL_NS]; 2],
+    /// elided lines (`LINES`)
+    elided: [u64; MAX_LINES / 64],
+}
+
+impl DecScratch {
+    pub(crate) fn new() -> DecScratch {
+        DecScratch {
+            keys: [[0; SEG_ELEMS + KEY_SLACK]; LANES],
+            tmp: [0; LANES * 1024 * 4],
+            ex: [[0; 1024 + 8]; 3],
+            seg: [[0; SMALL_NS]; 2],
+            elided: [0; MAX_LINES / 64],
+        }
+    }
+}
+
 /// The exact path's table where no group needs it.
 static NO_LUT: [u32; TABLE] = [E_INVALID; TABLE];
 
@@ -1611,6 +1641,68 @@ unsafe fn decode_coded_avx2<T: V2, S: TableSource>(
     decode_coded_body::<T, S, true>(b, out, tables, col)
 }
 
+/// [`key_group`] as a call of its own (once per group): its buffers, which all live
+/// in one [`DecScratch`], arrive as distinct `&mut` parameters, so that the compiler
+/// knows that the joins' stores into `tmp` touch neither the keys nor the spread
+/// planes and vectorises them (inlined into the block decoder, it did not).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn key_group_call<T: V2, const V: bool>(
+    set: &crate::decode::Tables,
+    stream: &[u8],
+    pl: &Planes,
+    lanes: &[Lane; LANES],
+    g: usize,
+    ss: usize,
+    keys: &mut [[u8; SEG_ELEMS + KEY_SLACK]; LANES],
+    ex: &mut [[u8; 1024 + 8]; 3],
+    tmp: &mut [u8],
+) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if V {
+        // SAFETY: V is set only in functions compiled for AVX2, BMI2 and POPCNT,
+        // called after the CPU was checked (`decode_coded`).
+        return unsafe { key_group_avx2::<T>(set, stream, pl, lanes, g, ss, keys, ex, tmp) };
+    }
+    key_group_portable::<T>(set, stream, pl, lanes, g, ss, keys, ex, tmp)
+}
+
+/// # Safety
+/// The CPU must support AVX2, BMI2 and POPCNT.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,bmi1,bmi2,popcnt")]
+#[inline(never)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn key_group_avx2<T: V2>(
+    set: &crate::decode::Tables,
+    stream: &[u8],
+    pl: &Planes,
+    lanes: &[Lane; LANES],
+    g: usize,
+    ss: usize,
+    keys: &mut [[u8; SEG_ELEMS + KEY_SLACK]; LANES],
+    ex: &mut [[u8; 1024 + 8]; 3],
+    tmp: &mut [u8],
+) -> bool {
+    key_group::<T, true>(set, stream, pl, lanes, g, ss, keys, ex, tmp)
+}
+
+#[inline(never)]
+#[allow(clippy::too_many_arguments)]
+fn key_group_portable<T: V2>(
+    set: &crate::decode::Tables,
+    stream: &[u8],
+    pl: &Planes,
+    lanes: &[Lane; LANES],
+    g: usize,
+    ss: usize,
+    keys: &mut [[u8; SEG_ELEMS + KEY_SLACK]; LANES],
+    ex: &mut [[u8; 1024 + 8]; 3],
+    tmp: &mut [u8],
+) -> bool {
+    key_group::<T, false>(set, stream, pl, lanes, g, ss, keys, ex, tmp)
+}
+
 /// Decodes a group's sub-segments (`lanes`, `n[q]` elements each) through version
 /// 1's multi-symbol key tables and joins keys and planes into `tmp`. Returns false,
 /// having checked nothing it could not prove, when anything is off (a sub-segment
@@ -1626,7 +1718,7 @@ fn key_group<T: V2, const V: bool>(
     g: usize,
     ss: usize,
     keys: &mut [[u8; SEG_ELEMS + KEY_SLACK]; LANES],
-    ex_store: &mut Option<[[u8; 1024 + 8]; 3]>,
+    ex: &mut [[u8; 1024 + 8]; 3],
     tmp: &mut [u8],
 ) -> bool {
     let mut kl = [DLane {
@@ -1704,7 +1796,6 @@ fn key_group<T: V2, const V: bool>(
             // element, key 0 and plane bytes 0, joins to 0), 8 elements at a time
             let np = if T::W == 4 { 3 } else { 1 };
             let src = [p1, lo1, lo0];
-            let ex = ex_store.get_or_insert([[0u8; 1024 + 8]; 3]);
             let mut j = 0;
             for (c, &m) in zm[q].iter().enumerate().take(n.div_ceil(8)) {
                 let m = m as usize;
@@ -1755,9 +1846,6 @@ fn nonzero_bytes(v: u64) -> u32 {
 
 /// `V`: compiled for AVX2 (see [`shuffle8`]).
 #[inline(always)]
-// `get_or_insert_with` on the group buffer: an eager `[0; ..]` would clear 16 KiB per
-// group even when the buffer exists
-#[allow(clippy::unnecessary_lazy_evaluations)]
 fn decode_coded_body<T: V2, S: TableSource, const V: bool>(
     b: &[u8],
     out: &mut [u8],
@@ -1829,6 +1917,21 @@ fn decode_coded_body<T: V2, S: TableSource, const V: bool>(
         }
         CODE_LENGTHS[k]
     };
+    // version 1's key tables (fp16 under Z: ZERO without extra bits, key 0), and the
+    // block scratch
+    let mbits = if flags & F_EXPLICIT != 0 {
+        crate::decode::MBITS_EXPLICIT
+    } else {
+        crate::decode::MBITS_STATIC
+    };
+    let (set, sc) = tables.tables_scratch::<T>(&lens, a, z, mbits);
+    let DecScratch {
+        keys,
+        tmp,
+        ex,
+        seg,
+        elided,
+    } = sc;
     if l < phi {
         return Err(corrupt("block shorter than its phase"));
     }
@@ -1836,11 +1939,11 @@ fn decode_coded_body<T: V2, S: TableSource, const V: bool>(
     let t = (l - phi) % w;
     let gbytes = m * w;
     let nl = gbytes.div_ceil(LINE);
-    // elided lines as a bitmap
-    let mut elided = [0u64; MAX_LINES / 64];
+    // elided lines as a bitmap (cleared where this block reads it)
     let mut n_elided_bytes = 0usize;
     let lines = flags & F_LINES != 0;
     if lines {
+        elided[..nl.div_ceil(64)].fill(0);
         let line_bytes = |j: usize| LINE.min(gbytes - j * LINE);
         match cur.u8()? {
             0 => {
@@ -1892,12 +1995,16 @@ fn decode_coded_body<T: V2, S: TableSource, const V: bool>(
         p: ix_at,
     };
     // per sub-segment: bits and ZERO count; blocks up to 64 KiB (at most 128
-    // sub-segments) clear 2 KiB, not the 16 KiB a 1 MiB block's index needs
-    let (mut small, mut big);
+    // sub-segments) in the scratch, larger ones clear the 16 KiB a 1 MiB block's
+    // index needs
+    let mut big;
     let (seg_bits, seg_zeros): (&mut [u32], &mut [u32]) = if ns <= SMALL_NS {
-        small = [[0u32; SMALL_NS]; 2];
-        let [b, z] = &mut small;
-        (b, z)
+        let [b, zc] = seg;
+        if !z {
+            // read below as the ZERO counts of a block without Z
+            zc[..ns].fill(0);
+        }
+        (b, zc)
     } else {
         big = [[0u32; MAX_NS]; 2];
         let [b, z] = &mut big;
@@ -1967,17 +2074,7 @@ fn decode_coded_body<T: V2, S: TableSource, const V: bool>(
         lut
     };
     let mut lut_store: Option<[u32; TABLE]> = None;
-    // version 1's key tables (fp16 under Z: ZERO without extra bits, key 0)
-    let mbits = if flags & F_EXPLICIT != 0 {
-        crate::decode::MBITS_EXPLICIT
-    } else {
-        crate::decode::MBITS_STATIC
-    };
-    let set = Some(tables.tables::<T>(&lens, a, z, mbits));
-    let mut keys = [[0u8; SEG_ELEMS + KEY_SLACK]; LANES];
-    // Z's spread planes (key path): cleared once per block, when its first Z group
-    // needs them (not per group, not in blocks without Z)
-    let mut ex_store: Option<[[u8; 1024 + 8]; 3]> = None;
+    let set = Some(set);
     copy_ascending(&mut out[..phi], head);
     let planes_k = Planes {
         p1,
@@ -1989,7 +2086,6 @@ fn decode_coded_body<T: V2, S: TableSource, const V: bool>(
     // Sub-segments are decoded LANES at a time (independent bit chains), into `tmp`,
     // then written out in ascending order (kept lines and elided zero lines); the
     // key path writes a group without lines straight to `out`, in ascending order.
-    let mut tmp_store: Option<[u8; LANES * 1024 * 4]> = None;
     let mut gl = 0usize; // next grid line to write (LINES)
     let grid_out = &mut out[phi..phi + gbytes];
     let mut seg_bit0 = 0u64; // first bit of the group's first sub-segment
@@ -2020,19 +2116,9 @@ fn decode_coded_body<T: V2, S: TableSource, const V: bool>(
                 let dst = if direct {
                     &mut grid_out[i0 * w..(i0 + n_group) * w]
                 } else {
-                    &mut tmp_store.get_or_insert_with(|| [0; LANES * 1024 * 4])[..]
+                    &mut tmp[..]
                 };
-                key_group::<T, V>(
-                    set,
-                    stream,
-                    &planes_k,
-                    &lanes,
-                    g,
-                    ss,
-                    &mut keys,
-                    &mut ex_store,
-                    dst,
-                )
+                key_group_call::<T, V>(set, stream, &planes_k, &lanes, g, ss, keys, ex, dst)
             }
             None => false,
         };
@@ -2055,7 +2141,7 @@ fn decode_coded_body<T: V2, S: TableSource, const V: bool>(
             });
         if done {
         } else if fast {
-            let tmp = &mut tmp_store.get_or_insert_with(|| [0; LANES * 1024 * 4])[..];
+            let tmp = &mut tmp[..];
             // four independent chains in registers
             let (mut b0, mut b1, mut b2, mut b3) =
                 (lanes[0].bit, lanes[1].bit, lanes[2].bit, lanes[3].bit);
@@ -2080,14 +2166,14 @@ fn decode_coded_body<T: V2, S: TableSource, const V: bool>(
                 l.pp = q;
             }
         } else if full {
-            let tmp = &mut tmp_store.get_or_insert_with(|| [0; LANES * 1024 * 4])[..];
+            let tmp = &mut tmp[..];
             for _ in 0..ss {
                 for lane in lanes.iter_mut() {
                     dec_step::<T>(lane, stream, &planes, tmp)?;
                 }
             }
         } else {
-            let tmp = &mut tmp_store.get_or_insert_with(|| [0; LANES * 1024 * 4])[..];
+            let tmp = &mut tmp[..];
             for lane in lanes.iter_mut().take(g) {
                 for _ in 0..lane.n {
                     dec_step::<T>(lane, stream, &planes, tmp)?;
@@ -2108,7 +2194,7 @@ fn decode_coded_body<T: V2, S: TableSource, const V: bool>(
             j += g;
             continue;
         }
-        let bytes = &mut tmp_store.get_or_insert_with(|| [0; LANES * 1024 * 4])[..n_group * w];
+        let bytes = &mut tmp[..n_group * w];
         let col0 = colb.map(|(ct, bs)| (ct, crate::coltab::grid_col0::<T>(bs, phi)));
         if !lines {
             let dst = &mut grid_out[i0 * w..i0 * w + bytes.len()];

@@ -15,6 +15,13 @@ fn v2(dtype: DtypeHint, checksum: bool, block_log2: u8) -> EncodeOptions {
     }
 }
 
+thread_local! {
+    /// A Decoder that lives across every frame this thread checks: its tables and
+    /// its block scratch (kept, not cleared, between blocks) come from earlier frames
+    /// of other types, sizes and block kinds (Z, LINES, COL).
+    static DECODER: std::cell::RefCell<Decoder> = std::cell::RefCell::new(Decoder::new());
+}
+
 /// Compresses as v2 and checks every decoder entry point gives the input back.
 fn check(src: &[u8], opts: &EncodeOptions) -> FrameStats {
     let n = src.len();
@@ -32,6 +39,15 @@ fn check(src: &[u8], opts: &EncodeOptions) -> FrameStats {
     let mut out2 = vec![0x33u8; n];
     Decoder::new().decompress(f, &mut out2).unwrap();
     assert!(out2 == src);
+    let mut out2 = vec![0x77u8; n];
+    assert_eq!(
+        DECODER.with(|d| d.borrow_mut().decompress(f, &mut out2)),
+        Ok(n)
+    );
+    assert!(
+        out2 == src,
+        "shared Decoder round trip differs (n = {n}, {opts:?})"
+    );
     let mut out3 = vec![0x11u8; n];
     decompress_parallel(f, &mut out3, 3).unwrap();
     assert!(out3 == src);
@@ -322,11 +338,27 @@ fn every_bit_flip_is_caught_or_harmless() {
         let n = compress(&src, &mut f, &opts).unwrap();
         f.truncate(n);
         let mut out = vec![0u8; src.len()];
+        let mut out2 = vec![0u8; src.len()];
+        // A Decoder that saw every earlier flipped frame (its tables and block
+        // scratch) answers the same, with the same bytes.
+        let mut dec = Decoder::new();
         let mut silent = 0;
         for i in 0..n {
             for bit in 0..8 {
                 f[i] ^= 1 << bit;
-                if let Ok(m) = decompress(&f, &mut out) {
+                let r = decompress(&f, &mut out);
+                let r2 = dec.decompress(&f, &mut out2);
+                assert_eq!(
+                    r, r2,
+                    "{name}: flip {i}.{bit}: Decoder and decompress disagree"
+                );
+                if let Ok(m) = r {
+                    assert!(
+                        out[..m] == out2[..m],
+                        "{name}: flip {i}.{bit}: outputs differ"
+                    );
+                }
+                if let Ok(m) = r {
                     if out[..m] != src[..] {
                         silent += 1;
                         assert!(
