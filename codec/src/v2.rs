@@ -396,22 +396,24 @@ thread_local! {
 
 /// Encodes one block as version 2 into `out` (the room left below the frame limit).
 /// `simd = false`: the portable path only ([`crate::compress_scalar`]). `col`: the
-/// frame's column table and the block's first input byte.
+/// frame's column table and the block's first input byte. `prev_phi`: the phase of
+/// the frame's last block coded as mode 2..=4 before this one (FORMAT.md §V2.7 step 3).
 pub(crate) fn encode_block_v2(
     dtype: Dtype,
     blk: &[u8],
     out: &mut [u8],
     simd: bool,
     col: Option<(&ColTab, usize)>,
+    prev_phi: Option<usize>,
 ) -> Option<(usize, BlockKind)> {
     crate::encode::encode_block_in(blk, out, |o, cap| match dtype {
-        Dtype::Bf16 => encode_coded::<Bf16>(blk, o, cap, simd, col),
+        Dtype::Bf16 => encode_coded::<Bf16>(blk, o, cap, simd, col, prev_phi),
         // fp16 blocks mostly of subnormals code as FP16N (FORMAT.md §V2.10)
         Dtype::Fp16 => match crate::v2_byte::f16n_phase(blk) {
             Some(phi) => crate::v2_byte::encode_f16n(blk, phi, &mut o[..cap]),
-            None => encode_coded::<Fp16>(blk, o, cap, simd, col),
+            None => encode_coded::<Fp16>(blk, o, cap, simd, col, prev_phi),
         },
-        Dtype::Fp32 => encode_coded::<Fp32>(blk, o, cap, simd, col),
+        Dtype::Fp32 => encode_coded::<Fp32>(blk, o, cap, simd, col, prev_phi),
         Dtype::Fp8E4m3 | Dtype::Fp8E5m2 => crate::v2_byte::encode_fp8(dtype, blk, &mut o[..cap]),
         Dtype::Raw => None,
     })
@@ -473,6 +475,31 @@ fn choose_phase_once<T: V2>(blk: &[u8]) -> (usize, Stats, Static) {
         Some((p, l, mode, c)) if (p, l, mode) == key => c,
         _ => choose_phase::<T>(blk),
     }
+}
+
+/// Sub-sample stride of the other phases' check in [`choose_phase_carried`]:
+/// 8 × the sample's (FORMAT.md §V2.7 step 3).
+const CHECK_STRIDE: usize = 8 * SAMPLE_STRIDE;
+
+/// The phase of a block after a coded block with phase `pp` (FORMAT.md §V2.7 step
+/// 3): `pp`, with its sample's statistics and static choice, unless the lower bound
+/// ([`static_lb`]) of another phase's 1/104 sub-sample is below `pp`'s value per
+/// sampled element; then [`choose_phase`]'s full search.
+#[inline(always)]
+fn choose_phase_carried<T: V2>(blk: &[u8], pp: usize) -> (usize, Stats, Static) {
+    let m = (blk.len() - pp) / T::W;
+    let st = Stats::sample::<T>(&blk[pp..], m);
+    let c = choose_static::<T>(&st);
+    for phi in (0..T::W).filter(|&p| p != pp) {
+        let sub = Stats::sample_sparse::<T>(&blk[phi..], (blk.len() - phi) / T::W, CHECK_STRIDE);
+        // lb / sub.count < value / st.count: phi might code cheaper
+        if (static_lb::<T>(&sub) as u128) * (st.count as u128)
+            < (c.best.value as u128) * (sub.count as u128)
+        {
+            return choose_phase::<T>(blk);
+        }
+    }
+    (pp, st, c)
 }
 
 /// What the encoder chose for a block's code.
@@ -537,6 +564,26 @@ impl Stats {
         self.nzero += nzero;
         self.lo_or |= lo_or;
         self.count += n as u64;
+    }
+
+    /// Statistics of elements `0, stride, 2·stride, ... < m` of `b` (the carried
+    /// phase's check, [`choose_phase_carried`]).
+    #[inline(always)]
+    pub(crate) fn sample_sparse<T: V2>(b: &[u8], m: usize, stride: usize) -> Stats {
+        let mut h = [0u32; 256];
+        let (mut nzero, mut lo_or) = (0u64, 0u32);
+        for i in (0..m).step_by(stride) {
+            let x = T::load(b, i);
+            h[T::exp(x) as usize] += 1;
+            nzero += (x == 0) as u64;
+            lo_or |= x;
+        }
+        Stats {
+            hc: h,
+            nzero,
+            count: m.div_ceil(stride) as u64,
+            lo_or,
+        }
     }
 
     /// Statistics of elements `0, 13, 26, ... < m` of `b` (a block's sample): the
@@ -865,18 +912,19 @@ fn encode_coded<T: V2>(
     cap: usize,
     simd: bool,
     col: Option<(&ColTab, usize)>,
+    prev_phi: Option<usize>,
 ) -> Option<usize> {
     SCRATCH.with(|s| {
         let s = &mut *s.borrow_mut();
         let room = blk.len() + 64;
         if out.len() >= room {
-            return encode_coded_in::<T>(blk, out, cap, simd, s, col);
+            return encode_coded_in::<T>(blk, out, cap, simd, s, col, prev_phi);
         }
         let mut buf = std::mem::take(&mut s.spill);
         if buf.len() < room {
             buf.resize(room, 0);
         }
-        let r = encode_coded_in::<T>(blk, &mut buf, cap, simd, s, col);
+        let r = encode_coded_in::<T>(blk, &mut buf, cap, simd, s, col, prev_phi);
         if let Some(n) = r {
             out[..n].copy_from_slice(&buf[..n]);
         }
@@ -892,16 +940,17 @@ fn encode_coded_in<T: V2>(
     simd: bool,
     s: &mut Scratch,
     col: Option<(&ColTab, usize)>,
+    prev_phi: Option<usize>,
 ) -> Option<usize> {
     #[cfg(target_arch = "x86_64")]
     {
         if simd && std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("bmi2") {
             // SAFETY: the CPU has the features the function is compiled for.
-            return unsafe { encode_coded_avx2::<T>(blk, out, cap, s, col) };
+            return unsafe { encode_coded_avx2::<T>(blk, out, cap, s, col, prev_phi) };
         }
     }
     let _ = simd;
-    encode_coded_body::<T, false>(blk, out, cap, s, col)
+    encode_coded_body::<T, false>(blk, out, cap, s, col, prev_phi)
 }
 
 /// # Safety
@@ -914,8 +963,9 @@ unsafe fn encode_coded_avx2<T: V2>(
     cap: usize,
     s: &mut Scratch,
     col: Option<(&ColTab, usize)>,
+    prev_phi: Option<usize>,
 ) -> Option<usize> {
-    encode_coded_body::<T, true>(blk, out, cap, s, col)
+    encode_coded_body::<T, true>(blk, out, cap, s, col, prev_phi)
 }
 
 /// The coded-block encoder (FORMAT.md §V2.7). `V`: compiled for AVX2+BMI2, so full
@@ -927,6 +977,7 @@ fn encode_coded_body<T: V2, const V: bool>(
     cap: usize,
     s: &mut Scratch,
     col: Option<(&ColTab, usize)>,
+    prev_phi: Option<usize>,
 ) -> Option<usize> {
     let l = blk.len();
     let w = T::W;
@@ -934,19 +985,22 @@ fn encode_coded_body<T: V2, const V: bool>(
         return None;
     }
     {
-        let (phi, phase_st, phase_static) = choose_phase_once::<T>(blk);
+        let (phi, phase_st, phase_static) = match prev_phi {
+            Some(pp) if pp < T::W => choose_phase_carried::<T>(blk, pp),
+            _ => choose_phase_once::<T>(blk),
+        };
         let m = (l - phi) / w;
         let t = (l - phi) % w;
         let gbytes = m * w;
         let grid = &blk[phi..phi + gbytes];
         // zero lines
         let nl = gbytes.div_ceil(LINE);
-        s.elided.clear();
         // whole lines (`chunks_exact`: no per-line length clamp), then the short one;
         // runs counted only when a line is elided
         let full = grid.chunks_exact(LINE);
         let last = full.remainder();
         let short = (!last.is_empty()).then(|| last.iter().fold(0u8, |a, &b| a | b) == 0);
+        // every entry is written below: no clear
         s.elided.resize(nl, false);
         for (z, c) in s.elided.iter_mut().zip(full) {
             *z = zero_line::<V>(c);
