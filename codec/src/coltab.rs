@@ -111,6 +111,43 @@ pub(crate) fn rot<const INV: bool>(e: u32, c: i8, emax: u32) -> u32 {
     }
 }
 
+/// `rot(e, c)` for every offset `c` in −8..=7 (row `c + 8`) and field `e` in
+/// `0..=emax` (entries above `emax` are 0, never read): a table lookup instead of
+/// [`rot`]'s compares in the per-sample loop of [`sample_hist_rotated`].
+const fn rot_table(emax: u32) -> [[u8; 256]; 16] {
+    let mut t = [[0u8; 256]; 16];
+    let mut ci = 0;
+    while ci < 16 {
+        let c = ci as i32 - 8;
+        let mut e = 1;
+        while e <= emax {
+            let mut r = e as i32 - 1 - c;
+            if r < 0 {
+                r += emax as i32;
+            } else if r >= emax as i32 {
+                r -= emax as i32;
+            }
+            t[ci][e as usize] = (r + 1) as u8;
+            e += 1;
+        }
+        ci += 1;
+    }
+    t
+}
+
+static ROT255: [[u8; 256]; 16] = rot_table(255);
+static ROT31: [[u8; 256]; 16] = rot_table(31);
+
+/// [`rot_table`] for `T`'s exponent fields.
+#[inline(always)]
+fn rot_lut<T: V2>() -> &'static [[u8; 256]; 16] {
+    if T::EMAX == 31 {
+        &ROT31
+    } else {
+        &ROT255
+    }
+}
+
 /// Bit position of the exponent field of `T`.
 #[inline(always)]
 fn eshift<T: V2>() -> u32 {
@@ -424,6 +461,7 @@ pub(crate) fn sample_hist_rotated<T: V2>(
 ) -> [u32; 256] {
     let (sh, emax, p) = (eshift::<T>(), T::EMAX, ct.p);
     let per = crate::v2::LINE / T::W;
+    let lut = rot_lut::<T>();
     let mut h = [0u32; 256];
     if elided.is_none() {
         // the kept elements are the grid: element j is in column (col0 + j) mod P
@@ -432,7 +470,8 @@ pub(crate) fn sample_hist_rotated<T: V2>(
         let mut j = 0;
         while j < k {
             let e = (T::load(kept, j) >> sh) & emax;
-            h[rot::<false>(e, ct.off[cg], emax) as usize] += 1;
+            // offsets are −8..=7 (`ColTab`): row c + 8 of the table
+            h[lut[(ct.off[cg] as u8).wrapping_add(8) as usize & 15][e as usize] as usize] += 1;
             cg += step;
             if cg >= p {
                 cg -= p;
@@ -475,7 +514,7 @@ pub(crate) fn sample_hist_rotated<T: V2>(
         gp = g;
         let x = T::load(kept, j);
         let e = (x >> sh) & emax;
-        h[rot::<false>(e, ct.off[cg], emax) as usize] += 1;
+        h[lut[(ct.off[cg] as u8).wrapping_add(8) as usize & 15][e as usize] as usize] += 1;
     }
     h
 }
@@ -850,6 +889,23 @@ fn table_for_body<T: V2>(src: &[u8], b: usize) -> Option<ColTab> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The rotation tables equal [`rot`] for every offset and field.
+    #[test]
+    fn rot_tables_match_rot() {
+        for (t, emax) in [(&ROT255, 255u32), (&ROT31, 31)] {
+            for c in -8i8..=7 {
+                for e in 0..=emax {
+                    let row = (c as u8).wrapping_add(8) as usize & 15;
+                    assert_eq!(
+                        t[row][e as usize] as u32,
+                        rot::<false>(e, c, emax),
+                        "{c} {e}"
+                    );
+                }
+            }
+        }
+    }
 
     struct Rng(u64);
     impl Rng {
