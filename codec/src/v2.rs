@@ -2282,25 +2282,51 @@ fn group_stats(
             .iter()
             .map(|&x| (x & 0x7C00 == 0 && x & 0x7FFF != 0) as u64)
             .sum::<u64>();
-        // word 31 at φ = 1 is 0 (not a word): it counts as a zero
-        let nz16 = wd.iter().map(|&x| (x == 0) as u64).sum::<u64>() - (32 - n) as u64;
-        let or16 = wd.iter().fold(0, |a, &x| a | x);
+        // zero words as a bit mask (bit i: word i is 0), the OR of the even and of
+        // the odd words; word 31 at φ = 1 is 0 (not a word): it counts as a zero
+        let (mut zm, mut or_e, mut or_o) = (0u32, 0u32, 0u32);
+        for i in (0..32).step_by(2) {
+            zm |= ((wd[i] == 0) as u32) << i | ((wd[i + 1] == 0) as u32) << (i + 1);
+            or_e |= wd[i];
+            or_o |= wd[i + 1];
+        }
+        let nz16 = (zm.count_ones() - (32 - n) as u32) as u64;
+        let or16 = or_e | or_o;
         first[phi][(wd[0] >> 7 & 0xFF) as usize] += 1;
         for c in [phi, 2 + phi] {
             st[c].nzero += nz16;
             st[c].lo_or |= or16;
             st[c].count += n as u64;
         }
-        // fp32 at φ: words (2i, 2i + 1), at φ + 2: words (2i + 1, 2i + 2)
-        for (q, c) in [(0usize, 4 + phi), (1, 6 + phi)] {
-            let m = (64 - phi - 2 * q) / 4;
-            let (mut nz, mut or) = (0u64, 0u32);
-            for i in 0..m {
-                let x = wd[q + 2 * i] | wd[q + 2 * i + 1] << 16;
-                nz += (x == 0) as u64;
-                or |= x;
+        // fp32 at φ: words (2i, 2i + 1), i < m: zero where both words are; at φ + 2:
+        // words (2i + 1, 2i + 2). Pairs end by word 31 (φ = 0, first) or 30
+        let both = zm & (zm >> 1);
+        let (m0, m1) = ((64 - phi) / 4, (62 - phi) / 4);
+        let lim = |m: usize, q: usize| -> u32 {
+            // bits q, q + 2, …, q + 2(m − 1)
+            let span = 2 * m as u32 - 1;
+            (0x5555_5555u32 << q) & (u32::MAX >> (31 - (q as u32 + span - 1)))
+        };
+        // the OR of the odd words 1..=2m−1 and of the even words 2..=2m (φ + 2)
+        let (mut or_o1, mut or_e2) = (0u32, 0u32);
+        for i in 0..m1 {
+            or_o1 |= wd[2 * i + 1];
+            or_e2 |= wd[2 * i + 2];
+        }
+        let (mut or_e0, mut or_o0) = (0u32, 0u32);
+        if m0 == 16 {
+            (or_e0, or_o0) = (or_e, or_o);
+        } else {
+            for i in 0..m0 {
+                or_e0 |= wd[2 * i];
+                or_o0 |= wd[2 * i + 1];
             }
-            st[c].nzero += nz;
+        }
+        for (q, c, m, or) in [
+            (0usize, 4 + phi, m0, or_e0 | or_o0 << 16),
+            (1, 6 + phi, m1, or_o1 | or_e2 << 16),
+        ] {
+            st[c].nzero += (both & lim(m, q)).count_ones() as u64;
             st[c].lo_or |= or;
             st[c].count += m as u64;
         }
