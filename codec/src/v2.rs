@@ -1185,25 +1185,31 @@ fn encode_coded_body<T: V2, const V: bool>(
         }
         // per exponent field: (code word + escape payload, its length, extra raw bits);
         // entry 256 is ZERO under Z (an index, not a branch: zeros are scattered)
-        let mut enc = [(0u64, 0u32, 0u32); 257];
-        for e in 0..=T::EMAX {
-            let sym = if e == 0 && ch.z {
-                ESC
-            } else {
-                symbol_of(e, ch.a)
-            };
-            let len = ch.lens[sym] as u32;
-            enc[e as usize] = if sym == ESC {
-                (
-                    words[sym] as u64 | ((e as u64) << len),
-                    len + T::EBITS,
-                    T::XBITS,
-                )
-            } else {
-                (words[sym] as u64, len, T::XBITS)
-            };
-        }
-        enc[256] = (words[ZERO] as u64, ch.lens[ZERO] as u32, 0);
+        // (built when the first element is coded by the scalar loop: with the
+        // vector packer, often never)
+        let build_enc = || {
+            let mut enc = [(0u64, 0u32, 0u32); 257];
+            for e in 0..=T::EMAX {
+                let sym = if e == 0 && ch.z {
+                    ESC
+                } else {
+                    symbol_of(e, ch.a)
+                };
+                let len = ch.lens[sym] as u32;
+                enc[e as usize] = if sym == ESC {
+                    (
+                        words[sym] as u64 | ((e as u64) << len),
+                        len + T::EBITS,
+                        T::XBITS,
+                    )
+                } else {
+                    (words[sym] as u64, len, T::XBITS)
+                };
+            }
+            enc[256] = (words[ZERO] as u64, ch.lens[ZERO] as u32, 0);
+            enc
+        };
+        let mut enc_cell: Option<[(u64, u32, u32); 257]> = None;
         let zsel = ch.z as u32;
         // Version 1's vector packer codes runs of 32 keys whose symbols are version
         // 1's: everywhere without Z; under Z (x == 0 is key 0, ZERO) in bf16 and
@@ -1260,6 +1266,11 @@ fn encode_coded_body<T: V2, const V: bool>(
                     i += n32;
                 }
             }
+            let enc: &[(u64, u32, u32); 257] = if i < i1 {
+                enc_cell.get_or_insert_with(build_enc)
+            } else {
+                &[(0, 0, 0); 257]
+            };
             for xb in kept[i * w..i1 * w].chunks_exact(w) {
                 let x = T::load(xb, 0);
                 let is0 = zsel & (x == 0) as u32;
