@@ -94,8 +94,9 @@ pub(crate) fn frame_table(h: &Header, src: &[u8]) -> Result<(Option<ColTab>, usi
 }
 
 /// `rot(e, c)` (`INV = false`) or its inverse `1 + (e − 1 + c) mod EMAX` on an
-/// exponent field `e` in `0..=emax`; 0 stays 0.
-#[inline(always)]
+/// exponent field `e` in `0..=emax`; 0 stays 0. The encoder reads it through
+/// `rot_table` (tests compare the two).
+#[cfg(test)]
 pub(crate) fn rot<const INV: bool>(e: u32, c: i8, emax: u32) -> u32 {
     let c = if INV { -(c as i32) } else { c as i32 };
     let mut t = e as i32 - 1 - c;
@@ -113,7 +114,8 @@ pub(crate) fn rot<const INV: bool>(e: u32, c: i8, emax: u32) -> u32 {
 
 /// `rot(e, c)` for every offset `c` in −8..=7 (row `c + 8`) and field `e` in
 /// `0..=emax` (entries above `emax` are 0, never read): a table lookup instead of
-/// [`rot`]'s compares in the per-sample loop of [`sample_hist_rotated`].
+/// `rot`'s compares in the per-sample loops of [`sample_hist_rotated`] and the
+/// table's gain estimate.
 const fn rot_table(emax: u32) -> [[u8; 256]; 16] {
     let mut t = [[0u8; 256]; 16];
     let mut ci = 0;
@@ -686,6 +688,37 @@ pub fn column_offsets(e: &[u8], p: usize) -> Option<ColTab> {
     column_offsets_into(e, p, &mut Vec::new(), &mut ct).then_some(ct)
 }
 
+/// Adds the rows of `batch` (each `pk.len()` long, the last may be shorter) to the
+/// packed accumulators `pk`: `x | [x ≠ 0] << 16` per element.
+#[inline(always)]
+fn add_packed_rows_body(batch: &[u8], pk: &mut [u32]) {
+    for row in batch.chunks(pk.len()) {
+        for (a, &x) in pk.iter_mut().zip(row.iter()) {
+            *a += x as u32 | ((x != 0) as u32) << 16;
+        }
+    }
+}
+
+/// # Safety
+/// The CPU must support AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn add_packed_rows_avx2(batch: &[u8], pk: &mut [u32]) {
+    add_packed_rows_body(batch, pk)
+}
+
+/// [`add_packed_rows_body`], vectorised with AVX2 where the CPU has it.
+fn add_packed_rows(batch: &[u8], pk: &mut [u32]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU has the features the function is compiled for.
+            return unsafe { add_packed_rows_avx2(batch, pk) };
+        }
+    }
+    add_packed_rows_body(batch, pk)
+}
+
 /// [`column_offsets`] into `ct`, with `acc` as scratch; false if every `e_i` is 0.
 fn column_offsets_into(e: &[u8], p: usize, acc: &mut Vec<u32>, ct: &mut ColTab) -> bool {
     // per column: sum and count of the nonzero values, row by row (vector adds),
@@ -700,11 +733,7 @@ fn column_offsets_into(e: &[u8], p: usize, acc: &mut Vec<u32>, ct: &mut ColTab) 
     // add per element, vectorised), then unpacked into `s`, `n`
     for batch in e.chunks(256 * q) {
         pk.fill(0);
-        for row in batch.chunks(q) {
-            for (a, &x) in pk.iter_mut().zip(row.iter()) {
-                *a += x as u32 | ((x != 0) as u32) << 16;
-            }
-        }
+        add_packed_rows(batch, pk);
         for ((sj, nj), &a) in s.iter_mut().zip(n.iter_mut()).zip(pk.iter()) {
             *sj += a & 0xFFFF;
             *nj += a >> 16;
@@ -872,6 +901,7 @@ fn table_for_body<T: V2>(src: &[u8], b: usize) -> Option<ColTab> {
         }
         // the gain: stride-13 sample over the first min(m, 13·16384) elements
         let ms = m.min(SAMPLE_STRIDE * GAIN_SAMPLES);
+        let lut = rot_lut::<T>();
         let (mut hp, mut hc) = ([0u32; 256], [0u32; 256]);
         let (mut nzero, mut lo_or, mut count) = (0u64, 0u32, 0u64);
         let mut col = 0usize;
@@ -879,7 +909,7 @@ fn table_for_body<T: V2>(src: &[u8], b: usize) -> Option<ColTab> {
             let x = T::load(c, 0);
             let e = (x >> sh) & T::EMAX;
             hp[e as usize] += 1;
-            hc[rot::<false>(e, ct.off[col], T::EMAX) as usize] += 1;
+            hc[lut[(ct.off[col] as u8).wrapping_add(8) as usize & 15][e as usize] as usize] += 1;
             nzero += (x == 0) as u64;
             lo_or |= x;
             count += 1;
