@@ -94,8 +94,9 @@ pub(crate) fn frame_table(h: &Header, src: &[u8]) -> Result<(Option<ColTab>, usi
 }
 
 /// `rot(e, c)` (`INV = false`) or its inverse `1 + (e − 1 + c) mod EMAX` on an
-/// exponent field `e` in `0..=emax`; 0 stays 0.
-#[inline(always)]
+/// exponent field `e` in `0..=emax`; 0 stays 0. The encoder reads it through
+/// `rot_table` (tests compare the two).
+#[cfg(test)]
 pub(crate) fn rot<const INV: bool>(e: u32, c: i8, emax: u32) -> u32 {
     let c = if INV { -(c as i32) } else { c as i32 };
     let mut t = e as i32 - 1 - c;
@@ -108,6 +109,44 @@ pub(crate) fn rot<const INV: bool>(e: u32, c: i8, emax: u32) -> u32 {
         0
     } else {
         (t + 1) as u32
+    }
+}
+
+/// `rot(e, c)` for every offset `c` in −8..=7 (row `c + 8`) and field `e` in
+/// `0..=emax` (entries above `emax` are 0, never read): a table lookup instead of
+/// `rot`'s compares in the per-sample loops of [`sample_hist_rotated`] and the
+/// table's gain estimate.
+const fn rot_table(emax: u32) -> [[u8; 256]; 16] {
+    let mut t = [[0u8; 256]; 16];
+    let mut ci = 0;
+    while ci < 16 {
+        let c = ci as i32 - 8;
+        let mut e = 1;
+        while e <= emax {
+            let mut r = e as i32 - 1 - c;
+            if r < 0 {
+                r += emax as i32;
+            } else if r >= emax as i32 {
+                r -= emax as i32;
+            }
+            t[ci][e as usize] = (r + 1) as u8;
+            e += 1;
+        }
+        ci += 1;
+    }
+    t
+}
+
+static ROT255: [[u8; 256]; 16] = rot_table(255);
+static ROT31: [[u8; 256]; 16] = rot_table(31);
+
+/// [`rot_table`] for `T`'s exponent fields.
+#[inline(always)]
+fn rot_lut<T: V2>() -> &'static [[u8; 256]; 16] {
+    if T::EMAX == 31 {
+        &ROT31
+    } else {
+        &ROT255
     }
 }
 
@@ -424,6 +463,7 @@ pub(crate) fn sample_hist_rotated<T: V2>(
 ) -> [u32; 256] {
     let (sh, emax, p) = (eshift::<T>(), T::EMAX, ct.p);
     let per = crate::v2::LINE / T::W;
+    let lut = rot_lut::<T>();
     let mut h = [0u32; 256];
     if elided.is_none() {
         // the kept elements are the grid: element j is in column (col0 + j) mod P
@@ -432,7 +472,8 @@ pub(crate) fn sample_hist_rotated<T: V2>(
         let mut j = 0;
         while j < k {
             let e = (T::load(kept, j) >> sh) & emax;
-            h[rot::<false>(e, ct.off[cg], emax) as usize] += 1;
+            // offsets are −8..=7 (`ColTab`): row c + 8 of the table
+            h[lut[(ct.off[cg] as u8).wrapping_add(8) as usize & 15][e as usize] as usize] += 1;
             cg += step;
             if cg >= p {
                 cg -= p;
@@ -475,7 +516,7 @@ pub(crate) fn sample_hist_rotated<T: V2>(
         gp = g;
         let x = T::load(kept, j);
         let e = (x >> sh) & emax;
-        h[rot::<false>(e, ct.off[cg], emax) as usize] += 1;
+        h[lut[(ct.off[cg] as u8).wrapping_add(8) as usize & 15][e as usize] as usize] += 1;
     }
     h
 }
@@ -647,18 +688,55 @@ pub fn column_offsets(e: &[u8], p: usize) -> Option<ColTab> {
     column_offsets_into(e, p, &mut Vec::new(), &mut ct).then_some(ct)
 }
 
+/// Adds the rows of `batch` (each `pk.len()` long, the last may be shorter) to the
+/// packed accumulators `pk`: `x | [x ≠ 0] << 16` per element.
+#[inline(always)]
+fn add_packed_rows_body(batch: &[u8], pk: &mut [u32]) {
+    for row in batch.chunks(pk.len()) {
+        for (a, &x) in pk.iter_mut().zip(row.iter()) {
+            *a += x as u32 | ((x != 0) as u32) << 16;
+        }
+    }
+}
+
+/// # Safety
+/// The CPU must support AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn add_packed_rows_avx2(batch: &[u8], pk: &mut [u32]) {
+    add_packed_rows_body(batch, pk)
+}
+
+/// [`add_packed_rows_body`], vectorised with AVX2 where the CPU has it.
+fn add_packed_rows(batch: &[u8], pk: &mut [u32]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU has the features the function is compiled for.
+            return unsafe { add_packed_rows_avx2(batch, pk) };
+        }
+    }
+    add_packed_rows_body(batch, pk)
+}
+
 /// [`column_offsets`] into `ct`, with `acc` as scratch; false if every `e_i` is 0.
 fn column_offsets_into(e: &[u8], p: usize, acc: &mut Vec<u32>, ct: &mut ColTab) -> bool {
     // per column: sum and count of the nonzero values, row by row (vector adds),
     // over rows of q = a multiple of p of at least 256 (then folded to p)
     let q = p * 256usize.div_ceil(p);
     acc.clear();
-    acc.resize(2 * q, 0);
-    let (s, n) = acc.split_at_mut(q);
-    for row in e.chunks(q) {
-        for ((sj, nj), &x) in s.iter_mut().zip(n.iter_mut()).zip(row.iter()) {
-            *sj += x as u32;
-            *nj += (x != 0) as u32;
+    acc.resize(3 * q, 0);
+    let (s, rest) = acc.split_at_mut(q);
+    let (n, pk) = rest.split_at_mut(q);
+    // per batch of up to 256 rows, one packed accumulator per position: the sum in
+    // bits 0..16 (at most 256 · 255 < 2^16) and the nonzero count from bit 16 (one
+    // add per element, vectorised), then unpacked into `s`, `n`
+    for batch in e.chunks(256 * q) {
+        pk.fill(0);
+        add_packed_rows(batch, pk);
+        for ((sj, nj), &a) in s.iter_mut().zip(n.iter_mut()).zip(pk.iter()) {
+            *sj += a & 0xFFFF;
+            *nj += a >> 16;
         }
     }
     for j in p..q {
@@ -823,6 +901,7 @@ fn table_for_body<T: V2>(src: &[u8], b: usize) -> Option<ColTab> {
         }
         // the gain: stride-13 sample over the first min(m, 13·16384) elements
         let ms = m.min(SAMPLE_STRIDE * GAIN_SAMPLES);
+        let lut = rot_lut::<T>();
         let (mut hp, mut hc) = ([0u32; 256], [0u32; 256]);
         let (mut nzero, mut lo_or, mut count) = (0u64, 0u32, 0u64);
         let mut col = 0usize;
@@ -830,7 +909,7 @@ fn table_for_body<T: V2>(src: &[u8], b: usize) -> Option<ColTab> {
             let x = T::load(c, 0);
             let e = (x >> sh) & T::EMAX;
             hp[e as usize] += 1;
-            hc[rot::<false>(e, ct.off[col], T::EMAX) as usize] += 1;
+            hc[lut[(ct.off[col] as u8).wrapping_add(8) as usize & 15][e as usize] as usize] += 1;
             nzero += (x == 0) as u64;
             lo_or |= x;
             count += 1;
@@ -850,6 +929,23 @@ fn table_for_body<T: V2>(src: &[u8], b: usize) -> Option<ColTab> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The rotation tables equal [`rot`] for every offset and field.
+    #[test]
+    fn rot_tables_match_rot() {
+        for (t, emax) in [(&ROT255, 255u32), (&ROT31, 31)] {
+            for c in -8i8..=7 {
+                for e in 0..=emax {
+                    let row = (c as u8).wrapping_add(8) as usize & 15;
+                    assert_eq!(
+                        t[row][e as usize] as u32,
+                        rot::<false>(e, c, emax),
+                        "{c} {e}"
+                    );
+                }
+            }
+        }
+    }
 
     struct Rng(u64);
     impl Rng {
@@ -959,6 +1055,44 @@ mod tests {
         let ct = column_offsets(&e, 16).unwrap();
         assert_eq!((ct.off[0], ct.off[1], ct.off[2], ct.off[3]), (7, -8, 0, 0));
         assert!(column_offsets(&[0u8; 64], 16).is_none());
+    }
+
+    /// The packed per-batch sums equal the rule's plain per-column sums, for periods
+    /// below and above 256 and inputs longer than one batch of 256 rows.
+    #[test]
+    fn offsets_match_plain_sums() {
+        let mut r = Rng(0x9E37_79B9_7F4A_7C15);
+        for (p, len) in [
+            (16usize, 140_000usize),
+            (40, 70_000),
+            (300, 32768),
+            (1536, 200_000),
+        ] {
+            let e: Vec<u8> = (0..len)
+                .map(|_| match r.next() % 5 {
+                    0 => 0,
+                    1 => 255,
+                    _ => 100 + (r.next() % 30) as u8,
+                })
+                .collect();
+            let (mut sj, mut nj) = (vec![0i64; p], vec![0i64; p]);
+            for (i, &x) in e.iter().enumerate() {
+                sj[i % p] += x as i64;
+                nj[i % p] += (x != 0) as i64;
+            }
+            let rf = sj.iter().sum::<i64>() / nj.iter().sum::<i64>();
+            let ct = column_offsets(&e, p).unwrap();
+            for j in 0..p {
+                let want = if nj[j] == 0 {
+                    0
+                } else {
+                    (2 * (sj[j] - rf * nj[j]) + nj[j])
+                        .div_euclid(2 * nj[j])
+                        .clamp(-8, 7)
+                };
+                assert_eq!(ct.off[j] as i64, want, "p {p} column {j}");
+            }
+        }
     }
 
     #[test]

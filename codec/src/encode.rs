@@ -77,11 +77,27 @@ fn compress_impl(
             ..FrameStats::default()
         };
         let mut ok = pos < limit;
+        // version 2: the phase of the last block coded as mode 2..=4 (its byte 4's low
+        // nibble), carried to the next block (FORMAT.md §V2.7 step 3)
+        let mut prev_phi: Option<usize> = None;
         if ok {
             for (i, blk) in src.chunks(b).enumerate() {
                 let coded = if opts.format == VERSION_2 {
                     let col = ct.as_ref().map(|c| (c, i * b));
-                    crate::v2::encode_block_v2(dtype, blk, &mut dst[pos..limit], simd, col)
+                    let r = crate::v2::encode_block_v2(
+                        dtype,
+                        blk,
+                        &mut dst[pos..limit],
+                        simd,
+                        col,
+                        prev_phi,
+                    );
+                    if let Some((_, BlockKind::Coded)) = r {
+                        if (MODE_BF16..=MODE_FP32).contains(&dst[pos]) {
+                            prev_phi = Some((dst[pos + 4] & 0x0F) as usize);
+                        }
+                    }
+                    r
                 } else {
                     encode_block_with(dtype, blk, &mut dst[pos..limit], simd)
                 };

@@ -396,22 +396,24 @@ thread_local! {
 
 /// Encodes one block as version 2 into `out` (the room left below the frame limit).
 /// `simd = false`: the portable path only ([`crate::compress_scalar`]). `col`: the
-/// frame's column table and the block's first input byte.
+/// frame's column table and the block's first input byte. `prev_phi`: the phase of
+/// the frame's last block coded as mode 2..=4 before this one (FORMAT.md §V2.7 step 3).
 pub(crate) fn encode_block_v2(
     dtype: Dtype,
     blk: &[u8],
     out: &mut [u8],
     simd: bool,
     col: Option<(&ColTab, usize)>,
+    prev_phi: Option<usize>,
 ) -> Option<(usize, BlockKind)> {
     crate::encode::encode_block_in(blk, out, |o, cap| match dtype {
-        Dtype::Bf16 => encode_coded::<Bf16>(blk, o, cap, simd, col),
+        Dtype::Bf16 => encode_coded::<Bf16>(blk, o, cap, simd, col, prev_phi),
         // fp16 blocks mostly of subnormals code as FP16N (FORMAT.md §V2.10)
         Dtype::Fp16 => match crate::v2_byte::f16n_phase(blk) {
             Some(phi) => crate::v2_byte::encode_f16n(blk, phi, &mut o[..cap]),
-            None => encode_coded::<Fp16>(blk, o, cap, simd, col),
+            None => encode_coded::<Fp16>(blk, o, cap, simd, col, prev_phi),
         },
-        Dtype::Fp32 => encode_coded::<Fp32>(blk, o, cap, simd, col),
+        Dtype::Fp32 => encode_coded::<Fp32>(blk, o, cap, simd, col, prev_phi),
         Dtype::Fp8E4m3 | Dtype::Fp8E5m2 => crate::v2_byte::encode_fp8(dtype, blk, &mut o[..cap]),
         Dtype::Raw => None,
     })
@@ -475,6 +477,31 @@ fn choose_phase_once<T: V2>(blk: &[u8]) -> (usize, Stats, Static) {
     }
 }
 
+/// Sub-sample stride of the other phases' check in [`choose_phase_carried`]:
+/// 8 × the sample's (FORMAT.md §V2.7 step 3).
+const CHECK_STRIDE: usize = 8 * SAMPLE_STRIDE;
+
+/// The phase of a block after a coded block with phase `pp` (FORMAT.md §V2.7 step
+/// 3): `pp`, with its sample's statistics and static choice, unless the lower bound
+/// ([`static_lb`]) of another phase's 1/104 sub-sample is below `pp`'s value per
+/// sampled element; then [`choose_phase`]'s full search.
+#[inline(always)]
+fn choose_phase_carried<T: V2>(blk: &[u8], pp: usize) -> (usize, Stats, Static) {
+    let m = (blk.len() - pp) / T::W;
+    let st = Stats::sample::<T>(&blk[pp..], m);
+    let c = choose_static::<T>(&st);
+    for phi in (0..T::W).filter(|&p| p != pp) {
+        let sub = Stats::sample_sparse::<T>(&blk[phi..], (blk.len() - phi) / T::W, CHECK_STRIDE);
+        // lb / sub.count < value / st.count: phi might code cheaper
+        if (static_lb::<T>(&sub) as u128) * (st.count as u128)
+            < (c.best.value as u128) * (sub.count as u128)
+        {
+            return choose_phase::<T>(blk);
+        }
+    }
+    (pp, st, c)
+}
+
 /// What the encoder chose for a block's code.
 #[derive(Clone, Copy)]
 pub(crate) struct Choice {
@@ -498,6 +525,8 @@ pub(crate) struct Stats {
     /// x == 0
     nzero: u64,
     count: u64,
+    /// OR of the elements (read by fp32's `choose` only: [`Stats::sample`] leaves it 0
+    /// for 16-bit types)
     lo_or: u32,
 }
 
@@ -539,6 +568,28 @@ impl Stats {
         self.count += n as u64;
     }
 
+    /// Statistics of elements `0, stride, 2·stride, ... < m` of `b` (the carried
+    /// phase's check, [`choose_phase_carried`]).
+    #[inline(always)]
+    pub(crate) fn sample_sparse<T: V2>(b: &[u8], m: usize, stride: usize) -> Stats {
+        let mut h = [0u32; 256];
+        let (mut nzero, mut lo_or) = (0u64, 0u32);
+        for i in (0..m).step_by(stride) {
+            let x = T::load(b, i);
+            h[T::exp(x) as usize] += 1;
+            nzero += (x == 0) as u64;
+            if T::W == 4 {
+                lo_or |= x;
+            }
+        }
+        Stats {
+            hc: h,
+            nzero,
+            count: m.div_ceil(stride) as u64,
+            lo_or,
+        }
+    }
+
     /// Statistics of elements `0, 13, 26, ... < m` of `b` (a block's sample): the
     /// histogram is version 1's sample histogram (same elements, same counts).
     #[inline(always)]
@@ -546,6 +597,7 @@ impl Stats {
         // one read of each sampled element for the histogram, zeros and `lo_or`;
         // four interleaved sub-histograms as `sample_histogram` (same counts; at
         // most 2^20 / 2 / 13 + 1 < 2^16 samples per block: u16 counts suffice)
+        // (`lo_or` only where `choose` reads it: fp32; 16-bit samples leave it 0)
         let mut hs = [[0u16; 256]; 4];
         let (mut nzero, mut lo_or) = (0u32, 0u32);
         let stride = SAMPLE_STRIDE * T::W;
@@ -555,7 +607,9 @@ impl Stats {
                 let x = T::load(c, k * SAMPLE_STRIDE);
                 hk[T::exp(x) as usize] += 1;
                 nzero += (x == 0) as u32;
-                lo_or |= x;
+                if T::W == 4 {
+                    lo_or |= x;
+                }
             }
         }
         let done = (m * T::W - chunks.remainder().len()) / T::W;
@@ -563,7 +617,9 @@ impl Stats {
             let x = T::load(b, i);
             hs[0][T::exp(x) as usize] += 1;
             nzero += (x == 0) as u32;
-            lo_or |= x;
+            if T::W == 4 {
+                lo_or |= x;
+            }
         }
         let mut h = [0u32; 256];
         for (e, x) in h.iter_mut().enumerate() {
@@ -865,18 +921,19 @@ fn encode_coded<T: V2>(
     cap: usize,
     simd: bool,
     col: Option<(&ColTab, usize)>,
+    prev_phi: Option<usize>,
 ) -> Option<usize> {
     SCRATCH.with(|s| {
         let s = &mut *s.borrow_mut();
         let room = blk.len() + 64;
         if out.len() >= room {
-            return encode_coded_in::<T>(blk, out, cap, simd, s, col);
+            return encode_coded_in::<T>(blk, out, cap, simd, s, col, prev_phi);
         }
         let mut buf = std::mem::take(&mut s.spill);
         if buf.len() < room {
             buf.resize(room, 0);
         }
-        let r = encode_coded_in::<T>(blk, &mut buf, cap, simd, s, col);
+        let r = encode_coded_in::<T>(blk, &mut buf, cap, simd, s, col, prev_phi);
         if let Some(n) = r {
             out[..n].copy_from_slice(&buf[..n]);
         }
@@ -892,16 +949,17 @@ fn encode_coded_in<T: V2>(
     simd: bool,
     s: &mut Scratch,
     col: Option<(&ColTab, usize)>,
+    prev_phi: Option<usize>,
 ) -> Option<usize> {
     #[cfg(target_arch = "x86_64")]
     {
         if simd && std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("bmi2") {
             // SAFETY: the CPU has the features the function is compiled for.
-            return unsafe { encode_coded_avx2::<T>(blk, out, cap, s, col) };
+            return unsafe { encode_coded_avx2::<T>(blk, out, cap, s, col, prev_phi) };
         }
     }
     let _ = simd;
-    encode_coded_body::<T, false>(blk, out, cap, s, col)
+    encode_coded_body::<T, false>(blk, out, cap, s, col, prev_phi)
 }
 
 /// # Safety
@@ -914,8 +972,9 @@ unsafe fn encode_coded_avx2<T: V2>(
     cap: usize,
     s: &mut Scratch,
     col: Option<(&ColTab, usize)>,
+    prev_phi: Option<usize>,
 ) -> Option<usize> {
-    encode_coded_body::<T, true>(blk, out, cap, s, col)
+    encode_coded_body::<T, true>(blk, out, cap, s, col, prev_phi)
 }
 
 /// The coded-block encoder (FORMAT.md §V2.7). `V`: compiled for AVX2+BMI2, so full
@@ -927,6 +986,7 @@ fn encode_coded_body<T: V2, const V: bool>(
     cap: usize,
     s: &mut Scratch,
     col: Option<(&ColTab, usize)>,
+    prev_phi: Option<usize>,
 ) -> Option<usize> {
     let l = blk.len();
     let w = T::W;
@@ -934,19 +994,22 @@ fn encode_coded_body<T: V2, const V: bool>(
         return None;
     }
     {
-        let (phi, phase_st, phase_static) = choose_phase_once::<T>(blk);
+        let (phi, phase_st, phase_static) = match prev_phi {
+            Some(pp) if pp < T::W => choose_phase_carried::<T>(blk, pp),
+            _ => choose_phase_once::<T>(blk),
+        };
         let m = (l - phi) / w;
         let t = (l - phi) % w;
         let gbytes = m * w;
         let grid = &blk[phi..phi + gbytes];
         // zero lines
         let nl = gbytes.div_ceil(LINE);
-        s.elided.clear();
         // whole lines (`chunks_exact`: no per-line length clamp), then the short one;
         // runs counted only when a line is elided
         let full = grid.chunks_exact(LINE);
         let last = full.remainder();
         let short = (!last.is_empty()).then(|| last.iter().fold(0u8, |a, &b| a | b) == 0);
+        // every entry is written below: no clear
         s.elided.resize(nl, false);
         for (z, c) in s.elided.iter_mut().zip(full) {
             *z = zero_line::<V>(c);
@@ -1122,25 +1185,31 @@ fn encode_coded_body<T: V2, const V: bool>(
         }
         // per exponent field: (code word + escape payload, its length, extra raw bits);
         // entry 256 is ZERO under Z (an index, not a branch: zeros are scattered)
-        let mut enc = [(0u64, 0u32, 0u32); 257];
-        for e in 0..=T::EMAX {
-            let sym = if e == 0 && ch.z {
-                ESC
-            } else {
-                symbol_of(e, ch.a)
-            };
-            let len = ch.lens[sym] as u32;
-            enc[e as usize] = if sym == ESC {
-                (
-                    words[sym] as u64 | ((e as u64) << len),
-                    len + T::EBITS,
-                    T::XBITS,
-                )
-            } else {
-                (words[sym] as u64, len, T::XBITS)
-            };
-        }
-        enc[256] = (words[ZERO] as u64, ch.lens[ZERO] as u32, 0);
+        // (built when the first element is coded by the scalar loop: with the
+        // vector packer, often never)
+        let build_enc = || {
+            let mut enc = [(0u64, 0u32, 0u32); 257];
+            for e in 0..=T::EMAX {
+                let sym = if e == 0 && ch.z {
+                    ESC
+                } else {
+                    symbol_of(e, ch.a)
+                };
+                let len = ch.lens[sym] as u32;
+                enc[e as usize] = if sym == ESC {
+                    (
+                        words[sym] as u64 | ((e as u64) << len),
+                        len + T::EBITS,
+                        T::XBITS,
+                    )
+                } else {
+                    (words[sym] as u64, len, T::XBITS)
+                };
+            }
+            enc[256] = (words[ZERO] as u64, ch.lens[ZERO] as u32, 0);
+            enc
+        };
+        let mut enc_cell: Option<[(u64, u32, u32); 257]> = None;
         let zsel = ch.z as u32;
         // Version 1's vector packer codes runs of 32 keys whose symbols are version
         // 1's: everywhere without Z; under Z (x == 0 is key 0, ZERO) in bf16 and
@@ -1197,6 +1266,11 @@ fn encode_coded_body<T: V2, const V: bool>(
                     i += n32;
                 }
             }
+            let enc: &[(u64, u32, u32); 257] = if i < i1 {
+                enc_cell.get_or_insert_with(build_enc)
+            } else {
+                &[(0, 0, 0); 257]
+            };
             for xb in kept[i * w..i1 * w].chunks_exact(w) {
                 let x = T::load(xb, 0);
                 let is0 = zsel & (x == 0) as u32;
@@ -2305,25 +2379,51 @@ fn group_stats(
             .iter()
             .map(|&x| (x & 0x7C00 == 0 && x & 0x7FFF != 0) as u64)
             .sum::<u64>();
-        // word 31 at φ = 1 is 0 (not a word): it counts as a zero
-        let nz16 = wd.iter().map(|&x| (x == 0) as u64).sum::<u64>() - (32 - n) as u64;
-        let or16 = wd.iter().fold(0, |a, &x| a | x);
+        // zero words as a bit mask (bit i: word i is 0), the OR of the even and of
+        // the odd words; word 31 at φ = 1 is 0 (not a word): it counts as a zero
+        let (mut zm, mut or_e, mut or_o) = (0u32, 0u32, 0u32);
+        for i in (0..32).step_by(2) {
+            zm |= ((wd[i] == 0) as u32) << i | ((wd[i + 1] == 0) as u32) << (i + 1);
+            or_e |= wd[i];
+            or_o |= wd[i + 1];
+        }
+        let nz16 = (zm.count_ones() - (32 - n) as u32) as u64;
+        let or16 = or_e | or_o;
         first[phi][(wd[0] >> 7 & 0xFF) as usize] += 1;
         for c in [phi, 2 + phi] {
             st[c].nzero += nz16;
             st[c].lo_or |= or16;
             st[c].count += n as u64;
         }
-        // fp32 at φ: words (2i, 2i + 1), at φ + 2: words (2i + 1, 2i + 2)
-        for (q, c) in [(0usize, 4 + phi), (1, 6 + phi)] {
-            let m = (64 - phi - 2 * q) / 4;
-            let (mut nz, mut or) = (0u64, 0u32);
-            for i in 0..m {
-                let x = wd[q + 2 * i] | wd[q + 2 * i + 1] << 16;
-                nz += (x == 0) as u64;
-                or |= x;
+        // fp32 at φ: words (2i, 2i + 1), i < m: zero where both words are; at φ + 2:
+        // words (2i + 1, 2i + 2). Pairs end by word 31 (φ = 0, first) or 30
+        let both = zm & (zm >> 1);
+        let (m0, m1) = ((64 - phi) / 4, (62 - phi) / 4);
+        let lim = |m: usize, q: usize| -> u32 {
+            // bits q, q + 2, …, q + 2(m − 1)
+            let span = 2 * m as u32 - 1;
+            (0x5555_5555u32 << q) & (u32::MAX >> (31 - (q as u32 + span - 1)))
+        };
+        // the OR of the odd words 1..=2m−1 and of the even words 2..=2m (φ + 2)
+        let (mut or_o1, mut or_e2) = (0u32, 0u32);
+        for i in 0..m1 {
+            or_o1 |= wd[2 * i + 1];
+            or_e2 |= wd[2 * i + 2];
+        }
+        let (mut or_e0, mut or_o0) = (0u32, 0u32);
+        if m0 == 16 {
+            (or_e0, or_o0) = (or_e, or_o);
+        } else {
+            for i in 0..m0 {
+                or_e0 |= wd[2 * i];
+                or_o0 |= wd[2 * i + 1];
             }
-            st[c].nzero += nz;
+        }
+        for (q, c, m, or) in [
+            (0usize, 4 + phi, m0, or_e0 | or_o0 << 16),
+            (1, 6 + phi, m1, or_o1 | or_e2 << 16),
+        ] {
+            st[c].nzero += (both & lim(m, q)).count_ones() as u64;
             st[c].lo_or |= or;
             st[c].count += m as u64;
         }
@@ -2455,7 +2555,9 @@ mod tests {
                 }
                 assert_eq!(got.hc, want.hc, "m {m}");
                 assert_eq!((got.nzero, got.count), (want.nzero, want.count), "m {m}");
-                assert_eq!(got.lo_or, want.lo_or, "m {m}");
+                // 16-bit samples leave `lo_or` 0 (only fp32's `choose` reads it)
+                let want_or = if T::W == 4 { want.lo_or } else { 0 };
+                assert_eq!(got.lo_or, want_or, "m {m}");
             }
         }
         let mut x = 0x2545_F491_4F6C_DD1Du64;

@@ -527,3 +527,44 @@ fn corrupt_column_tables() {
     f[26 + 8] |= 0x10;
     assert!(err(&f), "padding nibble accepted");
 }
+
+/// The carried phase (FORMAT.md §V2.7 step 3): a frame whose alignment changes after
+/// block 0 (one byte inserted at 64 KiB) still codes its later blocks at the new
+/// phase, as the full search would.
+#[test]
+fn carried_phase_follows_a_change_inside_the_frame() {
+    for (ty, w) in [(Ty::Bf16, 2usize), (Ty::Fp32, 4)] {
+        let body = gaussian(ty, 256 << 10, 0.02, 11);
+        let mut d = body[..64 << 10].to_vec();
+        d.push(0x5A);
+        d.extend_from_slice(&body[64 << 10..]);
+        let hint = if w == 2 {
+            DtypeHint::Bf16
+        } else {
+            DtypeHint::Fp32
+        };
+        let opts = v2(hint, false, 16);
+        check(&d, &opts);
+        let mut f = vec![0u8; max_compressed_size(d.len())];
+        let n = compress(&d, &mut f, &opts).unwrap();
+        let f = &f[..n];
+        assert_eq!(f[5] & 4, 0, "no column table expected");
+        let nb = d.len().div_ceil(1 << 16);
+        let mut pos = 24 + 4 * nb;
+        for i in 0..nb {
+            let size = u32::from_le_bytes(f[24 + 4 * i..28 + 4 * i].try_into().unwrap()) as usize;
+            if i + 1 < nb {
+                assert!((2..=4).contains(&f[pos]), "{} block {i} coded", ty.name());
+                // block i >= 1 starts at 65536·i: its first whole element one byte in
+                let want = if i == 0 { 0 } else { 1 };
+                assert_eq!(
+                    (f[pos + 4] & 0x0F) as usize,
+                    want,
+                    "{} block {i}",
+                    ty.name()
+                );
+            }
+            pos += size;
+        }
+    }
+}
