@@ -52,7 +52,7 @@ wanted() { # dir rate data
   return 1
 }
 
-echo "N=$N BYTES=$BYTES SIZE=$SIZE CELLS=$CELLS cores $CA,$CB builds: $(for v in $BUILDS; do echo -n "$v=${!v} "; done)"
+echo "N=$N BYTES=$BYTES SIZE=$SIZE CELLS=$CELLS ORDER=${ORDER:-rotate} cores $CA,$CB builds: $(for v in $BUILDS; do echo -n "$v=${!v} "; done)"
 : >"$WORK/runs"
 for rate in 2gbit 10gbit none; do
   cells=()
@@ -69,12 +69,16 @@ for rate in 2gbit 10gbit none; do
       case $data in bf16) DATA=file:$ROOT/bench/data/weights.bf16 ;; *) DATA=random ;; esac
       for v in $BUILDS; do
         SO=${!v}
-        # The modes' order rotates from round to round: a run's position in
+        # The modes' order changes from round to round: a run's position in
         # the round (the machine's state after the runs before it) must not
         # favour one mode (a fixed order showed off2/off up to 1.2 unshaped).
+        # ORDER=rotate: rotated by one each round (then `off` always follows
+        # `on`, the slowest run, in 3 rounds of 4); ORDER=shuffle: a random
+        # order per round (SEED, default 1, so a run can be repeated).
         read -ra ms <<<"$MODES"
+        [[ ${ORDER:-rotate} == shuffle ]] && read -ra ms <<<"$(printf '%s\n' "${ms[@]}" | awk -v s="$(cksum <<<"${SEED:-1} $i $cell $v" | cut -d' ' -f1)" 'BEGIN { srand(s) } { print rand(), $0 }' | sort -n | cut -d' ' -f2 | tr '\n' ' ')"
         for ((j = 0; j < ${#ms[@]}; j++)); do
-          m=${ms[(i + j) % ${#ms[@]}]}
+          if [[ ${ORDER:-rotate} == shuffle ]]; then m=${ms[j]}; else m=${ms[(i + j) % ${#ms[@]}]}; fi
           if [[ $dir == both ]]; then
             r=$(NCCL_ZIP_COMPRESS=${m%2} run_bidir "$SIZE" "$BYTES") || continue
           else
@@ -116,9 +120,9 @@ OUT=$(results_path adapt-matrix)
 {
   results_head "Adaptive policy matrix: one and both directions, pinned nodes" \
     "; ranks pinned to cores $CA and $CB (taskset), NCCL_ZIP_LINK_MBPS unset" "$CMD" \
-    "N=$N BYTES=$BYTES SIZE=$SIZE CELLS='$CELLS'"
+    "N=$N BYTES=$BYTES SIZE=$SIZE CELLS='$CELLS' ORDER=${ORDER:-rotate}"
   for v in $BUILDS; do echo "- Build $v: ${!v}"; done
-  echo "- Per round (off2, auto, on, off of one build back to back, the order rotating from round to round): auto/off and auto/max(on, off); median and minimum over the rounds. Both directions: the sum of both receivers' rates; wire: receiver-side veth bytes per payload byte (mean of both ranks). off2/off: a second \`off\` run of the same round against the first, the cell's noise floor. auto/off pooled: the median of auto's runs over the median of all \`off\` and \`off2\` runs (2N runs: less noise where runs, not rounds, vary)."
+  echo "- Per round (off2, auto, on, off of one build back to back, the order rotating from round to round, or shuffled per round with ORDER=shuffle): auto/off and auto/max(on, off); median and minimum over the rounds. Both directions: the sum of both receivers' rates; wire: receiver-side veth bytes per payload byte (mean of both ranks). off2/off: a second \`off\` run of the same round against the first, the cell's noise floor. auto/off pooled: the median of auto's runs over the median of all \`off\` and \`off2\` runs (2N runs: less noise where runs, not rounds, vary)."
   echo
   echo "$HEAD"
   echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
