@@ -8,7 +8,8 @@
 //!    (`NCCL_ZIP_LINK_MBPS`), the codec's aggregate throughput `C` (one thread's
 //!    rate in its own CPU time, times the streams up to the cores) beats
 //!    `L * COST_MARGIN`. Otherwise chunks go raw for [`REPROBE_EVERY`] chunks, then
-//!    one chunk goes through the codec again. A device's nominal speed is not
+//!    one chunk goes through the codec again (each probe that still finds no
+//!    gain doubles the wait, up to [`MAX_REPROBE_EVERY`] chunks). A device's nominal speed is not
 //!    used (issue 21: a veth says 10 Gbit/s whatever shapes it, and a shared
 //!    uplink is slower than its port); without it, fast links are kept off the
 //!    codec by the measurement below: compression is not explored while raw
@@ -76,6 +77,13 @@ pub const MIN_COMPRESS_BYTES: usize = 4096;
 pub const MIN_RATIO: f64 = 1.03;
 /// Chunks sent raw before compression is tried again after it stopped paying.
 pub const REPROBE_EVERY: u32 = 64;
+/// Each probe that finds compression still not paying doubles the chunks sent
+/// raw before the next one, up to this many (256 MiB of 256 KiB chunks). On
+/// incompressible traffic a probe every 65 chunks puts 1.5% of the bytes
+/// through the encoder for nothing, one every 1,025 chunks 0.1% (issue 21's
+/// CPU-bound cell: both ways, unshaped, random bytes). A probe that finds it
+/// paying starts over at [`REPROBE_EVERY`].
+pub const MAX_REPROBE_EVERY: u32 = 1024;
 /// Codec throughput must beat the link by this factor before compression is used.
 pub const COST_MARGIN: f64 = 1.25;
 /// Bytes per measurement epoch, whatever the chunk size (16 MiB: 64 chunks of
@@ -207,6 +215,12 @@ struct State {
     /// (the thread's CPU time on a core; the wall time on a device).
     codec_bps: f64,
     bypass_left: u32,
+    /// The next bypass window's length: [`REPROBE_EVERY`], doubled by each
+    /// probe that still does not pay, up to [`MAX_REPROBE_EVERY`].
+    reprobe_every: u32,
+    /// Chunks [`Policy::record`] has seen: the first replaces the optimistic
+    /// prior instead of being averaged with it.
+    recorded: u32,
     /// The bypass window ended: the next chunk goes through the codec, so the
     /// estimates are fresh when the gate is checked again.
     probe: bool,
@@ -254,6 +268,8 @@ impl Policy {
                 ratio: 1.4,
                 codec_bps: 2e9,
                 bypass_left: 0,
+                reprobe_every: REPROBE_EVERY,
+                recorded: 0,
                 probe: false,
                 epoch: None,
             }),
@@ -307,18 +323,21 @@ impl Policy {
                 // changed, and only a compressed chunk tells.
                 return Decision::Probe;
             }
+            let every = s.reprobe_every;
             tracing::debug!(
-                "adapt: raw for {REPROBE_EVERY} chunks: ratio {:.3}, codec {:.3} GB/s x {} threads, link {}",
+                "adapt: raw for {every} chunks: ratio {:.3}, codec {:.3} GB/s x {} threads, link {}",
                 s.ratio,
                 s.codec_bps / 1e9,
                 self.parallel,
                 self.link_bps
                     .map_or("not given".to_string(), |l| format!("{:.3} GB/s", l / 1e9))
             );
-            s.bypass_left = REPROBE_EVERY;
+            s.bypass_left = every;
+            s.reprobe_every = every.saturating_mul(2).min(MAX_REPROBE_EVERY);
             return Decision::RawBypass;
         }
         s.probe = false;
+        s.reprobe_every = REPROBE_EVERY;
         let codec = s.codec_bps * self.parallel;
         let rx = self.received.get();
         // A codec far faster than a link the user described: compression
@@ -629,8 +648,16 @@ impl Policy {
         let r = raw as f64 / wire.max(1) as f64;
         let bps = raw as f64 * 1e9 / codec_ns.max(1) as f64;
         let mut s = self.state.lock();
-        s.ratio += ALPHA * (r - s.ratio);
-        s.codec_bps += ALPHA * (bps - s.codec_bps);
+        if s.recorded == 0 {
+            // The prior only makes the first chunk go through the codec; its
+            // figures are the first real ones (random bytes took ten chunks
+            // to average the prior's 1.4 down below `MIN_RATIO`).
+            (s.ratio, s.codec_bps) = (r, bps);
+        } else {
+            s.ratio += ALPHA * (r - s.ratio);
+            s.codec_bps += ALPHA * (bps - s.codec_bps);
+        }
+        s.recorded = s.recorded.saturating_add(1);
     }
 
     pub fn ratio_estimate(&self) -> f64 {
@@ -946,16 +973,35 @@ mod tests {
             .count();
         assert_eq!(raw as u32, REPROBE_EVERY);
         // Then one chunk goes through the codec: only a compressed chunk can show
-        // that the data changed. Still incompressible: raw again, for as long.
-        assert_eq!(p.decide(1 << 20), Decision::Compress);
-        p.record(1 << 20, (1 << 20) + 24, 200_000);
-        for _ in 0..=REPROBE_EVERY {
-            assert_eq!(p.decide(1 << 20), Decision::RawBypass);
+        // that the data changed. Still incompressible: raw again, each time
+        // twice as long, up to `MAX_REPROBE_EVERY` chunks.
+        let mut every = REPROBE_EVERY;
+        for _ in 0..8 {
+            assert_eq!(p.decide(1 << 20), Decision::Compress);
+            p.record(1 << 20, (1 << 20) + 24, 200_000);
+            every = (every * 2).min(MAX_REPROBE_EVERY);
+            for _ in 0..=every {
+                assert_eq!(p.decide(1 << 20), Decision::RawBypass);
+            }
         }
+        assert_eq!(every, MAX_REPROBE_EVERY);
         // The data changed: the next probe sees it, and compression resumes.
         assert_eq!(p.decide(1 << 20), Decision::Compress);
         p.record(1 << 20, 700_000, 200_000);
         assert_eq!(p.decide(1 << 20), Decision::Compress);
+        assert_eq!(p.state.lock().reprobe_every, REPROBE_EVERY);
+    }
+
+    #[test]
+    fn the_first_chunk_replaces_the_optimistic_prior() {
+        // (A codec far faster than the link the user gave: learning starts
+        // compressed.)
+        let p = Policy::new(CompressMode::Auto, Some(2 * GBIT), 4);
+        assert_eq!(p.decide(1 << 20), Decision::Compress);
+        p.record(1 << 20, (1 << 20) + 24, 200_000);
+        // One incompressible chunk, not ten, closes the gate.
+        assert!(p.ratio_estimate() < MIN_RATIO);
+        assert_eq!(p.decide(1 << 20), Decision::RawBypass);
     }
 
     #[test]
