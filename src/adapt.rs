@@ -218,8 +218,8 @@ struct State {
     /// The next bypass window's length: [`REPROBE_EVERY`], doubled by each
     /// probe that still does not pay, up to [`MAX_REPROBE_EVERY`].
     reprobe_every: u32,
-    /// Chunks [`Policy::record`] has seen: the first replaces the optimistic
-    /// prior instead of being averaged with it.
+    /// Chunks [`Policy::record`] has seen: the first one's ratio replaces the
+    /// optimistic prior instead of being averaged with it.
     recorded: u32,
     /// The bypass window ended: the next chunk goes through the codec, so the
     /// estimates are fresh when the gate is checked again.
@@ -649,14 +649,16 @@ impl Policy {
         let bps = raw as f64 * 1e9 / codec_ns.max(1) as f64;
         let mut s = self.state.lock();
         if s.recorded == 0 {
-            // The prior only makes the first chunk go through the codec; its
-            // figures are the first real ones (random bytes took ten chunks
-            // to average the prior's 1.4 down below `MIN_RATIO`).
-            (s.ratio, s.codec_bps) = (r, bps);
+            // The prior ratio only makes the first chunk go through the codec;
+            // the first chunk's is the first real one (random bytes took ten
+            // chunks to average the prior's 1.4 down below `MIN_RATIO`). The
+            // speed keeps its prior: a first chunk also pays one-time costs
+            // (tables, a device's first launch).
+            s.ratio = r;
         } else {
             s.ratio += ALPHA * (r - s.ratio);
-            s.codec_bps += ALPHA * (bps - s.codec_bps);
         }
+        s.codec_bps += ALPHA * (bps - s.codec_bps);
         s.recorded = s.recorded.saturating_add(1);
     }
 
