@@ -489,6 +489,12 @@ const CHECK_STRIDE: usize = 8 * SAMPLE_STRIDE;
 fn choose_phase_carried<T: V2>(blk: &[u8], pp: usize) -> (usize, Stats, Static) {
     let m = (blk.len() - pp) / T::W;
     let st = Stats::sample::<T>(&blk[pp..], m);
+    choose_phase_carried_from::<T>(blk, pp, st)
+}
+
+/// [`choose_phase_carried`] with `pp`'s sample statistics `st` already taken.
+#[inline(always)]
+fn choose_phase_carried_from<T: V2>(blk: &[u8], pp: usize, st: Stats) -> (usize, Stats, Static) {
     let c = choose_static::<T>(&st);
     for phi in (0..T::W).filter(|&p| p != pp) {
         let sub = Stats::sample_sparse::<T>(&blk[phi..], (blk.len() - phi) / T::W, CHECK_STRIDE);
@@ -994,8 +1000,22 @@ fn encode_coded_body<T: V2, const V: bool>(
         return None;
     }
     {
-        let (phi, phase_st, phase_static) = match prev_phi {
-            Some(pp) if pp < T::W => choose_phase_carried::<T>(blk, pp),
+        // in a frame with a column table, the carried phase's sample also gives the
+        // rotated histogram of the grid (`sample_fused`), used when the block keeps
+        // that phase and has no elided line
+        let mut grid_rot: Option<[u32; 256]> = None;
+        let (phi, phase_st, phase_static) = match (prev_phi, col) {
+            (Some(pp), Some((ct, blk_start))) if pp < T::W => {
+                let m = (l - pp) / w;
+                let col0 = crate::coltab::grid_col0::<T>(blk_start, pp);
+                let (st, hr) = crate::coltab::sample_fused::<T>(&blk[pp..], m, col0, ct);
+                let c = choose_phase_carried_from::<T>(blk, pp, st);
+                if c.0 == pp {
+                    grid_rot = Some(hr);
+                }
+                c
+            }
+            (Some(pp), None) if pp < T::W => choose_phase_carried::<T>(blk, pp),
             _ => choose_phase_once::<T>(blk),
         };
         let m = (l - phi) / w;
@@ -1055,7 +1075,10 @@ fn encode_coded_body<T: V2, const V: bool>(
             Some((ct, blk_start)) => {
                 let col0 = crate::coltab::grid_col0::<T>(blk_start, phi);
                 let el = lines.then_some(&s.elided[..]);
-                let hc = crate::coltab::sample_hist_rotated::<T>(kept, k_elems, el, col0, ct);
+                let hc = match grid_rot {
+                    Some(hr) if !lines => hr,
+                    _ => crate::coltab::sample_hist_rotated::<T>(kept, k_elems, el, col0, ct),
+                };
                 let st_c = Stats::from_parts(hc, st.nzero, st.count, st.lo_or);
                 let ch_c = choose::<T>(&st_c, true);
                 if ch_c.value < ch.value {
@@ -2554,6 +2577,52 @@ mod tests {
     /// `Stats::sample` equals `Stats::add` over the elements `0, 13, 26, … < m`
     /// (histogram, zeros, count; `lo_or` as `choose` reads it), every type, with
     /// zeros, subnormals and every remainder length.
+    #[test]
+    fn sample_fused_matches_the_two_passes() {
+        fn check<T: V2>(b: &[u8], ct: &ColTab) {
+            for m in [b.len() / T::W, b.len() / T::W - 1, 53, 52, 1] {
+                for col0 in [0usize, 5, 1234, 99_999] {
+                    let (got, hr) = crate::coltab::sample_fused::<T>(b, m, col0, ct);
+                    let want = Stats::sample::<T>(b, m);
+                    assert_eq!(got.hc, want.hc, "m {m}");
+                    assert_eq!(
+                        (got.nzero, got.count, got.lo_or),
+                        (want.nzero, want.count, want.lo_or),
+                        "m {m}"
+                    );
+                    let want_r = crate::coltab::sample_hist_rotated::<T>(b, m, None, col0, ct);
+                    assert_eq!(hr, want_r, "m {m} col0 {col0}");
+                }
+            }
+        }
+        let mut x = 0x9E37_79B9_7F4A_7C15u64;
+        let mut rnd = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let b: Vec<u8> = (0..40000)
+            .map(|i| match (i / 300) % 3 {
+                0 => 0,
+                1 => (rnd() % 3) as u8,
+                _ => rnd() as u8,
+            })
+            .collect();
+        for p in [16usize, 40, 1536] {
+            let mut ct = ColTab {
+                p,
+                off: [0; crate::coltab::PMAX],
+            };
+            for j in 0..p {
+                ct.off[j] = (rnd() % 16) as i8 - 8;
+            }
+            check::<Bf16>(&b, &ct);
+            check::<Fp16>(&b, &ct);
+            check::<Fp32>(&b, &ct);
+        }
+    }
+
     #[test]
     fn sample_stats_match_add() {
         fn check<T: V2>(b: &[u8]) {
