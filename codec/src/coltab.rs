@@ -521,6 +521,43 @@ pub(crate) fn sample_hist_rotated<T: V2>(
     h
 }
 
+/// [`Stats::sample`] of the grid `b` (`m` elements, element 0 in column `col0 mod P`)
+/// and, from the same reads, [`sample_hist_rotated`]'s histogram of the grid (no
+/// elided lines): the carried phase's sample in a frame with a column table, whose
+/// block then needs no second pass for `COL` (FORMAT.md §V2.7 step 5).
+#[inline(always)]
+pub(crate) fn sample_fused<T: V2>(
+    b: &[u8],
+    m: usize,
+    col0: usize,
+    ct: &ColTab,
+) -> (Stats, [u32; 256]) {
+    let (sh, emax, p) = (eshift::<T>(), T::EMAX, ct.p);
+    let lut = rot_lut::<T>();
+    let (mut h, mut hr) = ([0u32; 256], [0u32; 256]);
+    let (mut nzero, mut lo_or) = (0u32, 0u32);
+    let step = SAMPLE_STRIDE % p;
+    let mut cg = col0 % p;
+    let mut j = 0;
+    while j < m {
+        let x = T::load(b, j);
+        let e = (x >> sh) & emax;
+        h[e as usize] += 1;
+        nzero += (x == 0) as u32;
+        if T::W == 4 {
+            lo_or |= x;
+        }
+        hr[lut[(ct.off[cg] as u8).wrapping_add(8) as usize & 15][e as usize] as usize] += 1;
+        cg += step;
+        if cg >= p {
+            cg -= p;
+        }
+        j += SAMPLE_STRIDE;
+    }
+    let st = Stats::from_parts(h, nzero as u64, m.div_ceil(SAMPLE_STRIDE) as u64, lo_or);
+    (st, hr)
+}
+
 /// Column of grid element 0 of the block that starts at input byte `blk_start`, with
 /// phase `phi`: `floor((blk_start + phi) / W)` (mod `P` where used).
 pub(crate) fn grid_col0<T: V2>(blk_start: usize, phi: usize) -> usize {

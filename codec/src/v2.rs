@@ -489,6 +489,12 @@ const CHECK_STRIDE: usize = 8 * SAMPLE_STRIDE;
 fn choose_phase_carried<T: V2>(blk: &[u8], pp: usize) -> (usize, Stats, Static) {
     let m = (blk.len() - pp) / T::W;
     let st = Stats::sample::<T>(&blk[pp..], m);
+    choose_phase_carried_from::<T>(blk, pp, st)
+}
+
+/// [`choose_phase_carried`] with `pp`'s sample statistics `st` already taken.
+#[inline(always)]
+fn choose_phase_carried_from<T: V2>(blk: &[u8], pp: usize, st: Stats) -> (usize, Stats, Static) {
     let c = choose_static::<T>(&st);
     for phi in (0..T::W).filter(|&p| p != pp) {
         let sub = Stats::sample_sparse::<T>(&blk[phi..], (blk.len() - phi) / T::W, CHECK_STRIDE);
@@ -994,8 +1000,22 @@ fn encode_coded_body<T: V2, const V: bool>(
         return None;
     }
     {
-        let (phi, phase_st, phase_static) = match prev_phi {
-            Some(pp) if pp < T::W => choose_phase_carried::<T>(blk, pp),
+        // in a frame with a column table, the carried phase's sample also gives the
+        // rotated histogram of the grid (`sample_fused`), used when the block keeps
+        // that phase and has no elided line
+        let mut grid_rot: Option<[u32; 256]> = None;
+        let (phi, phase_st, phase_static) = match (prev_phi, col) {
+            (Some(pp), Some((ct, blk_start))) if pp < T::W => {
+                let m = (l - pp) / w;
+                let col0 = crate::coltab::grid_col0::<T>(blk_start, pp);
+                let (st, hr) = crate::coltab::sample_fused::<T>(&blk[pp..], m, col0, ct);
+                let c = choose_phase_carried_from::<T>(blk, pp, st);
+                if c.0 == pp {
+                    grid_rot = Some(hr);
+                }
+                c
+            }
+            (Some(pp), None) if pp < T::W => choose_phase_carried::<T>(blk, pp),
             _ => choose_phase_once::<T>(blk),
         };
         let m = (l - phi) / w;
@@ -1055,7 +1075,10 @@ fn encode_coded_body<T: V2, const V: bool>(
             Some((ct, blk_start)) => {
                 let col0 = crate::coltab::grid_col0::<T>(blk_start, phi);
                 let el = lines.then_some(&s.elided[..]);
-                let hc = crate::coltab::sample_hist_rotated::<T>(kept, k_elems, el, col0, ct);
+                let hc = match grid_rot {
+                    Some(hr) if !lines => hr,
+                    _ => crate::coltab::sample_hist_rotated::<T>(kept, k_elems, el, col0, ct),
+                };
                 let st_c = Stats::from_parts(hc, st.nzero, st.count, st.lo_or);
                 let ch_c = choose::<T>(&st_c, true);
                 if ch_c.value < ch.value {
@@ -2357,39 +2380,51 @@ fn group_stats(
     sub: &mut [u64; 2],
 ) {
     for phi in 0..2 {
-        // 16-bit words at bytes phi + 2i: 32 at φ = 0, 31 at φ = 1
+        // 16-bit words at bytes phi + 2i: 32 at φ = 0, 31 at φ = 1 (word 31 is 0);
+        // copied as bytes, then every per-word field computed over all 32 words in
+        // straight loops (vectorised), and only the histograms indexed per word
         let n = (64 - phi) / 2;
-        let mut wd = [0u32; 32];
-        for (i, w) in wd.iter_mut().enumerate().take(n) {
-            *w = u16::from_le_bytes([s[phi + 2 * i], s[phi + 2 * i + 1]]) as u32;
+        let mut bytes = [0u8; 64];
+        bytes[..2 * n].copy_from_slice(&s[phi..phi + 2 * n]);
+        let mut wd = [0u16; 32];
+        for (w, b) in wd.iter_mut().zip(bytes.chunks_exact(2)) {
+            *w = u16::from_le_bytes([b[0], b[1]]);
         }
+        let (mut eb, mut ef) = ([0u8; 32], [0u8; 32]);
+        let mut nsub = 0u32;
+        for i in 0..32 {
+            let x = wd[i];
+            eb[i] = (x >> 7) as u8;
+            ef[i] = (x >> 10) as u8 & 0x1F;
+            // (word 31 at φ = 1 is 0: not a subnormal)
+            nsub += (x & 0x7C00 == 0 && x & 0x7FFF != 0) as u32;
+        }
+        sub[phi] += nsub as u64;
         let [he, ho] = &mut hb[phi];
         let hf = &mut st[2 + phi].hc;
-        for i in (0..n).step_by(2) {
-            let (x, y) = (wd[i], wd[i + 1]);
-            he[(x >> 7 & 0xFF) as usize] += 1;
-            hf[(x >> 10 & 0x1F) as usize] += 1;
-            if i + 1 < n {
-                ho[(y >> 7 & 0xFF) as usize] += 1;
-                hf[(y >> 10 & 0x1F) as usize] += 1;
-            }
+        for i in 0..16 {
+            he[eb[2 * i] as usize] += 1;
         }
-        // (word 31 at φ = 1 is 0: not a subnormal)
-        sub[phi] += wd
-            .iter()
-            .map(|&x| (x & 0x7C00 == 0 && x & 0x7FFF != 0) as u64)
-            .sum::<u64>();
+        for i in 0..n / 2 {
+            ho[eb[2 * i + 1] as usize] += 1;
+        }
+        for &e in &ef[..n] {
+            hf[e as usize] += 1;
+        }
         // zero words as a bit mask (bit i: word i is 0), the OR of the even and of
         // the odd words; word 31 at φ = 1 is 0 (not a word): it counts as a zero
-        let (mut zm, mut or_e, mut or_o) = (0u32, 0u32, 0u32);
-        for i in (0..32).step_by(2) {
-            zm |= ((wd[i] == 0) as u32) << i | ((wd[i + 1] == 0) as u32) << (i + 1);
-            or_e |= wd[i];
-            or_o |= wd[i + 1];
+        let mut zm = 0u32;
+        for (i, &x) in wd.iter().enumerate() {
+            zm |= ((x == 0) as u32) << i;
         }
+        let mut or_eo = 0u32;
+        for c in bytes.chunks_exact(4) {
+            or_eo |= u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+        }
+        let (or_e, or_o) = (or_eo & 0xFFFF, or_eo >> 16);
         let nz16 = (zm.count_ones() - (32 - n) as u32) as u64;
         let or16 = or_e | or_o;
-        first[phi][(wd[0] >> 7 & 0xFF) as usize] += 1;
+        first[phi][eb[0] as usize] += 1;
         for c in [phi, 2 + phi] {
             st[c].nzero += nz16;
             st[c].lo_or |= or16;
@@ -2404,25 +2439,23 @@ fn group_stats(
             let span = 2 * m as u32 - 1;
             (0x5555_5555u32 << q) & (u32::MAX >> (31 - (q as u32 + span - 1)))
         };
-        // the OR of the odd words 1..=2m−1 and of the even words 2..=2m (φ + 2)
-        let (mut or_o1, mut or_e2) = (0u32, 0u32);
-        for i in 0..m1 {
-            or_o1 |= wd[2 * i + 1];
-            or_e2 |= wd[2 * i + 2];
+        // the OR of the odd words 1..=2m−1 (low half) and of the even words 2..=2m
+        // (high half) at φ + 2: the words at bytes 2 + 4i as u32, i < m1
+        let mut or_oe2 = 0u32;
+        for c in bytes[2..2 + 4 * m1].chunks_exact(4) {
+            or_oe2 |= u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
         }
-        let (mut or_e0, mut or_o0) = (0u32, 0u32);
-        if m0 == 16 {
-            (or_e0, or_o0) = (or_e, or_o);
+        // the same at φ: the words at bytes 4i, i < m0 (all 16: `or_eo`)
+        let or_eo0 = if m0 == 16 {
+            or_eo
         } else {
-            for i in 0..m0 {
-                or_e0 |= wd[2 * i];
-                or_o0 |= wd[2 * i + 1];
+            let mut o = 0u32;
+            for c in bytes[..4 * m0].chunks_exact(4) {
+                o |= u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
             }
-        }
-        for (q, c, m, or) in [
-            (0usize, 4 + phi, m0, or_e0 | or_o0 << 16),
-            (1, 6 + phi, m1, or_o1 | or_e2 << 16),
-        ] {
+            o
+        };
+        for (q, c, m, or) in [(0usize, 4 + phi, m0, or_eo0), (1, 6 + phi, m1, or_oe2)] {
             st[c].nzero += (both & lim(m, q)).count_ones() as u64;
             st[c].lo_or |= or;
             st[c].count += m as u64;
@@ -2544,6 +2577,52 @@ mod tests {
     /// `Stats::sample` equals `Stats::add` over the elements `0, 13, 26, … < m`
     /// (histogram, zeros, count; `lo_or` as `choose` reads it), every type, with
     /// zeros, subnormals and every remainder length.
+    #[test]
+    fn sample_fused_matches_the_two_passes() {
+        fn check<T: V2>(b: &[u8], ct: &ColTab) {
+            for m in [b.len() / T::W, b.len() / T::W - 1, 53, 52, 1] {
+                for col0 in [0usize, 5, 1234, 99_999] {
+                    let (got, hr) = crate::coltab::sample_fused::<T>(b, m, col0, ct);
+                    let want = Stats::sample::<T>(b, m);
+                    assert_eq!(got.hc, want.hc, "m {m}");
+                    assert_eq!(
+                        (got.nzero, got.count, got.lo_or),
+                        (want.nzero, want.count, want.lo_or),
+                        "m {m}"
+                    );
+                    let want_r = crate::coltab::sample_hist_rotated::<T>(b, m, None, col0, ct);
+                    assert_eq!(hr, want_r, "m {m} col0 {col0}");
+                }
+            }
+        }
+        let mut x = 0x9E37_79B9_7F4A_7C15u64;
+        let mut rnd = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let b: Vec<u8> = (0..40000)
+            .map(|i| match (i / 300) % 3 {
+                0 => 0,
+                1 => (rnd() % 3) as u8,
+                _ => rnd() as u8,
+            })
+            .collect();
+        for p in [16usize, 40, 1536] {
+            let mut ct = ColTab {
+                p,
+                off: [0; crate::coltab::PMAX],
+            };
+            for j in 0..p {
+                ct.off[j] = (rnd() % 16) as i8 - 8;
+            }
+            check::<Bf16>(&b, &ct);
+            check::<Fp16>(&b, &ct);
+            check::<Fp32>(&b, &ct);
+        }
+    }
+
     #[test]
     fn sample_stats_match_add() {
         fn check<T: V2>(b: &[u8]) {
