@@ -291,17 +291,24 @@ pub(crate) fn rotate_kept<T: V2, const INV: bool>(
 /// element's 8-bit exponent field (bf16, fp32: `emax` 255): key `i` lies in column
 /// `col0 + i` (mod `P`) and becomes [`rot`]`::<true>(key, off, 255)`, 0 staying 0.
 /// The elements joined from the keys then equal the un-rotated joined elements, so
-/// the joins can write the output directly. Branch-free on 16-bit lanes, inlined so
-/// that it is vectorised with the caller's target features.
+/// the joins can write the output directly. Branch-free on bytes, inlined so that it
+/// is vectorised (32 keys a vector) with the caller's target features.
 #[inline(always)]
 pub(crate) fn unrotate_keys(keys: &mut [u8], col0: usize, ct: &ColTab) {
+    /// `rot::<true>(k, c, 255)` mod 256: `k + c`, one more where that carried past
+    /// 255 (`c >= 0`: the sum wrapped below `k`), one less where it reached 0 or
+    /// below (`c < 0`: the sum minus 1 wrapped to `k` or above); 0 stays 0.
     #[inline(always)]
     fn one(k: u8, c: i8) -> u8 {
-        let e = k as i16;
-        let mut t = e - 1 + c as i16;
-        t += 255 & (t >> 15);
-        t -= 255 & !((t - 255) >> 15);
-        ((t + 1) & -((e != 0) as i16)) as u8
+        let r = k.wrapping_add(c as u8);
+        let up = (c >= 0) & (r < k);
+        let down = (c < 0) & (r.wrapping_sub(1) >= k);
+        let r = r.wrapping_add(up as u8).wrapping_sub(down as u8);
+        if k == 0 {
+            0
+        } else {
+            r
+        }
     }
     let n = keys.len();
     let p = ct.p;
@@ -426,6 +433,29 @@ mod unrotate_keys_tests {
     /// the portable one): the same bytes.
     #[test]
     fn unrotate_keys_matches_rot() {
+        // exhaustive: key k in the 16 columns of offsets -8..=7, 32 keys (a vector)
+        let mut ct = ColTab {
+            p: 16,
+            off: [0; PMAX],
+        };
+        for (j, o) in ct.off.iter_mut().take(16).enumerate() {
+            *o = j as i8 - 8;
+        }
+        for k in 0..=255u8 {
+            let want: Vec<u8> = (0..32)
+                .map(|i| rot::<true>(k as u32, ct.off[i % 16], 255) as u8)
+                .collect();
+            let mut got = vec![k; 32];
+            unrotate_keys(&mut got, 0, &ct);
+            assert_eq!(got, want, "key {k}");
+            #[cfg(target_arch = "x86_64")]
+            if std::is_x86_feature_detected!("avx2") {
+                let mut got = vec![k; 32];
+                // SAFETY: the CPU supports AVX2 (checked).
+                unsafe { avx2(&mut got, 0, &ct) };
+                assert_eq!(got, want, "avx2: key {k}");
+            }
+        }
         let mut s = 7u64;
         let mut next = || {
             s = s
