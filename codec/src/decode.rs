@@ -771,9 +771,10 @@ pub(crate) fn dec_segments4<T: Elem>(
 /// takes at most 20 stream bits (a 12-bit code and an 8-bit escape payload, or fp16's
 /// 5-bit payload and 3 extra bits; a multi-symbol lookup takes at most 12 bits for
 /// at least one key), a lane decodes at most `n` keys (steps run while `kp +
-/// STEP_KEYS <= n`, single keys while `kp < n`), and it loads 8 bytes at the byte of
-/// its next key's first bit: at most `l.bp / 8 + (7 + 20 * (n - 1)) / 8` bytes
-/// past `l.base`, below the bound whatever the stream holds.
+/// STEP_KEYS <= n`, single lookups while `kp + MULTI <= n`, single keys while
+/// `kp < n`), and it loads 8 bytes at the byte of its next key's first bit: at most
+/// `l.bp / 8 + (7 + 20 * (n - 1)) / 8` bytes past `l.base`, below the bound whatever
+/// the stream holds.
 #[inline(always)]
 pub(crate) unsafe fn dec_segments4_unchecked<T: Elem>(
     t: &Tables,
