@@ -287,6 +287,43 @@ pub(crate) fn rotate_kept<T: V2, const INV: bool>(
     }
 }
 
+/// The decoder's un-rotation of exponent keys in place, for the types whose key is the
+/// element's 8-bit exponent field (bf16, fp32: `emax` 255): key `i` lies in column
+/// `col0 + i` (mod `P`) and becomes [`rot`]`::<true>(key, off, 255)`, 0 staying 0.
+/// The elements joined from the keys then equal the un-rotated joined elements, so
+/// the joins can write the output directly. Branch-free on bytes, inlined so that it
+/// is vectorised (32 keys a vector) with the caller's target features.
+#[inline(always)]
+pub(crate) fn unrotate_keys(keys: &mut [u8], col0: usize, ct: &ColTab) {
+    /// `rot::<true>(k, c, 255)` mod 256: `k + c`, one more where that carried past
+    /// 255 (`c >= 0`: the sum wrapped below `k`), one less where it reached 0 or
+    /// below (`c < 0`: the sum minus 1 wrapped to `k` or above); 0 stays 0.
+    #[inline(always)]
+    fn one(k: u8, c: i8) -> u8 {
+        let r = k.wrapping_add(c as u8);
+        let up = (c >= 0) & (r < k);
+        let down = (c < 0) & (r.wrapping_sub(1) >= k);
+        let r = r.wrapping_add(up as u8).wrapping_sub(down as u8);
+        if k == 0 {
+            0
+        } else {
+            r
+        }
+    }
+    let n = keys.len();
+    let p = ct.p;
+    let mut col = col0 % p;
+    let mut i = 0;
+    while i < n {
+        let len = (n - i).min(p - col);
+        for (k, &c) in keys[i..i + len].iter_mut().zip(&ct.off[col..col + len]) {
+            *k = one(*k, c);
+        }
+        i += len;
+        col = 0;
+    }
+}
+
 /// The decoder's un-rotation ([`rotate`]`::<T, true>`) of `src` (scratch: it may be
 /// changed), written to `dst` once, in ascending address order (as
 /// [`copy_ascending`]); with AVX2 where `V` (the caller is compiled for it): 16
@@ -380,6 +417,77 @@ unsafe fn unrotate_avx2<T: V2>(dst: &mut [u8], src: &mut [u8], col0: usize, ct: 
         col = 0;
     }
     copy_ascending(&mut dst[n * T::W..], &src[n * T::W..]);
+}
+
+#[cfg(test)]
+mod unrotate_keys_tests {
+    use super::*;
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    unsafe fn avx2(keys: &mut [u8], col0: usize, ct: &ColTab) {
+        unrotate_keys(keys, col0, ct)
+    }
+
+    /// Every key byte at every offset, against [`rot`] (and the AVX2 instance against
+    /// the portable one): the same bytes.
+    #[test]
+    fn unrotate_keys_matches_rot() {
+        // exhaustive: key k in the 16 columns of offsets -8..=7, 32 keys (a vector)
+        let mut ct = ColTab {
+            p: 16,
+            off: [0; PMAX],
+        };
+        for (j, o) in ct.off.iter_mut().take(16).enumerate() {
+            *o = j as i8 - 8;
+        }
+        for k in 0..=255u8 {
+            let want: Vec<u8> = (0..32)
+                .map(|i| rot::<true>(k as u32, ct.off[i % 16], 255) as u8)
+                .collect();
+            let mut got = vec![k; 32];
+            unrotate_keys(&mut got, 0, &ct);
+            assert_eq!(got, want, "key {k}");
+            #[cfg(target_arch = "x86_64")]
+            if std::is_x86_feature_detected!("avx2") {
+                let mut got = vec![k; 32];
+                // SAFETY: the CPU supports AVX2 (checked).
+                unsafe { avx2(&mut got, 0, &ct) };
+                assert_eq!(got, want, "avx2: key {k}");
+            }
+        }
+        let mut s = 7u64;
+        let mut next = || {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (s >> 33) as u32
+        };
+        for p in [16, 17, 100, 1000, PMAX] {
+            let mut ct = ColTab { p, off: [0; PMAX] };
+            for o in ct.off.iter_mut().take(p) {
+                *o = (next() % 16) as i8 - 8;
+            }
+            for (len, col0) in [(1, 0), (31, 5), (256, 15), (1024, 99), (5000, 12345)] {
+                let keys: Vec<u8> = (0..len).map(|i| (i as u32 + next()) as u8).collect();
+                let want: Vec<u8> = keys
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &k)| rot::<true>(k as u32, ct.off[(col0 + i) % p], 255) as u8)
+                    .collect();
+                let mut got = keys.clone();
+                unrotate_keys(&mut got, col0, &ct);
+                assert_eq!(got, want, "p {p} len {len} col0 {col0}");
+                #[cfg(target_arch = "x86_64")]
+                if std::is_x86_feature_detected!("avx2") {
+                    let mut got = keys.clone();
+                    // SAFETY: the CPU supports AVX2 (checked).
+                    unsafe { avx2(&mut got, col0, &ct) };
+                    assert_eq!(got, want, "avx2: p {p} len {len} col0 {col0}");
+                }
+            }
+        }
+    }
 }
 
 #[cfg(all(test, target_arch = "x86_64"))]

@@ -606,20 +606,19 @@ fn multi_table<T: Elem>(
         }
     }
     // width mbits in its natural order (empty windows: keys and ends 0, meta 0)
-    let at = (1usize << mbits) - 1;
+    let nw = 1usize << mbits;
+    let at = nw - 1;
     let sh = MAXLEN - mbits;
-    for (idx, (mk, mm)) in m
-        .iter_mut()
-        .zip(meta.iter_mut())
-        .enumerate()
-        .take(1 << mbits)
-    {
-        let j = at + (REV12[idx] >> sh) as usize;
-        let (k, e) = (keys[j], ends[j]);
-        // elements: the nonzero bytes of `e`; bits used: the last of them
+    let (kw, ew) = (&keys[at..at + nw], &ends[at..at + nw]);
+    for (idx, (mk, mm)) in m.iter_mut().zip(meta.iter_mut()).enumerate().take(nw) {
+        // `& (nw - 1)`: no bounds check (the reversal of an `mbits`-bit index)
+        let j = (REV12[idx] >> sh) as usize & (nw - 1);
+        let (k, e) = (kw[j], ew[j]);
+        // elements: the nonzero bytes of `e` (ends below 128), c of them; bits used:
+        // the last, byte c - 1 (byte 3 when c = 0: e = 0)
         let c = ((((e + 0x7F7F_7F7F) & 0x8080_8080) >> 7).wrapping_mul(0x0101_0101)) >> 24;
         *mk = k;
-        *mm = ((((e as u64) << 8) >> (8 * c)) as u32 & 0xFF | (c << 4)) as u8;
+        *mm = ((e >> (8 * (c.wrapping_sub(1) & 3))) & 0xFF | (c << 4)) as u8;
     }
 }
 const _: () = assert!(MULTI == 4);
@@ -714,6 +713,32 @@ unsafe fn lane_finish_in<T: Elem, const U: bool>(
     while l.kp + STEP_KEYS <= n {
         lane_step_in::<T, U>(t, src, keys, l);
     }
+    // one refill and one multi-symbol lookup while its keys fit (greedy, so the same
+    // keys as one at a time), then one key at a time
+    while l.kp + MULTI <= n {
+        let buf = load64_in::<U>(src, l.base + (l.bp >> 3) as usize) >> (l.bp & 7);
+        let idx = (buf & t.mmask & (TABLE as u64 - 1)) as usize;
+        let info = t.meta[idx] as u32;
+        let cnt = (info >> 4) as usize;
+        let kp = l.kp.min(SEG_ELEMS);
+        if cnt == 0 {
+            let (k, b, f) = dec_one::<T>(&t.single, buf);
+            keys[kp] = k;
+            l.kp = kp + 1;
+            l.bp += b as u64;
+            l.bad |= f;
+        } else {
+            // SAFETY: kp <= SEG_ELEMS, so kp + 4 <= keys.len() whatever the input.
+            unsafe {
+                keys.as_mut_ptr()
+                    .add(kp)
+                    .cast::<[u8; 4]>()
+                    .write_unaligned(t.multi[idx].to_le_bytes())
+            };
+            l.kp = kp + cnt;
+            l.bp += (info & 0xF) as u64;
+        }
+    }
     while l.kp < n {
         let buf = load64_in::<U>(src, l.base + (l.bp >> 3) as usize) >> (l.bp & 7);
         let (k, b, f) = dec_one::<T>(&t.single, buf);
@@ -746,9 +771,10 @@ pub(crate) fn dec_segments4<T: Elem>(
 /// takes at most 20 stream bits (a 12-bit code and an 8-bit escape payload, or fp16's
 /// 5-bit payload and 3 extra bits; a multi-symbol lookup takes at most 12 bits for
 /// at least one key), a lane decodes at most `n` keys (steps run while `kp +
-/// STEP_KEYS <= n`, single keys while `kp < n`), and it loads 8 bytes at the byte of
-/// its next key's first bit: at most `l.bp / 8 + (7 + 20 * (n - 1)) / 8` bytes
-/// past `l.base`, below the bound whatever the stream holds.
+/// STEP_KEYS <= n`, single lookups while `kp + MULTI <= n`, single keys while
+/// `kp < n`), and it loads 8 bytes at the byte of its next key's first bit: at most
+/// `l.bp / 8 + (7 + 20 * (n - 1)) / 8` bytes past `l.base`, below the bound whatever
+/// the stream holds.
 #[inline(always)]
 pub(crate) unsafe fn dec_segments4_unchecked<T: Elem>(
     t: &Tables,

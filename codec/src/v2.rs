@@ -1753,15 +1753,16 @@ fn key_group_call<T: V2, const V: bool>(
     ss: usize,
     keys: &mut [[u8; SEG_ELEMS + KEY_SLACK]; LANES],
     ex: &mut [[u8; 1024 + 8]; 3],
+    col: Option<(&ColTab, usize)>,
     tmp: &mut [u8],
 ) -> bool {
     #[cfg(target_arch = "x86_64")]
     if V {
         // SAFETY: V is set only in functions compiled for AVX2, BMI2 and POPCNT,
         // called after the CPU was checked (`decode_coded`).
-        return unsafe { key_group_avx2::<T>(set, stream, pl, lanes, g, ss, keys, ex, tmp) };
+        return unsafe { key_group_avx2::<T>(set, stream, pl, lanes, g, ss, keys, ex, col, tmp) };
     }
-    key_group_portable::<T>(set, stream, pl, lanes, g, ss, keys, ex, tmp)
+    key_group_portable::<T>(set, stream, pl, lanes, g, ss, keys, ex, col, tmp)
 }
 
 /// # Safety
@@ -1779,9 +1780,10 @@ unsafe fn key_group_avx2<T: V2>(
     ss: usize,
     keys: &mut [[u8; SEG_ELEMS + KEY_SLACK]; LANES],
     ex: &mut [[u8; 1024 + 8]; 3],
+    col: Option<(&ColTab, usize)>,
     tmp: &mut [u8],
 ) -> bool {
-    key_group::<T, true>(set, stream, pl, lanes, g, ss, keys, ex, tmp)
+    key_group::<T, true>(set, stream, pl, lanes, g, ss, keys, ex, col, tmp)
 }
 
 #[inline(never)]
@@ -1795,9 +1797,10 @@ fn key_group_portable<T: V2>(
     ss: usize,
     keys: &mut [[u8; SEG_ELEMS + KEY_SLACK]; LANES],
     ex: &mut [[u8; 1024 + 8]; 3],
+    col: Option<(&ColTab, usize)>,
     tmp: &mut [u8],
 ) -> bool {
-    key_group::<T, false>(set, stream, pl, lanes, g, ss, keys, ex, tmp)
+    key_group::<T, false>(set, stream, pl, lanes, g, ss, keys, ex, col, tmp)
 }
 
 /// Decodes a group's sub-segments (`lanes`, `n[q]` elements each) through version
@@ -1816,6 +1819,7 @@ fn key_group<T: V2, const V: bool>(
     ss: usize,
     keys: &mut [[u8; SEG_ELEMS + KEY_SLACK]; LANES],
     ex: &mut [[u8; 1024 + 8]; 3],
+    col: Option<(&ColTab, usize)>,
     tmp: &mut [u8],
 ) -> bool {
     let mut kl = [DLane {
@@ -1876,6 +1880,12 @@ fn key_group<T: V2, const V: bool>(
         let l = &lanes[q];
         let (n, pp, pe) = (l.n, l.pp, l.pend);
         let o = &mut tmp[q * ss * w..(q * ss + n) * w];
+        if let Some((ct, c0)) = col {
+            // COL: un-rotated keys join to un-rotated elements (bf16, fp32 only: the
+            // key is the exponent field)
+            debug_assert!(T::XBITS == 0);
+            crate::coltab::unrotate_keys(&mut keys[q][..n], c0 + q * ss, ct);
+        }
         let ks = &keys[q][..n];
         fn lo(v: &[u8], pp: usize, pe: usize) -> &[u8] {
             if v.is_empty() {
@@ -2206,8 +2216,16 @@ fn decode_coded_body<T: V2, S: TableSource, const V: bool>(
             bit = lane.end;
             pe = lane.pend;
         }
-        // COL: elements are un-rotated in the group buffer before they are written
-        let direct = !lines && colb.is_none();
+        // COL: elements are un-rotated in the group buffer before they are written,
+        // except on the key path of bf16 and fp32 without lines (their keys are the
+        // exponent fields: un-rotated before the join, which writes `out`)
+        let key_col = match colb {
+            Some((ct, bs)) if T::XBITS == 0 && !lines => {
+                Some((ct, crate::coltab::grid_col0::<T>(bs, phi) + i0))
+            }
+            _ => None,
+        };
+        let direct = !lines && (colb.is_none() || key_col.is_some());
         let done = match set {
             Some(set) => {
                 let dst = if direct {
@@ -2215,7 +2233,9 @@ fn decode_coded_body<T: V2, S: TableSource, const V: bool>(
                 } else {
                     &mut tmp[..]
                 };
-                key_group_call::<T, V>(set, stream, &planes_k, &lanes, g, ss, keys, ex, dst)
+                key_group_call::<T, V>(
+                    set, stream, &planes_k, &lanes, g, ss, keys, ex, key_col, dst,
+                )
             }
             None => false,
         };
