@@ -9,9 +9,10 @@
 //!    rate in its own CPU time, times the streams up to the cores) beats
 //!    `L * COST_MARGIN`. Otherwise chunks go raw for [`REPROBE_EVERY`] chunks, then
 //!    one chunk goes through the codec again (each probe that still finds no
-//!    gain doubles the wait, up to [`MAX_REPROBE_EVERY`] chunks). A device's nominal speed is not
-//!    used (issue 21: a veth says 10 Gbit/s whatever shapes it, and a shared
-//!    uplink is slower than its port); without it, fast links are kept off the
+//!    gain doubles the wait, up to [`MAX_REPROBE_EVERY`] chunks). A device's
+//!    nominal speed is not used (issue 21: a veth says 10 Gbit/s whatever
+//!    shapes it, and a shared uplink is slower than its port); without it,
+//!    fast links are kept off the
 //!    codec by the measurement below: compression is not explored while raw
 //!    already sends faster than `C * COST_MARGIN`.
 //! 3. **Measured throughput.** The model cannot see everything that competes for
