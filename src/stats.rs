@@ -72,6 +72,9 @@ pub struct Held {
     pub io_threads: AtomicU64,
     /// The process-wide I/O workers that drive every comm's data streams.
     pub io_workers: AtomicU64,
+    /// The process-wide blocking writers that I/O workers lend window-limited
+    /// send streams to (`transport::tcp::workers`), started on first need.
+    pub io_writers: AtomicU64,
     /// The process-wide codec workers that compress and decompress every TCP
     /// comm's chunks (`transport::tcp::codec_workers`).
     pub codec_workers: AtomicU64,
@@ -92,6 +95,7 @@ pub static HELD: Held = Held {
     comms: AtomicU64::new(0),
     io_threads: AtomicU64::new(0),
     io_workers: AtomicU64::new(0),
+    io_writers: AtomicU64::new(0),
     codec_workers: AtomicU64::new(0),
     data_streams: AtomicU64::new(0),
     staging_bytes: AtomicU64::new(0),
@@ -112,11 +116,12 @@ impl Held {
 
     pub fn summary(&self) -> String {
         format!(
-            "plugin holds {} comms ({} TCP data streams), {} I/O threads (+ {} shared workers, {} codec workers), {} KiB staging (+ {} KiB free for reuse), {} KiB decode tables, {} GPU lanes; codec CPU {:.3} s; process {} threads, {} fds",
+            "plugin holds {} comms ({} TCP data streams), {} I/O threads (+ {} shared workers, {} blocking writers, {} codec workers), {} KiB staging (+ {} KiB free for reuse), {} KiB decode tables, {} GPU lanes; codec CPU {:.3} s; process {} threads, {} fds",
             self.comms.load(Relaxed),
             self.data_streams.load(Relaxed),
             self.io_threads.load(Relaxed),
             self.io_workers.load(Relaxed),
+            self.io_writers.load(Relaxed),
             self.codec_workers.load(Relaxed),
             self.staging_bytes.load(Relaxed) >> 10,
             self.pooled_bytes.load(Relaxed) >> 10,

@@ -135,6 +135,8 @@ struct ProcessLine {
     comms_open: u64,
     io_threads: u64,
     io_workers: u64,
+    /// Blocking writers the I/O workers lend window-limited send streams to.
+    io_writers: u64,
     /// Codec workers (`transport::tcp::codec_workers`); their codec time is in
     /// `codec_cpu_s`.
     codec_threads: u64,
@@ -214,6 +216,7 @@ pub fn record(last: bool, per_comm: bool) -> String {
         comms_open: HELD.comms.load(Relaxed),
         io_threads: HELD.io_threads.load(Relaxed),
         io_workers: HELD.io_workers.load(Relaxed),
+        io_writers: HELD.io_writers.load(Relaxed),
         codec_threads: HELD.codec_workers.load(Relaxed),
         tcp_data_streams: HELD.data_streams.load(Relaxed),
         staging_bytes: HELD.staging_bytes.load(Relaxed),

@@ -106,6 +106,9 @@ fn thousands_of_comms_cost_little_and_leave_nothing_behind() {
     drop(pair());
     settle("warm-up close", || HELD.comms.load(Relaxed) == 0);
     let threads_start = process_threads().unwrap();
+    // Blocking writers start on first need (bulk traffic below) and stay, a
+    // pool bounded by the workers' count like the workers themselves.
+    let writers_start = HELD.io_writers.load(Relaxed);
     let fds_start = open_fds().unwrap();
     let rss_start = process_rss_kib().unwrap();
 
@@ -220,15 +223,21 @@ fn thousands_of_comms_cost_little_and_leave_nothing_behind() {
     settle("I/O threads after the cycles", || {
         HELD.io_threads.load(Relaxed) == 0
     });
+    let writers = HELD.io_writers.load(Relaxed) - writers_start;
+    assert!(
+        writers <= HELD.io_workers.load(Relaxed),
+        "{}",
+        HELD.summary()
+    );
     settle("threads after the cycles", || {
-        process_threads().unwrap() <= threads_start
+        process_threads().unwrap() <= threads_start + writers
     });
     settle("fds after the cycles", || open_fds().unwrap() <= fds_start);
     assert_eq!(HELD.data_streams.load(Relaxed), 0, "{}", HELD.summary());
     assert_eq!(HELD.staging_bytes.load(Relaxed), 0, "{}", HELD.summary());
     assert_eq!(HELD.decode_tables.load(Relaxed), 0, "{}", HELD.summary());
     println!(
-        "{cycles} connect/transfer/close cycles in {cycles_s:.1} s: threads {}, fds {} (before: {threads_start}, {fds_start}); resident memory {} KiB (at the start: {rss_start} KiB)",
+        "{cycles} connect/transfer/close cycles in {cycles_s:.1} s: threads {}, fds {} (before: {threads_start}, {fds_start}; blocking writers started since: {writers}); resident memory {} KiB (at the start: {rss_start} KiB)",
         process_threads().unwrap(),
         open_fds().unwrap(),
         process_rss_kib().unwrap()

@@ -94,13 +94,15 @@ fn census() -> (usize, usize) {
         .iter()
         .filter(|t| std::fs::read_to_string(t.join("comm")).is_ok_and(|c| c.starts_with("zip-io")))
         .count();
-    let codec = entries("/proc/self/task")
+    // Codec workers and blocking writers: process-wide pools that outlive comms.
+    let pooled = entries("/proc/self/task")
         .iter()
         .filter(|t| {
-            std::fs::read_to_string(t.join("comm")).is_ok_and(|c| c.starts_with("zip-codec"))
+            std::fs::read_to_string(t.join("comm"))
+                .is_ok_and(|c| c.starts_with("zip-codec") || c.starts_with("zip-wr"))
         })
         .count();
-    let threads = entries("/proc/self/task").len() - workers - codec;
+    let threads = entries("/proc/self/task").len() - workers - pooled;
     let fds = entries("/proc/self/fd");
     let anon = |kind: &str| {
         fds.iter()

@@ -92,7 +92,7 @@ impl Inline {
             return;
         };
         while let Some(w) = tx.want() {
-            let r = send_chunk_part(&self.sock, w.hdr, w.payload, w.done);
+            let r = send_chunk_part(&self.sock, w.hdr, w.payload, w.done, false);
             match tx.wrote(r, &core.ring, &core.stats) {
                 // The socket may take more, unless it just took less than offered.
                 Ok(Wrote::Bytes { full: false, .. }) => {}

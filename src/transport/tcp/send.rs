@@ -27,7 +27,7 @@ use super::recv::{read_some, would_block};
 use super::sock::{configure_data_socket, send_chunk_part, start_connect, writable};
 use super::stream::Role;
 use super::stream_tx::{ChunkOut, Payload, StreamTx, Wrote};
-use super::workers::{workers, Driven, Kicker, Next, Registration};
+use super::workers::{workers, Driven, Kicker, Next, Registration, LENT_WAIT};
 use crate::adapt::{Decision, Policy};
 use crate::codec::EncodeOptions;
 use crate::codec_glue::Coder;
@@ -156,6 +156,7 @@ impl SendComm {
                         setup: Setup::Connecting,
                         tx: StreamTx::new(Role::Data, self.target.peer, who),
                         compressing: None,
+                        no_lend_until: None,
                     })),
                 })
             };
@@ -323,6 +324,20 @@ struct Coders {
 /// streams waiting for long.
 const RUN_BUDGET: usize = 256 << 10;
 
+/// Bytes a blocking writer writes before it gives the stream back (it may be
+/// lent again at once): lends stay short, so that the few writers rotate among
+/// the streams that want them.
+const LENT_BUDGET: usize = 8 << 20;
+
+/// A stream whose socket is full with at least this much left to write asks
+/// for a blocking writer ([`Next::Lend`]); less is a refill or two.
+const LEND_MIN: usize = 64 << 10;
+
+/// After a lent send timed out (the peer takes bytes slower than the
+/// writer's wait), the stream waits for room on its worker for this long
+/// before it asks for a writer again.
+const LEND_BACKOFF: std::time::Duration = std::time::Duration::from_millis(50);
+
 /// How far a data stream has come.
 #[derive(Default)]
 enum Setup {
@@ -348,6 +363,8 @@ struct TxState {
     /// The chunk the codec workers are compressing (its frame comes back in
     /// [`TxTask::compressed`], with the staging).
     compressing: Option<Task>,
+    /// No blocking writer before this (a lent send timed out).
+    no_lend_until: Option<std::time::Instant>,
 }
 
 /// A chunk back from the codec workers, with the stream's staging.
@@ -409,6 +426,19 @@ impl Driven for TxTask {
     }
 
     fn run(&self) -> Next {
+        self.run_on(false)
+    }
+
+    fn run_lent(&self) {
+        self.run_on(true);
+    }
+}
+
+impl TxTask {
+    /// One run: on the stream's worker (`lent` false: non-blocking writes, at
+    /// most [`RUN_BUDGET`]), or on a blocking writer (blocking writes, each at
+    /// most [`LENT_WAIT`], at most [`LENT_BUDGET`]).
+    fn run_on(&self, lent: bool) -> Next {
         let mut g = self.state.lock();
         let Some(st) = g.as_mut() else {
             return Next::Done;
@@ -429,8 +459,12 @@ impl Driven for TxTask {
                 }
             }
         }
-        let mut budget = RUN_BUDGET;
+        let mut budget = if lent { LENT_BUDGET } else { RUN_BUDGET };
         loop {
+            if lent && core.stopped() {
+                // A failure or a close: the worker sees it when the stream is back.
+                return Next::Yield;
+            }
             if let Some(t) = &st.compressing {
                 let Some(c) = self.compressed.lock().take() else {
                     return Next::Park; // the codec workers kick it when done
@@ -493,7 +527,7 @@ impl Driven for TxTask {
                 }
             }
             let w = st.tx.want().expect("a chunk is queued");
-            let r = send_chunk_part(&self.sock, w.hdr, w.payload, w.done);
+            let r = send_chunk_part(&self.sock, w.hdr, w.payload, w.done, lent);
             match st.tx.wrote(r, &core.ring, &core.stats) {
                 Ok(Wrote::Bytes {
                     n,
@@ -504,13 +538,24 @@ impl Driven for TxTask {
                     if chunk_done {
                         core.maybe_report();
                     }
-                    if full {
-                        // The socket's buffer is full: wait for room rather than
-                        // ask again (an EPOLLOUT re-arm sees room that came meanwhile).
+                    if full && lent {
+                        // The send waited its longest: the peer is slow.
+                        st.no_lend_until = Some(std::time::Instant::now() + LEND_BACKOFF);
                         return Next::Writable;
                     }
+                    if full {
+                        // The socket's buffer is full: wait for room rather than
+                        // ask again (an EPOLLOUT re-arm sees room that came
+                        // meanwhile), here or, with bulk bytes left, on a
+                        // blocking writer.
+                        return self.wait_for_room(st);
+                    }
                 }
-                Ok(Wrote::Blocked) => return Next::Writable,
+                Ok(Wrote::Blocked) if lent => {
+                    st.no_lend_until = Some(std::time::Instant::now() + LEND_BACKOFF);
+                    return Next::Writable;
+                }
+                Ok(Wrote::Blocked) => return self.wait_for_room(st),
                 Err(e) => {
                     core.fail(e);
                     return Next::Done;
@@ -522,9 +567,20 @@ impl Driven for TxTask {
             }
         }
     }
-}
 
-impl TxTask {
+    /// What a stream whose socket is full waits for: a blocking writer when
+    /// bulk bytes are left (see `workers`' module doc), else room.
+    fn wait_for_room(&self, st: &mut TxState) -> Next {
+        let bulk = st.tx.left() >= LEND_MIN || !self.queue.is_empty();
+        let now = std::time::Instant::now();
+        if bulk && st.no_lend_until.is_none_or(|t| now >= t) {
+            st.no_lend_until = None;
+            Next::Lend
+        } else {
+            Next::Writable
+        }
+    }
+
     /// Moves the stream's connect along; `Ok(None)` once it is up (attached at
     /// both ends), else what to wait for.
     fn setup(&self, core: &Arc<Core>, setup: &mut Setup) -> Result<Option<Next>> {
@@ -573,8 +629,10 @@ impl TxTask {
                 Err(e) if would_block(&e) => return Ok(Some(Next::Readable)),
                 Err(e) => return Err(io_err("handshake", e)),
             }
+            // Blocking, with a bounded wait: every write on the worker says
+            // MSG_DONTWAIT; a blocking writer's waits for room (`run_lent`).
             configure_data_socket(s, self.peer_timeout)
-                .and_then(|()| s.set_nonblocking(true))
+                .and_then(|()| s.set_write_timeout(Some(LENT_WAIT)))
                 .map_err(|e| io_err("configure socket", e))?;
             if !core.attach(self.who, self.sock.clone()) {
                 return Err(Error::Internal(format!(

@@ -41,20 +41,29 @@ pub fn send_all(s: &Socket, mut bufs: &mut [IoSlice<'_>]) -> io::Result<()> {
     Ok(())
 }
 
-/// Writes what the socket takes, without blocking, of a chunk (`hdr`, then
-/// `payload`) whose first `done` bytes went out already: one vectored send.
-/// (What the count means, 0 included, is the send machine's business:
-/// `stream_tx::StreamTx::wrote`.)
-pub fn send_chunk_part(s: &Socket, hdr: &[u8], payload: &[u8], done: usize) -> io::Result<usize> {
+/// Writes what the socket takes of a chunk (`hdr`, then `payload`) whose first
+/// `done` bytes went out already: one vectored send, without blocking unless
+/// `block` (then it waits for room, as long as the socket's send timeout
+/// allows: a blocking writer, see `workers`). (What the count means, 0
+/// included, is the send machine's business: `stream_tx::StreamTx::wrote`.)
+pub fn send_chunk_part(
+    s: &Socket,
+    hdr: &[u8],
+    payload: &[u8],
+    done: usize,
+    block: bool,
+) -> io::Result<usize> {
     let (h, p) = if done < hdr.len() {
         (&hdr[done..], payload)
     } else {
         (&[][..], &payload[done - hdr.len()..])
     };
-    s.send_vectored_with_flags(
-        &[IoSlice::new(h), IoSlice::new(p)],
-        libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT,
-    )
+    let flags = if block {
+        libc::MSG_NOSIGNAL
+    } else {
+        libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT
+    };
+    s.send_vectored_with_flags(&[IoSlice::new(h), IoSlice::new(p)], flags)
 }
 
 /// Fills `buf`. `Ok(false)` if the stream ended cleanly before the first byte;

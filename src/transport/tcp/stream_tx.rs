@@ -111,6 +111,14 @@ impl StreamTx {
         self.queue.is_empty()
     }
 
+    /// Bytes queued and not yet written (headers included).
+    pub fn left(&self) -> usize {
+        self.queue
+            .iter()
+            .map(|q| CHUNK_HEADER_SIZE + q.len - q.done)
+            .sum()
+    }
+
     /// Queues chunk `c` behind the others.
     pub fn push(&mut self, c: ChunkOut) -> Result<()> {
         if c.payload == Payload::Staged {

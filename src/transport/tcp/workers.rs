@@ -23,10 +23,28 @@
 //! the ranks of this node when the mask is not already theirs alone, at most 8,
 //! at least one per default data stream (4, see `MIN_WORKERS`);
 //! `NCCL_ZIP_IO_THREADS` caps it.
+//!
+//! **Blocking writers.** Where a socket's window is the limit, an event loop
+//! pays an `epoll_wait` and a `sendmsg` per refill of the send buffer (some
+//! 13 KiB with 16 KiB buffers), where a thread blocked in `sendmsg` lets the
+//! kernel go on copying at each wake-up: one system call per chunk. With the
+//! CPUs shared (by the training job, or here by a second busy process), that
+//! made the workers move 0.94-0.95x of the thread-per-stream build on the
+//! window-limited cell (session 16, `bench/results/tcp-window-2026-11-26-s16.md`).
+//! So a send stream whose socket is full with bulk bytes left says
+//! [`Next::Lend`], and its worker lends it to one of a few blocking writers
+//! (as many as there are workers, started on first need): the writer writes
+//! on with blocking sends, each bounded by the socket's send timeout
+//! ([`LENT_WAIT`], set by the stream), and gives the stream back when its
+//! share is written, its queue is empty, or a send timed out. The worker
+//! neither runs nor re-lends a stream while it is lent; edges that come
+//! meanwhile are kept, and the stream runs on its worker once it is back.
+//! When no writer is idle the stream waits for room on its worker as before.
+//! Abort cuts the socket (`shutdown`), which ends a blocked send at once.
 
 use std::collections::HashMap;
 use std::os::fd::{BorrowedFd, RawFd};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::*};
 use std::sync::{Arc, OnceLock};
 
 use nix::poll::PollTimeout;
@@ -52,6 +70,9 @@ pub enum Next {
     /// Run again after the worker's other ready streams: the run stopped at its
     /// share of the worker, with bytes or room left (no edge will come for them).
     Yield,
+    /// The socket is full and bulk bytes are left: a blocking writer may go on
+    /// ([`Driven::run_lent`]); as [`Next::Writable`] when none is idle.
+    Lend,
     /// Never again: the stream ended or its comm failed or closed.
     Done,
 }
@@ -62,7 +83,16 @@ pub enum Next {
 pub trait Driven: Send + Sync {
     fn run(&self) -> Next;
     fn fd(&self) -> RawFd;
+    /// Writes on with blocking sends, on a blocking writer, after `run` said
+    /// [`Next::Lend`]; returns when the stream should go back to its worker
+    /// (which then runs it). Every send must be bounded ([`LENT_WAIT`]).
+    fn run_lent(&self) {}
 }
+
+/// The longest a blocking writer's send waits for room (the send timeout of a
+/// stream that says [`Next::Lend`]): a stalled peer gives the stream back to
+/// its worker after this, and a close waits at most this for a lent run.
+pub const LENT_WAIT: std::time::Duration = std::time::Duration::from_millis(5);
 
 /// The id of the worker's own eventfd in its epoll set.
 const WAKE: u64 = 0;
@@ -75,12 +105,107 @@ struct Worker {
     tasks: Mutex<HashMap<u64, Arc<dyn Driven>>>,
     /// Streams kicked since the worker last looked.
     kicked: Mutex<Vec<u64>>,
+    /// Streams the blocking writers gave back since the worker last looked.
+    returned: Mutex<Vec<u64>>,
     sleeping: AtomicBool,
+    writers: Arc<Writers>,
 }
 
 pub struct Workers {
     workers: Vec<Arc<Worker>>,
     next_id: AtomicU64,
+}
+
+/// A stream lent to a blocking writer, and the worker to give it back to.
+struct Lent {
+    worker: Arc<Worker>,
+    id: u64,
+    task: Arc<dyn Driven>,
+}
+
+/// The blocking writers (see the module doc): at most `max` threads, started
+/// when a stream is lent and none is idle.
+struct Writers {
+    tx: crossbeam_channel::Sender<Lent>,
+    rx: crossbeam_channel::Receiver<Lent>,
+    /// Writers waiting for a stream: each will take one sent on `tx`.
+    idle: AtomicUsize,
+    started: Mutex<usize>,
+    max: usize,
+}
+
+impl Writers {
+    fn new(max: usize) -> Writers {
+        let (tx, rx) = crossbeam_channel::unbounded();
+        Writers {
+            tx,
+            rx,
+            idle: AtomicUsize::new(0),
+            started: Mutex::new(0),
+            max,
+        }
+    }
+
+    /// Hands `job` to an idle writer, or to a new one while fewer than `max`
+    /// run; gives it back when all are busy.
+    fn try_lend(self: &Arc<Self>, job: Lent) -> std::result::Result<(), Lent> {
+        if self
+            .idle
+            .fetch_update(SeqCst, SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+        {
+            // That writer is (or will be) waiting on `rx`.
+            return self.tx.send(job).map_err(|e| e.into_inner());
+        }
+        let mut started = self.started.lock();
+        if *started >= self.max {
+            return Err(job);
+        }
+        let me = self.clone();
+        let spawned = std::thread::Builder::new()
+            .name(format!("zip-wr{}", *started))
+            .spawn(move || {
+                HELD.io_writers.fetch_add(1, Relaxed);
+                // The first job is the one this thread was started for (sent
+                // below, not counted in `idle`).
+                let mut first = true;
+                loop {
+                    if !std::mem::take(&mut first) {
+                        me.idle.fetch_add(1, SeqCst);
+                    }
+                    let Ok(j) = me.rx.recv() else { return };
+                    if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| j.task.run_lent()))
+                        .is_err()
+                    {
+                        warn!("blocking writer: a stream's driver panicked");
+                    }
+                    j.worker.give_back(j.id);
+                }
+            });
+        match spawned {
+            Ok(_) => {
+                *started += 1;
+                self.tx.send(job).map_err(|e| e.into_inner())
+            }
+            Err(e) => {
+                warn!("blocking writer: cannot start a thread: {e}");
+                Err(job)
+            }
+        }
+    }
+}
+
+/// What a worker's epoll set watches on a stream, edge-triggered: both
+/// directions, or (`out` false, while a blocking writer has the stream) not
+/// room to write, whose edges would wake the worker at every refill for
+/// nothing.
+fn interest(out: bool) -> EpollFlags {
+    let f = EpollFlags::EPOLLIN | EpollFlags::EPOLLRDHUP | EpollFlags::EPOLLET;
+    if out {
+        f | EpollFlags::EPOLLOUT
+    } else {
+        f
+    }
 }
 
 /// A stream's place in a worker. Dropping it does not deregister: call
@@ -160,6 +285,7 @@ const MIN_WORKERS: usize = crate::config::DEFAULT_NSTREAMS;
 impl Workers {
     fn start(n: usize) -> Result<Workers> {
         let mut workers = Vec::with_capacity(n);
+        let writers = Arc::new(Writers::new(n));
         for i in 0..n {
             let ep = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC)
                 .map_err(|e| Error::io("epoll_create", e.into()))?;
@@ -172,7 +298,9 @@ impl Workers {
                 wake,
                 tasks: Mutex::new(HashMap::new()),
                 kicked: Mutex::new(Vec::new()),
+                returned: Mutex::new(Vec::new()),
                 sleeping: AtomicBool::new(false),
+                writers: writers.clone(),
             });
             let w2 = w.clone();
             std::thread::Builder::new()
@@ -233,11 +361,7 @@ impl Workers {
         // SAFETY: the fd belongs to the task, which stays alive (in `tasks`) at
         // least until `close` deletes it from the set.
         let bfd = unsafe { BorrowedFd::borrow_raw(fd) };
-        let flags = EpollFlags::EPOLLIN
-            | EpollFlags::EPOLLOUT
-            | EpollFlags::EPOLLRDHUP
-            | EpollFlags::EPOLLET;
-        if let Err(e) = w.ep.add(bfd, EpollEvent::new(flags, id)) {
+        if let Err(e) = w.ep.add(bfd, EpollEvent::new(interest(true), id)) {
             w.tasks.lock().remove(&id);
             return Err(Error::io("epoll_ctl add", e.into()));
         }
@@ -291,7 +415,28 @@ impl Worker {
         }
     }
 
-    fn run(&self) {
+    /// Watches stream `id` for room to write, or stops (see [`interest`]).
+    /// Turning it back on brings an edge if the socket has room. A stream
+    /// closed meanwhile is no longer in the set: nothing to do.
+    fn watch_out(&self, id: u64, out: bool) {
+        let Some(task) = self.tasks.lock().get(&id).cloned() else {
+            return;
+        };
+        // SAFETY: the task owns the fd and is alive (`task`). If `close` took
+        // it out of the set meanwhile, `modify` fails and nothing changes.
+        let bfd = unsafe { BorrowedFd::borrow_raw(task.fd()) };
+        let _ = self.ep.modify(bfd, &mut EpollEvent::new(interest(out), id));
+    }
+
+    /// A blocking writer is done with stream `id`: it runs here again soon.
+    fn give_back(&self, id: u64) {
+        self.returned.lock().push(id);
+        if self.sleeping.load(SeqCst) {
+            let _ = self.wake.arm();
+        }
+    }
+
+    fn run(self: &Arc<Self>) {
         let mut events = vec![EpollEvent::empty(); 256];
         let mut retry: Vec<u64> = Vec::new();
         let mut yielded: Vec<u64> = Vec::new();
@@ -310,7 +455,7 @@ impl Worker {
             // Announce the sleep before the last look at the kick list: a kick
             // after that look sees `sleeping` and writes the eventfd.
             self.sleeping.store(true, SeqCst);
-            let n = if self.kicked.lock().is_empty() {
+            let n = if self.kicked.lock().is_empty() && self.returned.lock().is_empty() {
                 match self.ep.wait(&mut events, timeout) {
                     Ok(n) => n,
                     Err(nix::errno::Errno::EINTR) => 0,
@@ -339,9 +484,17 @@ impl Worker {
                 }
             }
             due.append(&mut self.kicked.lock());
+            for id in self.returned.lock().drain(..) {
+                slots.entry(id).or_default().lent = false;
+                self.watch_out(id, true);
+                due.push(id);
+            }
             due.sort_unstable();
             due.dedup();
             for &id in &due {
+                if slots.get(&id).is_some_and(|s| s.lent) {
+                    continue; // it runs once its writer gives it back
+                }
                 let Some(task) = self.tasks.lock().get(&id).cloned() else {
                     slots.remove(&id);
                     continue; // closed meanwhile
@@ -367,6 +520,23 @@ impl Worker {
                     }
                     Next::Readable => slot.ready &= !Slot::IN,
                     Next::Writable => slot.ready &= !Slot::OUT,
+                    Next::Lend => {
+                        let job = Lent {
+                            worker: self.clone(),
+                            id,
+                            task,
+                        };
+                        self.watch_out(id, false);
+                        match self.writers.try_lend(job) {
+                            Ok(()) => slot.lent = true,
+                            Err(_) => {
+                                // Every writer is busy: wait for room here.
+                                self.watch_out(id, true);
+                                slot.want = Next::Writable;
+                                slot.ready &= !Slot::OUT;
+                            }
+                        }
+                    }
                     Next::Park => {}
                     Next::Retry => retry.push(id),
                     Next::Yield => yielded.push(id),
@@ -389,6 +559,8 @@ struct Slot {
     want: Next,
     /// Edges seen since the driver last found that direction spent.
     ready: u8,
+    /// A blocking writer has it: not run here until given back.
+    lent: bool,
 }
 
 impl Default for Slot {
@@ -397,6 +569,7 @@ impl Default for Slot {
         Slot {
             want: Next::Park,
             ready: 0,
+            lent: false,
         }
     }
 }
@@ -485,6 +658,96 @@ mod tests {
                 Err(_) => Next::Done,
             }
         }
+    }
+
+    /// Says [`Next::Lend`] on its first run, then parks; its lent run takes
+    /// `hold` and notes whether the worker ever ran it meanwhile.
+    struct Lender {
+        sock: std::os::unix::net::UnixStream,
+        hold: std::time::Duration,
+        runs: AtomicU64,
+        lent_runs: AtomicU64,
+        lent_now: AtomicBool,
+        overlapped: AtomicBool,
+    }
+
+    impl Lender {
+        fn new(hold_ms: u64) -> Arc<Lender> {
+            let (a, _b) = std::os::unix::net::UnixStream::pair().unwrap();
+            Arc::new(Lender {
+                sock: a,
+                hold: std::time::Duration::from_millis(hold_ms),
+                runs: AtomicU64::new(0),
+                lent_runs: AtomicU64::new(0),
+                lent_now: AtomicBool::new(false),
+                overlapped: AtomicBool::new(false),
+            })
+        }
+    }
+
+    impl Driven for Lender {
+        fn fd(&self) -> RawFd {
+            use std::os::fd::AsRawFd;
+            self.sock.as_raw_fd()
+        }
+
+        fn run(&self) -> Next {
+            if self.lent_now.load(SeqCst) {
+                self.overlapped.store(true, SeqCst);
+            }
+            if self.runs.fetch_add(1, SeqCst) == 0 {
+                Next::Lend
+            } else {
+                Next::Park
+            }
+        }
+
+        fn run_lent(&self) {
+            self.lent_now.store(true, SeqCst);
+            std::thread::sleep(self.hold);
+            self.lent_now.store(false, SeqCst);
+            self.lent_runs.fetch_add(1, SeqCst);
+        }
+    }
+
+    /// A stream that says `Lend` runs on a blocking writer; kicks and edges
+    /// that come meanwhile do not run it on its worker; once given back it
+    /// runs there again. With every writer busy, `try_lend` refuses (the
+    /// stream then waits for room on its worker).
+    #[test]
+    fn lent_streams_run_on_a_writer_and_come_back() {
+        let ws = Workers::start(1).unwrap();
+        let l = Lender::new(200);
+        let reg = ws.register(l.clone()).unwrap();
+        wait_for("lent", || l.lent_now.load(SeqCst));
+        for _ in 0..20 {
+            reg.kick();
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+        wait_for("given back and run again", || l.runs.load(SeqCst) >= 2);
+        assert_eq!(l.lent_runs.load(SeqCst), 1);
+        assert!(!l.overlapped.load(SeqCst), "the worker ran a lent stream");
+        assert!(HELD.io_writers.load(SeqCst) >= 1);
+        reg.close();
+
+        // One writer at most: a second lend while it is busy is refused.
+        let writers = Arc::new(Writers::new(1));
+        let w = ws.workers[0].clone();
+        let (a, b) = (Lender::new(300), Lender::new(0));
+        let job = |t: &Arc<Lender>| Lent {
+            worker: w.clone(),
+            id: 1_000_000,
+            task: t.clone(),
+        };
+        assert!(writers.try_lend(job(&a)).is_ok());
+        wait_for("the first lend runs", || a.lent_now.load(SeqCst));
+        assert!(writers.try_lend(job(&b)).is_err());
+        wait_for("the writer is idle again", || {
+            writers.idle.load(SeqCst) == 1
+        });
+        assert!(writers.try_lend(job(&b)).is_ok());
+        wait_for("the second lend ran", || b.lent_runs.load(SeqCst) == 1);
+        assert_eq!(*writers.started.lock(), 1);
     }
 
     fn wait_for(what: &str, f: impl Fn() -> bool) {
