@@ -17,7 +17,8 @@
 //!    already sends faster than `C * COST_MARGIN`.
 //! 3. **Measured throughput.** The model cannot see everything that competes for
 //!    the CPU: the receiver's decoder, the kernel's TCP stack, the training job.
-//!    So the policy runs epochs of [`EPOCH_BYTES`] in one mode and measures
+//!    So the policy runs epochs of [`EPOCH_BYTES`] (and at least [`MIN_EPOCH`])
+//!    in one mode and measures
 //!    the rate at which the sender takes raw bytes, plus what the process
 //!    received meanwhile ([`RECEIVED`]): when nodes send to each other, the
 //!    decoding this comm's compression causes at the peer slows what the peer
@@ -93,6 +94,19 @@ pub const COST_MARGIN: f64 = 1.25;
 /// better on the simulated 2 Gbit/s link but flipped to compression on the
 /// unshaped veth, whose send and receive buffers hold some 40 MiB.)
 pub const EPOCH_BYTES: u64 = 16 << 20;
+/// The shortest epoch: one of [`EPOCH_BYTES`] that went by faster goes on until
+/// this much time has passed (and an exploration is cut no earlier than a
+/// quarter of it). Where the pipeline moves several GB/s (an unshaped link
+/// between two nodes' cores), 16 MiB take 4-5 ms, a scheduler time slice or
+/// two, and single epochs measured 1.8-6.5 GB/s within one run (session 16,
+/// traced, both ways unshaped): comparing such figures made explorations
+/// switch into compression on noise. With 10 ms, both ways unshaped went from
+/// auto/off 0.913 to 1.004 (20 shuffled rounds, same rounds, the compressed
+/// share from about 30% to 5%; `bench/results/adapt-min-epoch-2026-11-26-s16.md`).
+/// Slower pipelines are not affected: 16 MiB take 64 ms at 2 Gbit/s. (20 ms
+/// cost the simulated 2 Gbit/s cells a little, through learning's first,
+/// buffer-filled epochs.)
+pub const MIN_EPOCH: Duration = Duration::from_millis(10);
 /// Epochs of the faster mode before the slower one is first explored again.
 pub const EXPLORE_EPOCHS: u32 = 12;
 /// The longest run of the faster mode between two explorations: the interval
@@ -378,7 +392,8 @@ impl Policy {
         }
         e.last = now;
         let cut = Self::hopeless_exploration(e, now, rx);
-        if e.bytes >= EPOCH_BYTES || cut {
+        let long = now.saturating_duration_since(e.start) >= MIN_EPOCH;
+        if (e.bytes >= EPOCH_BYTES && long) || cut {
             Self::next_epoch(e, now, rx, confident, codec, cut);
         }
         e.bytes += len as u64;
@@ -396,7 +411,8 @@ impl Policy {
     fn hopeless_exploration(e: &Epoch, now: Instant, rx: u64) -> bool {
         // Explorations, and learning's compressed epochs after raw's.
         let trial = e.exploring || e.thr[Mode::Compressed as usize].is_none();
-        if !trial || e.idle || e.bytes < EPOCH_BYTES / 4 {
+        let quarter = now.saturating_duration_since(e.start) >= MIN_EPOCH / 4;
+        if !trial || e.idle || e.bytes < EPOCH_BYTES / 4 || !quarter {
             return false;
         }
         let Some(other) = e.thr[e.mode.other() as usize] else {
@@ -915,6 +931,33 @@ mod tests {
                 "an exploration ran {r} chunks (epoch {per_epoch}): {runs:?}"
             );
         }
+    }
+
+    /// A pipeline that moves 8 GB/s passes [`EPOCH_BYTES`] in 2 ms: its
+    /// epochs last [`MIN_EPOCH`] instead, so learning's two raw epochs (one
+    /// settles, one is measured) take at least twice that before compression is
+    /// first tried.
+    #[test]
+    fn fast_pipelines_measure_epochs_of_at_least_min_epoch() {
+        let p = Policy::new(CompressMode::Auto, None, 4);
+        let mut t = Instant::now();
+        let t0 = t;
+        let chunk = 256usize << 10;
+        let mut raw_chunks = 0usize;
+        loop {
+            if p.decide_at(chunk, t) == Decision::Compress {
+                break;
+            }
+            raw_chunks += 1;
+            t += Duration::from_secs_f64(chunk as f64 / 8e9);
+            assert!(raw_chunks < 100_000, "compression never tried");
+        }
+        let took = t.duration_since(t0);
+        let per_epoch = (EPOCH_BYTES / chunk as u64) as usize;
+        assert!(
+            took >= 2 * MIN_EPOCH && raw_chunks > 2 * per_epoch,
+            "learning's raw epochs took {took:?}, {raw_chunks} chunks"
+        );
     }
 
     /// The interval between explorations grows only while they confirm the

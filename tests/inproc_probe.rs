@@ -24,15 +24,19 @@ fn probes_of_small_messages_run_here_and_the_messages_go_inline() {
     let msgs: Vec<Vec<u8>> = (0..n).map(|i| pattern(7 + i as u64, 16 << 10)).collect();
     let st = s.stats();
     // A warm-up: the policy's learning measures raw first (two epochs of
-    // `adapt::EPOCH_BYTES`), then compression on the workers, whose first chunk
-    // replaces the ratio's optimistic prior and closes the gate.
+    // `adapt::EPOCH_BYTES` and at least `adapt::MIN_EPOCH` each), then
+    // compression on the workers, whose first chunk replaces the ratio's
+    // optimistic prior and closes the gate. Batches of 4 MiB messages until the
+    // codec has run (at most 1 GiB).
     let warm_len = 4 << 20;
-    let warm_n = (4 * nccl_net_zip::adapt::EPOCH_BYTES / warm_len as u64) as usize;
-    let warm: Vec<Vec<u8>> = (0..warm_n)
-        .map(|i| pattern(1000 + i as u64, warm_len))
-        .collect();
+    let warm: Vec<Vec<u8>> = (0..4).map(|i| pattern(1000 + i as u64, warm_len)).collect();
     let codec0 = st.codec_ns.load(Relaxed);
-    transfer_and_check(&s, &r, &warm, warm_len);
+    for _ in 0..64 {
+        transfer_and_check(&s, &r, &warm, warm_len);
+        if st.codec_ns.load(Relaxed) > codec0 {
+            break;
+        }
+    }
     let codec1 = st.codec_ns.load(Relaxed);
     assert!(codec1 > codec0, "the warm-up went through the codec");
     let (inline0, bypass0) = (st.chunks_inline.load(Relaxed), st.bypassed.load(Relaxed));
