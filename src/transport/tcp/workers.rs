@@ -30,7 +30,7 @@
 //! kernel go on copying at each wake-up: one system call per chunk. With the
 //! CPUs shared (by the training job, or here by a second busy process), that
 //! made the workers move 0.94-0.97x of the thread-per-stream build on the
-//! window-limited cell, and 0.98-1.00x with the writers (session 16,
+//! window-limited cell, and 0.975-1.00x with the writers (session 16,
 //! `bench/results/tcp-window-2026-11-26-s16.md`).
 //! So a send stream whose socket is full with bulk bytes left says
 //! [`Next::Lend`], and its worker lends it to one of a few blocking writers
