@@ -12,14 +12,13 @@
 //!    gain doubles the wait, up to [`MAX_REPROBE_EVERY`] chunks). A device's
 //!    nominal speed is not used (issue 21: a veth says 10 Gbit/s whatever
 //!    shapes it, and a shared uplink is slower than its port); without it,
-//!    fast links are kept off the
-//!    codec by the measurement below: compression is not explored while raw
-//!    already sends faster than `C * COST_MARGIN`.
+//!    fast links are kept off the codec by the measurement below: compression
+//!    is not explored while raw already sends faster than `C * COST_MARGIN`.
 //! 3. **Measured throughput.** The model cannot see everything that competes for
 //!    the CPU: the receiver's decoder, the kernel's TCP stack, the training job.
 //!    So the policy runs epochs of [`EPOCH_BYTES`] (and at least [`MIN_EPOCH`])
-//!    in one mode and measures
-//!    the rate at which the sender takes raw bytes, plus what the process
+//!    in one mode and measures the rate at which the sender takes raw bytes,
+//!    plus what the process
 //!    received meanwhile ([`RECEIVED`]): when nodes send to each other, the
 //!    decoding this comm's compression causes at the peer slows what the peer
 //!    sends back. In steady state that is the
@@ -411,14 +410,14 @@ impl Policy {
     fn hopeless_exploration(e: &Epoch, now: Instant, rx: u64) -> bool {
         // Explorations, and learning's compressed epochs after raw's.
         let trial = e.exploring || e.thr[Mode::Compressed as usize].is_none();
-        let quarter = now.saturating_duration_since(e.start) >= MIN_EPOCH / 4;
-        if !trial || e.idle || e.bytes < EPOCH_BYTES / 4 || !quarter {
+        let elapsed = now.saturating_duration_since(e.start);
+        if !trial || e.idle || e.bytes < EPOCH_BYTES / 4 || elapsed < MIN_EPOCH / 4 {
             return false;
         }
         let Some(other) = e.thr[e.mode.other() as usize] else {
             return false;
         };
-        let secs = now.saturating_duration_since(e.start).as_secs_f64();
+        let secs = elapsed.as_secs_f64();
         let moved = (e.bytes + rx.saturating_sub(e.rx_start)) as f64;
         secs > 0.0 && moved / secs * CUT_FACTOR < other
     }

@@ -2594,9 +2594,9 @@ mod tests {
         }
     }
 
-    /// `Stats::sample` equals `Stats::add` over the elements `0, 13, 26, … < m`
-    /// (histogram, zeros, count; `lo_or` as `choose` reads it), every type, with
-    /// zeros, subnormals and every remainder length.
+    /// `coltab::sample_fused` gives `Stats::sample`'s statistics and
+    /// `sample_hist_rotated`'s histogram (no elided lines) of the same grid,
+    /// every type, several periods, lengths and column offsets.
     #[test]
     fn sample_fused_matches_the_two_passes() {
         fn check<T: V2>(b: &[u8], ct: &ColTab) {
@@ -2643,6 +2643,9 @@ mod tests {
         }
     }
 
+    /// `Stats::sample` equals `Stats::add` over the elements `0, 13, 26, … < m`
+    /// (histogram, zeros, count; `lo_or` as `choose` reads it), every type, with
+    /// zeros, subnormals and every remainder length.
     #[test]
     fn sample_stats_match_add() {
         fn check<T: V2>(b: &[u8]) {

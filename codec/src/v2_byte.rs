@@ -1048,10 +1048,6 @@ fn decode_sym<T: SymMode>(b: &[u8], out: &mut [u8]) -> Result<(), CodecError> {
 // ---------------------------------------------------------------------------------
 // Detection
 
-/// The candidates of §V2.10 "Detection", after version 2's float candidates: `best`
-/// is (value, bytes, type) of the cheapest float candidate; `sub[φ]` the fp16
-/// subnormals at φ in the groups (counted by the float candidates' pass); returns
-/// the new best.
 /// Counts of detection's byte histogram: at most 64 groups of 64 bytes.
 const HB_MAX: usize = 64 * 64;
 
@@ -1067,6 +1063,10 @@ fn hlog2h() -> &'static [f64; HB_MAX + 1] {
     })
 }
 
+/// The candidates of §V2.10 "Detection", after version 2's float candidates: `best`
+/// is (value, bytes, type) of the cheapest float candidate; `sub[φ]` the fp16
+/// subnormals at φ in the groups (counted by the float candidates' pass); returns
+/// the new best.
 pub(crate) fn detect_more(
     src: &[u8],
     best: (u64, u64, Dtype),

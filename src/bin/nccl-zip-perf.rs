@@ -90,19 +90,18 @@ fn census() -> (usize, usize) {
             .map(|r| r.filter_map(|e| e.ok().map(|e| e.path())).collect())
             .unwrap_or_default()
     };
-    let workers = entries("/proc/self/task")
+    let tasks = entries("/proc/self/task");
+    let names: Vec<String> = tasks
         .iter()
-        .filter(|t| std::fs::read_to_string(t.join("comm")).is_ok_and(|c| c.starts_with("zip-io")))
-        .count();
+        .map(|t| std::fs::read_to_string(t.join("comm")).unwrap_or_default())
+        .collect();
+    let workers = names.iter().filter(|c| c.starts_with("zip-io")).count();
     // Codec workers and blocking writers: process-wide pools that outlive comms.
-    let pooled = entries("/proc/self/task")
+    let pooled = names
         .iter()
-        .filter(|t| {
-            std::fs::read_to_string(t.join("comm"))
-                .is_ok_and(|c| c.starts_with("zip-codec") || c.starts_with("zip-wr"))
-        })
+        .filter(|c| c.starts_with("zip-codec") || c.starts_with("zip-wr"))
         .count();
-    let threads = entries("/proc/self/task").len() - workers - pooled;
+    let threads = tasks.len() - workers - pooled;
     let fds = entries("/proc/self/fd");
     let anon = |kind: &str| {
         fds.iter()

@@ -539,9 +539,7 @@ impl TxTask {
                         core.maybe_report();
                     }
                     if full && lent {
-                        // The send waited its longest: the peer is slow.
-                        st.no_lend_until = Some(std::time::Instant::now() + LEND_BACKOFF);
-                        return Next::Writable;
+                        return Self::lent_send_timed_out(st);
                     }
                     if full {
                         // The socket's buffer is full: wait for room rather than
@@ -551,10 +549,7 @@ impl TxTask {
                         return self.wait_for_room(st);
                     }
                 }
-                Ok(Wrote::Blocked) if lent => {
-                    st.no_lend_until = Some(std::time::Instant::now() + LEND_BACKOFF);
-                    return Next::Writable;
-                }
+                Ok(Wrote::Blocked) if lent => return Self::lent_send_timed_out(st),
                 Ok(Wrote::Blocked) => return self.wait_for_room(st),
                 Err(e) => {
                     core.fail(e);
@@ -566,6 +561,13 @@ impl TxTask {
                 return Next::Yield;
             }
         }
+    }
+
+    /// A blocking writer's send waited its longest (the peer is slow): the
+    /// stream waits for room on its worker, and is not lent for a while.
+    fn lent_send_timed_out(st: &mut TxState) -> Next {
+        st.no_lend_until = Some(std::time::Instant::now() + LEND_BACKOFF);
+        Next::Writable
     }
 
     /// What a stream whose socket is full waits for: a blocking writer when

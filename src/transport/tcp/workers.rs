@@ -411,6 +411,13 @@ impl Worker {
     /// Runs task `id` soon.
     fn kick(&self, id: u64) {
         self.kicked.lock().push(id);
+        self.wake_if_sleeping();
+    }
+
+    /// After an entry in `kicked` or `returned`: the worker announces its sleep
+    /// before its last look at both lists, so it either sees the entry or is
+    /// woken here.
+    fn wake_if_sleeping(&self) {
         if self.sleeping.load(SeqCst) {
             let _ = self.wake.arm();
         }
@@ -432,9 +439,7 @@ impl Worker {
     /// A blocking writer is done with stream `id`: it runs here again soon.
     fn give_back(&self, id: u64) {
         self.returned.lock().push(id);
-        if self.sleeping.load(SeqCst) {
-            let _ = self.wake.arm();
-        }
+        self.wake_if_sleeping();
     }
 
     fn run(self: &Arc<Self>) {
