@@ -402,11 +402,23 @@ impl Policy {
         }
     }
 
-    /// An exploration of compression that, a quarter of the way into its epoch,
-    /// moves less than raw's figure divided by [`CUT_FACTOR`]: the codec, not the
-    /// link, is the bottleneck, and the rest of the epoch would only cost time.
+    /// An exploration (or learning's compressed epoch) that, a quarter of the
+    /// way into its settling epoch, moves less than the other mode's figure
+    /// divided by [`CUT_FACTOR`]: for compression, the codec, not the link, is
+    /// the bottleneck, and the rest of the epoch would only cost time.
     /// (Link-bound, a compressed epoch after raw ones first drains the raw bytes
     /// the buffers hold and measures about raw's figure: it is not cut.)
+    ///
+    /// Raw explorations are cut by the same rule, and that is not always right:
+    /// for its first quarter raw moves only as fast as the buffers drain the
+    /// compressed bytes they hold, about compression's figure divided by the
+    /// ratio, whether the link or the codec is the bottleneck. On a link that
+    /// is the right verdict; where the codec is the bottleneck (one way,
+    /// unshaped, session 17's traces) raw is cut at a drain figure, compression
+    /// keeps running, and a run that learning put into compression can stay
+    /// there. Judging raw only after it settled did not help on the VM (the
+    /// drain of ~40 MiB of socket buffers outlasts one epoch) and cost the
+    /// link-bound cells (`bench/results/adapt-drain-2026-11-26-s17.md`).
     fn hopeless_exploration(e: &Epoch, now: Instant, rx: u64) -> bool {
         // Explorations, and learning's compressed epochs after raw's.
         let trial = e.exploring || e.thr[Mode::Compressed as usize].is_none();
@@ -895,9 +907,8 @@ mod tests {
 
     /// An exploration of compression on a CPU-bound pipeline (compression 2.5x
     /// slower than raw) stops a quarter of the way into its epoch, and so does
-    /// learning's first compressed epoch (raw was measured first). A
-    /// link-bound pipeline's explorations of raw are never cut (only
-    /// compression's are).
+    /// learning's first compressed epoch (raw was measured first). (Raw
+    /// explorations follow the same rule; see [`Policy::hopeless_exploration`].)
     #[test]
     fn slow_explorations_are_cut_short() {
         let p = Policy::new(CompressMode::Auto, None, 4);
@@ -1227,49 +1238,60 @@ mod tests {
     /// session 12 (learning started compressed, explorations measured in one
     /// epoch and judged against the second A epoch after them) kept 97.1%
     /// (minimum 92.7%); this one keeps 98.6% (minimum 94.5%).
-    #[test]
-    fn two_nodes_on_noisy_cores_do_not_drift() {
+    /// One noisy cell of the matrix: `seeds` runs of auto, on and off, 1 GiB
+    /// each way, bf16, cores noisy by `amp` at both time scales ([`two_nodes::Noise`]).
+    /// Returns (auto/best, auto/off) per seed, each sorted, and auto's compressed
+    /// share (a -> b) per seed, in seed order.
+    fn noisy_cell(both: bool, link: f64, amp: f64, seeds: u64) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
         use two_nodes::*;
         const MIB: f64 = 1048576.0;
+        let (mut vs_best, mut vs_off, mut share) = (Vec::new(), Vec::new(), Vec::new());
+        for seed in 0..seeds {
+            let noise = Some(Noise {
+                slow: amp,
+                fast: amp,
+                seed,
+            });
+            let g = |m| run_noisy(Which::Now, m, both, BF16, link, 1024.0 * MIB, 1.0, noise);
+            let (auto, on, off) = (
+                g(CompressMode::Auto),
+                g(CompressMode::On),
+                g(CompressMode::Off),
+            );
+            vs_best.push(auto.goodput / on.goodput.max(off.goodput));
+            vs_off.push(auto.goodput / off.goodput);
+            share.push(auto.compressed_dir[0]);
+        }
+        vs_best.sort_by(f64::total_cmp);
+        vs_off.sort_by(f64::total_cmp);
+        (vs_best, vs_off, share)
+    }
+
+    /// The simulated matrix's cells on noisy cores (`two_nodes::Noise`).
+    const NOISY_CELLS: [(bool, &str, f64); 5] = [
+        (true, "10gbit", two_nodes::GBIT10),
+        (true, "none", two_nodes::UNSHAPED),
+        (true, "2gbit", two_nodes::GBIT2),
+        (false, "none", two_nodes::UNSHAPED),
+        (false, "2gbit", two_nodes::GBIT2),
+    ];
+
+    /// Both ways at 2 Gbit/s, where on this noise compression still pays 1.33–
+    /// 1.46x, the median must keep 98% of the better mode: the policy of
+    /// session 12 (learning started compressed, explorations measured in one
+    /// epoch and judged against the second A epoch after them) kept 97.1%
+    /// (minimum 92.7%); this one keeps 98.6% (minimum 94.5%).
+    #[test]
+    fn two_nodes_on_noisy_cores_do_not_drift() {
         let mut fails = Vec::new();
-        for (both, lname, link, keep) in [
-            (true, "10gbit", GBIT10, 0.95),
-            (true, "none", UNSHAPED, 0.95),
-            (true, "2gbit", GBIT2, 0.98),
-            (false, "none", UNSHAPED, 0.95),
-            (false, "2gbit", GBIT2, 0.95),
-        ] {
+        for (both, lname, link) in NOISY_CELLS {
+            let keep = if both && link == two_nodes::GBIT2 { 0.98 } else { 0.95 };
             let dir = if both { "both" } else { "one " };
-            let (mut vs_best, mut vs_off) = (Vec::new(), Vec::new());
-            for seed in 0..16 {
-                let noise = Some(Noise {
-                    slow: 0.3,
-                    fast: 0.3,
-                    seed,
-                });
-                let g = |m| run_noisy(Which::Now, m, both, BF16, link, 1024.0 * MIB, 1.0, noise);
-                let (auto, on, off) = (
-                    g(CompressMode::Auto),
-                    g(CompressMode::On),
-                    g(CompressMode::Off),
-                );
-                let best = auto.goodput / on.goodput.max(off.goodput);
-                eprintln!(
-                    "noisy {dir} {lname:6} seed {seed}: auto/off {:.3} auto/best {best:.3} on/off {:.3} (compressed {:.2?})",
-                    auto.goodput / off.goodput,
-                    on.goodput / off.goodput,
-                    auto.compressed_dir
-                );
-                vs_best.push(best);
-                vs_off.push(auto.goodput / off.goodput);
-            }
-            let median = |v: &mut Vec<f64>| {
-                v.sort_by(f64::total_cmp);
-                v[v.len() / 2]
-            };
-            let (best, off) = (median(&mut vs_best), median(&mut vs_off));
-            let min = vs_best[0];
-            eprintln!("noisy {dir} {lname:6}: median auto/best {best:.3}, auto/off {off:.3}; min auto/best {min:.3}");
+            let (vs_best, vs_off, share) = noisy_cell(both, link, 0.3, 16);
+            let (best, off, min) = (vs_best[8], vs_off[8], vs_best[0]);
+            eprintln!(
+                "noisy {dir} {lname:6}: median auto/best {best:.3}, auto/off {off:.3}; min auto/best {min:.3}; compressed shares {share:.2?}"
+            );
             // The issue's bar on the median; no run far below it.
             if best < keep || off < 0.97 || min < 0.93 {
                 fails.push(format!(
@@ -1278,5 +1300,29 @@ mod tests {
             }
         }
         assert!(fails.is_empty(), "{fails:#?}");
+    }
+
+    /// Not a check: prints the noisy cells at heavier noise (`NOISE_AMP`,
+    /// default 0.5; 32 seeds), the open part of issue 21. The VM's traced runs
+    /// swing 0.7-2.6 GB/s from epoch to epoch within one run, more than the
+    /// 0.3 the test above uses. At 0.5, both ways CPU-bound (10 Gbit/s and
+    /// unshaped) read a median auto/off of 0.963-0.967 and some seeds run
+    /// most of the run compressed (session 17):
+    /// `NOISE_AMP=0.5 cargo test --release --lib noisy_sweep -- --ignored --nocapture`.
+    #[test]
+    #[ignore]
+    fn noisy_sweep() {
+        let amp = std::env::var("NOISE_AMP").ok().and_then(|a| a.parse().ok()).unwrap_or(0.5);
+        for (both, lname, link) in NOISY_CELLS {
+            let (vs_best, vs_off, share) = noisy_cell(both, link, amp, 32);
+            eprintln!(
+                "noise {amp} {} {lname:6}: auto/best median {:.3} min {:.3}; auto/off median {:.3} min {:.3}; compressed shares {share:.2?}",
+                if both { "both" } else { "one " },
+                vs_best[16],
+                vs_best[0],
+                vs_off[16],
+                vs_off[0],
+            );
+        }
     }
 }
