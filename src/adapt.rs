@@ -1226,18 +1226,6 @@ mod tests {
         assert!(fails.is_empty(), "{fails:#?}");
     }
 
-    /// Issue 21, 4 GiB both ways on the VM: `auto` drifted into compression
-    /// where the core is the bottleneck (48% and 32% compressed, auto/off 0.83
-    /// and 0.76). Cores shared with other work (noise at two time scales, as a
-    /// shared VM has) reproduce it: the policy that compared a fresh figure with
-    /// an old one and let compression win while 9% slower gave auto/off 0.90–0.96
-    /// with 10–60% compressed at 4 GiB. Sixteen seeds of the same noise per
-    /// cell: the median meets the issue's bar, and no run falls far below it.
-    /// Both ways at 2 Gbit/s, where on this noise compression still pays 1.33–
-    /// 1.46x, the median must keep 98% of the better mode: the policy of
-    /// session 12 (learning started compressed, explorations measured in one
-    /// epoch and judged against the second A epoch after them) kept 97.1%
-    /// (minimum 92.7%); this one keeps 98.6% (minimum 94.5%).
     /// One noisy cell of the matrix: `seeds` runs of auto, on and off, 1 GiB
     /// each way, bf16, cores noisy by `amp` at both time scales ([`two_nodes::Noise`]).
     /// Returns (auto/best, auto/off) per seed, each sorted, and auto's compressed
@@ -1278,6 +1266,13 @@ mod tests {
         (false, "2gbit", two_nodes::GBIT2, 0.95),
     ];
 
+    /// Issue 21, 4 GiB both ways on the VM: `auto` drifted into compression
+    /// where the core is the bottleneck (48% and 32% compressed, auto/off 0.83
+    /// and 0.76). Cores shared with other work (noise at two time scales, as a
+    /// shared VM has) reproduce it: the policy that compared a fresh figure with
+    /// an old one and let compression win while 9% slower gave auto/off 0.90–0.96
+    /// with 10–60% compressed at 4 GiB. Sixteen seeds of the same noise per
+    /// cell: the median meets the issue's bar, and no run falls far below it.
     /// Both ways at 2 Gbit/s, where on this noise compression still pays 1.33–
     /// 1.46x, the median must keep 98% of the better mode: the policy of
     /// session 12 (learning started compressed, explorations measured in one
@@ -1289,7 +1284,11 @@ mod tests {
         for (both, lname, link, keep) in NOISY_CELLS {
             let dir = if both { "both" } else { "one " };
             let (vs_best, vs_off, share) = noisy_cell(both, link, 0.3, 16);
-            let (best, off, min) = (vs_best[8], vs_off[8], vs_best[0]);
+            let (best, off, min) = (
+                vs_best[vs_best.len() / 2],
+                vs_off[vs_off.len() / 2],
+                vs_best[0],
+            );
             eprintln!(
                 "noisy {dir} {lname:6}: median auto/best {best:.3}, auto/off {off:.3}; min auto/best {min:.3}; compressed shares {share:.2?}"
             );
@@ -1322,9 +1321,9 @@ mod tests {
             eprintln!(
                 "noise {amp} {} {lname:6}: auto/best median {:.3} min {:.3}; auto/off median {:.3} min {:.3}; compressed shares {share:.2?}",
                 if both { "both" } else { "one " },
-                vs_best[16],
+                vs_best[vs_best.len() / 2],
                 vs_best[0],
-                vs_off[16],
+                vs_off[vs_off.len() / 2],
                 vs_off[0],
             );
         }
