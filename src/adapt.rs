@@ -391,8 +391,8 @@ impl Policy {
         }
         e.last = now;
         let cut = Self::hopeless_exploration(e, now, rx);
-        let long = now.saturating_duration_since(e.start) >= MIN_EPOCH;
-        if (e.bytes >= EPOCH_BYTES && long) || cut {
+        let long = || now.saturating_duration_since(e.start) >= MIN_EPOCH;
+        if (e.bytes >= EPOCH_BYTES && long()) || cut {
             Self::next_epoch(e, now, rx, confident, codec, cut);
         }
         e.bytes += len as u64;

@@ -573,9 +573,12 @@ impl TxTask {
     /// What a stream whose socket is full waits for: a blocking writer when
     /// bulk bytes are left (see `workers`' module doc), else room.
     fn wait_for_room(&self, st: &mut TxState) -> Next {
-        let bulk = st.tx.left() >= LEND_MIN || !self.queue.is_empty();
-        let now = std::time::Instant::now();
-        if bulk && st.no_lend_until.is_none_or(|t| now >= t) {
+        let bulk = !self.queue.is_empty() || st.tx.left() >= LEND_MIN;
+        if bulk
+            && st
+                .no_lend_until
+                .is_none_or(|t| std::time::Instant::now() >= t)
+        {
             st.no_lend_until = None;
             Next::Lend
         } else {

@@ -532,12 +532,17 @@ impl Worker {
                             id,
                             task,
                         };
-                        self.watch_out(id, false);
                         match self.writers.try_lend(job) {
-                            Ok(()) => slot.lent = true,
+                            Ok(()) => {
+                                // Stop watching for room while a writer has it.
+                                // Its give-back comes through this thread's
+                                // loop, which watches again: after this.
+                                slot.lent = true;
+                                self.watch_out(id, false);
+                            }
                             Err(_) => {
-                                // Every writer is busy: wait for room here.
-                                self.watch_out(id, true);
+                                // Every writer is busy: wait for room here
+                                // (the interest was never changed).
                                 slot.want = Next::Writable;
                                 slot.ready &= !Slot::OUT;
                             }
