@@ -1,7 +1,8 @@
 //! Frame digests of format 2 over a seeded corpus (dense, sparse, specials, odd sizes
 //! and alignments, every dtype hint): one line per case, CRC32C and length of the
 //! frame. Run on two commits and `diff` the outputs to check that an encoder change
-//! kept every frame byte-identical (FORMAT.md V2.5–V2.7 are normative).
+//! kept every frame byte-identical (FORMAT.md V2.5–V2.7 are normative). With
+//! `bench/data` (scripts/make_tensors.sh) the real tensors' first MiB is a case too.
 //!
 //! `cargo run --release -p nccl-zip-codec --example v2_digest > digests.txt`
 #[path = "../tests/common/mod.rs"]
@@ -30,6 +31,33 @@ fn main() {
         ));
     }
     cases.push(("moe".into(), moe_dispatch(8, 8, 4096, 0.7, 4)));
+    // channel structure (the column table, FORMAT.md §V2.9), dense and with ReLU's
+    // zeros (elided lines and Z beside COL)
+    for ty in [Ty::Bf16, Ty::Fp16, Ty::Fp32] {
+        for (width, seed) in [(1536usize, 14u64), (4096, 15)] {
+            let v = channels(ty, n, width, 0.05, seed);
+            cases.push((format!("channels {width} {}", ty.name()), v.clone()));
+            let w = ty.width();
+            let mut relu = v;
+            for x in relu.chunks_exact_mut(w) {
+                if x[w - 1] & 0x80 != 0 {
+                    x.fill(0);
+                }
+            }
+            cases.push((format!("relu channels {width} {}", ty.name()), relu));
+        }
+    }
+    // the real tensors of scripts/make_tensors.sh, where present: the first 1 MiB
+    if let Ok(dir) = std::fs::read_dir("bench/data") {
+        let mut files: Vec<_> = dir.filter_map(|e| e.ok().map(|e| e.path())).collect();
+        files.sort();
+        for f in files {
+            if let Ok(mut d) = std::fs::read(&f) {
+                d.truncate(1 << 20);
+                cases.push((format!("file {}", f.display()), d));
+            }
+        }
+    }
     cases.push((
         "bf16 in fp32".into(),
         bf16_in_fp32(&gaussian(Ty::Bf16, n / 2, 0.02, 5)),

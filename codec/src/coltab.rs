@@ -295,6 +295,14 @@ pub(crate) fn rotate_kept<T: V2, const INV: bool>(
 /// is vectorised (32 keys a vector) with the caller's target features.
 #[inline(always)]
 pub(crate) fn unrotate_keys(keys: &mut [u8], col0: usize, ct: &ColTab) {
+    rot_keys::<true>(keys, col0, ct)
+}
+
+/// [`unrotate_keys`] (`INV`) or the encoder's rotation ([`rot`]`::<false>`, the
+/// un-rotation by the negated offset: `rot(e, c) = unrot(e, −c)`, and `−c` lies in
+/// −7..=8) of 8-bit exponent keys in place.
+#[inline(always)]
+fn rot_keys<const INV: bool>(keys: &mut [u8], col0: usize, ct: &ColTab) {
     /// `rot::<true>(k, c, 255)` mod 256: `k + c`, one more where that carried past
     /// 255 (`c >= 0`: the sum wrapped below `k`), one less where it reached 0 or
     /// below (`c < 0`: the sum minus 1 wrapped to `k` or above); 0 stays 0.
@@ -316,11 +324,47 @@ pub(crate) fn unrotate_keys(keys: &mut [u8], col0: usize, ct: &ColTab) {
     let mut i = 0;
     while i < n {
         let len = (n - i).min(p - col);
-        for (k, &c) in keys[i..i + len].iter_mut().zip(&ct.off[col..col + len]) {
-            *k = one(*k, c);
+        let ks = &mut keys[i..i + len];
+        let cs = &ct.off[col..col + len];
+        if INV {
+            for (k, &c) in ks.iter_mut().zip(cs) {
+                *k = one(*k, c);
+            }
+        } else {
+            for (k, &c) in ks.iter_mut().zip(cs) {
+                *k = one(*k, c.wrapping_neg());
+            }
         }
         i += len;
         col = 0;
+    }
+}
+
+/// The encoder's rotation ([`rot`]`::<false>`) of the 8-bit exponent keys (bf16,
+/// fp32) of a block's kept elements, in place; columns as [`rotate_kept`] (`elided`:
+/// the grid's elided lines, `m` the grid's elements). Equal to splitting the
+/// elements [`rotate_kept`] rotated, without rotating (or copying) the elements.
+#[inline(always)]
+pub(crate) fn rotate_kept_keys<T: V2>(
+    keys: &mut [u8],
+    elided: Option<&[bool]>,
+    m: usize,
+    col0: usize,
+    ct: &ColTab,
+) {
+    debug_assert!(T::EMAX == 255);
+    let Some(el) = elided else {
+        return rot_keys::<false>(keys, col0, ct);
+    };
+    let per = crate::v2::LINE / T::W;
+    let mut q = 0;
+    for (j, &z) in el.iter().enumerate() {
+        if z {
+            continue;
+        }
+        let le = per.min(m - j * per);
+        rot_keys::<false>(&mut keys[q..q + le], col0 + j * per, ct);
+        q += le;
     }
 }
 
@@ -487,6 +531,58 @@ mod unrotate_keys_tests {
                 }
             }
         }
+    }
+
+    /// The encoder's key rotation equals splitting the elements [`rotate_kept`]
+    /// rotated (bf16, fp32; with and without elided lines, every offset).
+    #[test]
+    fn rotate_kept_keys_matches_rotated_elements() {
+        fn check<T: V2>(seed: u64) {
+            let mut s = seed;
+            let mut next = || {
+                s = s
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                (s >> 33) as u32
+            };
+            let line = crate::v2::LINE;
+            for (p, m, col0) in [
+                (16, 64, 0),
+                (17, 1000, 5),
+                (1536, 4099, 777),
+                (PMAX, 9000, 3),
+            ] {
+                let mut ct = ColTab { p, off: [0; PMAX] };
+                for o in ct.off.iter_mut().take(p) {
+                    *o = (next() % 16) as i8 - 8;
+                }
+                // every exponent field, 0 and EMAX included
+                let grid: Vec<u8> = (0..m * T::W).map(|_| next() as u8).collect();
+                let nl = (m * T::W).div_ceil(line);
+                for lines in [false, true] {
+                    let el: Vec<bool> = (0..nl).map(|_| lines && next() % 3 == 0).collect();
+                    let kept: Vec<u8> = grid
+                        .chunks(line)
+                        .zip(&el)
+                        .filter(|(_, &z)| !z)
+                        .flat_map(|(c, _)| c.iter().copied())
+                        .collect();
+                    let elided = lines.then_some(&el[..]);
+                    let mut rot_el = kept.clone();
+                    rotate_kept::<T, false>(&mut rot_el, elided, m * T::W, col0, &ct);
+                    let want: Vec<u8> = (0..kept.len() / T::W)
+                        .map(|i| T::exp(T::load(&rot_el, i)) as u8)
+                        .collect();
+                    let mut got: Vec<u8> = (0..kept.len() / T::W)
+                        .map(|i| T::exp(T::load(&kept, i)) as u8)
+                        .collect();
+                    rotate_kept_keys::<T>(&mut got, elided, m, col0, &ct);
+                    assert_eq!(got, want, "W {} p {p} m {m} lines {lines}", T::W);
+                }
+            }
+        }
+        check::<crate::elem::Bf16>(3);
+        check::<crate::elem::Fp32>(4);
     }
 }
 
@@ -1047,22 +1143,46 @@ fn table_for_body<T: V2>(src: &[u8], b: usize) -> Option<ColTab> {
         // the gain: stride-13 sample over the first min(m, 13·16384) elements
         let ms = m.min(SAMPLE_STRIDE * GAIN_SAMPLES);
         let lut = rot_lut::<T>();
-        let (mut hp, mut hc) = ([0u32; 256], [0u32; 256]);
-        let (mut nzero, mut lo_or, mut count) = (0u64, 0u32, 0u64);
+        // four interleaved sub-histograms each (as `Stats::sample`): consecutive
+        // samples mostly hit one bin, and one histogram would chain their increments
+        // (at most GAIN_SAMPLES per bin: u16 counts suffice)
+        let (mut hp4, mut hc4) = ([[0u16; 256]; 4], [[0u16; 256]; 4]);
+        let (mut nzero, mut lo_or) = (0u32, 0u32);
+        let count = ms.div_ceil(SAMPLE_STRIDE) as u64;
         let mut col = 0usize;
-        for c in src[..ms * T::W].chunks(SAMPLE_STRIDE * T::W) {
-            let x = T::load(c, 0);
+        let mut one = |k: usize, x: u32, col: usize| {
             let e = (x >> sh) & T::EMAX;
-            hp[e as usize] += 1;
-            hc[lut[(ct.off[col] as u8).wrapping_add(8) as usize & 15][e as usize] as usize] += 1;
-            nzero += (x == 0) as u64;
+            hp4[k][e as usize] += 1;
+            let r = lut[(ct.off[col] as u8).wrapping_add(8) as usize & 15][e as usize];
+            hc4[k][r as usize] += 1;
+            nzero += (x == 0) as u32;
             lo_or |= x;
-            count += 1;
-            col += SAMPLE_STRIDE;
-            if col >= p {
-                col -= p;
+        };
+        let next = |col: usize| {
+            let c = col + SAMPLE_STRIDE;
+            if c >= p {
+                c - p
+            } else {
+                c
+            }
+        };
+        let mut quads = src[..ms * T::W].chunks_exact(4 * SAMPLE_STRIDE * T::W);
+        for q in &mut quads {
+            for k in 0..4 {
+                one(k, T::load(q, k * SAMPLE_STRIDE), col);
+                col = next(col);
             }
         }
+        for c in quads.remainder().chunks(SAMPLE_STRIDE * T::W) {
+            one(0, T::load(c, 0), col);
+            col = next(col);
+        }
+        let (mut hp, mut hc) = ([0u32; 256], [0u32; 256]);
+        for e in 0..256 {
+            hp[e] = (0..4).map(|k| hp4[k][e] as u32).sum();
+            hc[e] = (0..4).map(|k| hc4[k][e] as u32).sum();
+        }
+        let (nzero, lo_or) = (nzero as u64, lo_or);
         let vp = choose::<T>(&Stats::from_parts(hp, nzero, count, lo_or), false).value;
         let vc = choose::<T>(&Stats::from_parts(hc, nzero, count, lo_or), false).value;
         // value ≈ bits of the ms sampled-over elements; saved frame bits ≈ (vp − vc)·m/ms

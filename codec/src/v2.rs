@@ -1070,7 +1070,10 @@ fn encode_coded_body<T: V2, const V: bool>(
         };
         // column table (FORMAT.md §V2.9): the kept elements with their exponents
         // rotated by their columns' offsets, when that sample codes cheaper
-        let mut use_col = false;
+        // (bf16, fp32: the keys are the exponent fields, rotated after the split
+        // below; fp16's keys hold more than the field: its elements are rotated)
+        let keys_rot = T::MODE != MODE_FP16;
+        let mut use_col: Option<(&ColTab, usize)> = None;
         let (kept, st, ch) = match col {
             Some((ct, blk_start)) => {
                 let col0 = crate::coltab::grid_col0::<T>(blk_start, phi);
@@ -1082,11 +1085,15 @@ fn encode_coded_body<T: V2, const V: bool>(
                 let st_c = Stats::from_parts(hc, st.nzero, st.count, st.lo_or);
                 let ch_c = choose::<T>(&st_c, true);
                 if ch_c.value < ch.value {
-                    use_col = true;
-                    s.rot.clear();
-                    s.rot.extend_from_slice(&kept[..k_elems * w]);
-                    crate::coltab::rotate_kept::<T, false>(&mut s.rot, el, gbytes, col0, ct);
-                    (&s.rot[..], st_c, ch_c)
+                    use_col = Some((ct, col0));
+                    if keys_rot {
+                        (kept, st_c, ch_c)
+                    } else {
+                        s.rot.clear();
+                        s.rot.extend_from_slice(&kept[..k_elems * w]);
+                        crate::coltab::rotate_kept::<T, false>(&mut s.rot, el, gbytes, col0, ct);
+                        (&s.rot[..], st_c, ch_c)
+                    }
                 } else {
                     (kept, st, ch)
                 }
@@ -1130,6 +1137,10 @@ fn encode_coded_body<T: V2, const V: bool>(
             }
             #[cfg(not(target_arch = "x86_64"))]
             T::split_v2(kept, keys, p1, lo1, lo0);
+            if let (Some((ct, col0)), true) = (use_col, keys_rot) {
+                let el = lines.then_some(&s.elided[..]);
+                crate::coltab::rotate_kept_keys::<T>(keys, el, m, col0, ct);
+            }
         }
         // Under Z, drop the planes' bytes of ZERO elements (x == 0) and count them
         // per sub-segment.
@@ -1294,10 +1305,12 @@ fn encode_coded_body<T: V2, const V: bool>(
             } else {
                 &[(0, 0, 0); 257]
             };
-            for xb in kept[i * w..i1 * w].chunks_exact(w) {
+            for (xb, &key) in kept[i * w..i1 * w].chunks_exact(w).zip(&s.keys[i..i1]) {
                 let x = T::load(xb, 0);
                 let is0 = zsel & (x == 0) as u32;
-                let (c, len, xl) = enc[(T::exp(x) | (is0 << 8)) as usize];
+                // the (rotated) exponent field: bf16's and fp32's key
+                let e = if keys_rot { key as u32 } else { T::exp(x) };
+                let (c, len, xl) = enc[(e | (is0 << 8)) as usize];
                 let (c, len) = if T::XBITS != 0 {
                     (c | (((T::xb(x) & 7) as u64) << len), len + xl)
                 } else {
@@ -1340,7 +1353,7 @@ fn encode_coded_body<T: V2, const V: bool>(
         if lines {
             flags |= F_LINES;
         }
-        if use_col {
+        if use_col.is_some() {
             flags |= F_COL;
         }
         if ch.k.is_none() {
@@ -2384,21 +2397,54 @@ unsafe fn detect_v2_avx2(src: &[u8]) -> Dtype {
     detect_v2_body(src)
 }
 
+/// Detection's exponent histograms, kept in four interleaved copies (element `i` of
+/// a run goes to copy `i mod 4`) and summed by [`GroupHists::finish`]: a group's
+/// fields mostly fall in a few bins, and one histogram would chain each increment on
+/// the store of the one before.
+pub(crate) struct GroupHists {
+    /// bf16 fields: `[copy][φ][parity]`
+    hb: [[[[u32; 256]; 2]; 2]; 4],
+    /// fp16 fields: `[copy][φ]`
+    hf: [[[u32; 256]; 2]; 4],
+    /// bf16 field of each group's element 0 at φ (fp32 at φ + 2 does not hold it)
+    first: [[u32; 256]; 2],
+}
+
+impl GroupHists {
+    pub(crate) fn new() -> GroupHists {
+        GroupHists {
+            hb: [[[[0; 256]; 2]; 2]; 4],
+            hf: [[[0; 256]; 2]; 4],
+            first: [[0; 256]; 2],
+        }
+    }
+
+    /// The candidates' histograms into `st`: bf16 at φ from both parities, fp16 at
+    /// φ, and fp32, whose exponent field is the bf16 one of its high half: fp32 φ
+    /// (φ + 2) is bf16 φ's odd (even, but the first) elements.
+    #[inline(always)]
+    pub(crate) fn finish(&self, st: &mut [Stats; 8]) {
+        for phi in 0..2 {
+            for e in 0..256 {
+                let ev: u32 = (0..4).map(|k| self.hb[k][phi][0][e]).sum();
+                let od: u32 = (0..4).map(|k| self.hb[k][phi][1][e]).sum();
+                st[phi].hc[e] = ev + od;
+                st[2 + phi].hc[e] = (0..4).map(|k| self.hf[k][phi][e]).sum();
+                st[4 + phi].hc[e] = od;
+                st[6 + phi].hc[e] = ev - self.first[phi][e];
+            }
+        }
+    }
+}
+
 /// One detection group's statistics for the 8 (type, phase) candidates (FORMAT.md
-/// §V2.6 "Detection"), from one read of its 16-bit words at phases 0 and 1: bf16's
-/// exponent fields go to `hb[φ][parity]` (`first[φ]`: element 0's, which fp32 at
-/// φ + 2 does not hold), fp16's histograms and every candidate's `nzero`, `lo_or`,
-/// `count` straight to `st`. Equals [`Stats::add`] per candidate (a test checks).
-/// `sub[φ]`: fp16 subnormals (`e = 0`, `x & 0x7FFF != 0`) at φ, for V2.10's FP16N
-/// candidate.
+/// §V2.6 "Detection"), from one read of its 16-bit words at phases 0 and 1: the
+/// exponent fields go to `h` (the candidates' histograms once [`GroupHists::finish`]
+/// adds them up), every candidate's `nzero`, `lo_or`, `count` straight to `st`.
+/// Equals [`Stats::add`] per candidate (a test checks). `sub[φ]`: fp16 subnormals
+/// (`e = 0`, `x & 0x7FFF != 0`) at φ, for V2.10's FP16N candidate.
 #[inline(always)]
-fn group_stats(
-    s: &[u8],
-    st: &mut [Stats; 8],
-    hb: &mut [[[u32; 256]; 2]; 2],
-    first: &mut [[u32; 256]; 2],
-    sub: &mut [u64; 2],
-) {
+fn group_stats(s: &[u8], st: &mut [Stats; 8], h: &mut GroupHists, sub: &mut [u64; 2]) {
     for phi in 0..2 {
         // 16-bit words at bytes phi + 2i: 32 at φ = 0, 31 at φ = 1 (word 31 is 0);
         // copied as bytes, then every per-word field computed over all 32 words in
@@ -2420,16 +2466,14 @@ fn group_stats(
             nsub += (x & 0x7C00 == 0 && x & 0x7FFF != 0) as u32;
         }
         sub[phi] += nsub as u64;
-        let [he, ho] = &mut hb[phi];
-        let hf = &mut st[2 + phi].hc;
         for i in 0..16 {
-            he[eb[2 * i] as usize] += 1;
+            h.hb[i & 3][phi][0][eb[2 * i] as usize] += 1;
         }
         for i in 0..n / 2 {
-            ho[eb[2 * i + 1] as usize] += 1;
+            h.hb[i & 3][phi][1][eb[2 * i + 1] as usize] += 1;
         }
-        for &e in &ef[..n] {
-            hf[e as usize] += 1;
+        for (i, &e) in ef[..n].iter().enumerate() {
+            h.hf[i & 3][phi][e as usize] += 1;
         }
         // zero words as a bit mask (bit i: word i is 0), the OR of the even and of
         // the odd words; word 31 at φ = 1 is 0 (not a word): it counts as a zero
@@ -2444,7 +2488,7 @@ fn group_stats(
         let (or_e, or_o) = (or_eo & 0xFFFF, or_eo >> 16);
         let nz16 = (zm.count_ones() - (32 - n) as u32) as u64;
         let or16 = or_e | or_o;
-        first[phi][eb[0] as usize] += 1;
+        h.first[phi][eb[0] as usize] += 1;
         for c in [phi, 2 + phi] {
             st[c].nzero += nz16;
             st[c].lo_or |= or16;
@@ -2494,8 +2538,7 @@ fn detect_v2_body(src: &[u8]) -> Dtype {
     // statistics per (type, phase): bf16 0..2, fp16 2..4, fp32 4..8
     let mut st: [Stats; 8] = Default::default();
     let mut used = 0u64;
-    let mut hb = [[[0u32; 256]; 2]; 2];
-    let mut first = [[0u32; 256]; 2];
+    let mut h = GroupHists::new();
     let mut sub = [0u64; 2];
     for j in 0..g {
         let off = 64 * (j * units / g);
@@ -2504,21 +2547,12 @@ fn detect_v2_body(src: &[u8]) -> Dtype {
             continue;
         }
         used += 1;
-        group_stats(s, &mut st, &mut hb, &mut first, &mut sub);
+        group_stats(s, &mut st, &mut h, &mut sub);
     }
     if used == 0 {
         return Dtype::Raw;
     }
-    // bf16 at φ: both parities; fp32's exponent field is the bf16 one of its high
-    // half: fp32 φ (φ+2) is bf16 φ's odd (even, but the first) elements
-    for phi in 0..2 {
-        for e in 0..256 {
-            let (ev, od) = (hb[phi][0][e], hb[phi][1][e]);
-            st[phi].hc[e] = ev + od;
-            st[4 + phi].hc[e] = od;
-            st[6 + phi].hc[e] = ev - first[phi][e];
-        }
-    }
+    h.finish(&mut st);
     // (value, bytes covered): compare value / bytes
     let mut best = (u64::MAX, 1u64, Dtype::Raw);
     for (c, stc) in st.iter().enumerate() {
@@ -2885,14 +2919,13 @@ mod tests {
                 };
             }
             let mut st: [Stats; 8] = Default::default();
-            let mut hb = [[[0u32; 256]; 2]; 2];
-            let mut first = [[0u32; 256]; 2];
+            let mut h = GroupHists::new();
             // two groups, as detection adds them up
             let mut sub = [0u64; 2];
-            group_stats(&g, &mut st, &mut hb, &mut first, &mut sub);
+            group_stats(&g, &mut st, &mut h, &mut sub);
             let mut g2 = g;
             g2.rotate_left(case % 7);
-            group_stats(&g2, &mut st, &mut hb, &mut first, &mut sub);
+            group_stats(&g2, &mut st, &mut h, &mut sub);
             // fp16 subnormals at each phase, counted directly
             let mut want_sub = [0u64; 2];
             for s in [&g[..], &g2[..]] {
@@ -2904,14 +2937,7 @@ mod tests {
                 }
             }
             assert_eq!(sub, want_sub, "case {case} subnormals");
-            for phi in 0..2 {
-                for e in 0..256 {
-                    let (ev, od) = (hb[phi][0][e], hb[phi][1][e]);
-                    st[phi].hc[e] = ev + od;
-                    st[4 + phi].hc[e] = od;
-                    st[6 + phi].hc[e] = ev - first[phi][e];
-                }
-            }
+            h.finish(&mut st);
             let mut want: [Stats; 8] = Default::default();
             for s in [&g[..], &g2[..]] {
                 for phi in 0..2 {
