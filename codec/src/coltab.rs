@@ -4,8 +4,9 @@
 //! rotated by its column's offset, `rot(e, c) = 1 + (e − 1 − c) mod EMAX` (`e = 0`
 //! stays 0), so an activation whose channels sit at different scales codes as if they
 //! shared one. The rotation is a bijection of `1..=EMAX`, so every element stays
-//! exact, and it is a pass over the elements before the encoder's split (and after the
-//! decoder's join): the coding loops do not change.
+//! exact, and it is a pass over the exponent keys after the encoder's split (bf16,
+//! fp32; fp16's elements before it) and, in the decoder, over the keys before its
+//! join or the elements after it: the coding loops do not change.
 //!
 //! Every decision here is an integer function of the input bytes (a GPU encoder can
 //! reproduce it, or take the table from the host as a parameter).
@@ -463,6 +464,18 @@ unsafe fn unrotate_avx2<T: V2>(dst: &mut [u8], src: &mut [u8], col0: usize, ct: 
     copy_ascending(&mut dst[n * T::W..], &src[n * T::W..]);
 }
 
+/// The tests' seeded generator: a 64-bit LCG, its high 31 bits per draw.
+#[cfg(test)]
+fn test_lcg(seed: u64) -> impl FnMut() -> u32 {
+    let mut s = seed;
+    move || {
+        s = s
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (s >> 33) as u32
+    }
+}
+
 #[cfg(test)]
 mod unrotate_keys_tests {
     use super::*;
@@ -500,13 +513,7 @@ mod unrotate_keys_tests {
                 assert_eq!(got, want, "avx2: key {k}");
             }
         }
-        let mut s = 7u64;
-        let mut next = || {
-            s = s
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            (s >> 33) as u32
-        };
+        let mut next = test_lcg(7);
         for p in [16, 17, 100, 1000, PMAX] {
             let mut ct = ColTab { p, off: [0; PMAX] };
             for o in ct.off.iter_mut().take(p) {
@@ -538,13 +545,7 @@ mod unrotate_keys_tests {
     #[test]
     fn rotate_kept_keys_matches_rotated_elements() {
         fn check<T: V2>(seed: u64) {
-            let mut s = seed;
-            let mut next = || {
-                s = s
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
-                (s >> 33) as u32
-            };
+            let mut next = test_lcg(seed);
             let line = crate::v2::LINE;
             for (p, m, col0) in [
                 (16, 64, 0),
@@ -597,13 +598,7 @@ mod unrotate_tests {
     }
 
     fn check<T: V2>(seed: u64) {
-        let mut s = seed;
-        let mut next = || {
-            s = s
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            (s >> 33) as u32
-        };
+        let mut next = test_lcg(seed);
         for p in [16, 17, 31, 40, 100, 1000, PMAX] {
             let mut ct = ColTab { p, off: [0; PMAX] };
             for o in ct.off.iter_mut().take(p) {
@@ -1140,7 +1135,7 @@ fn table_for_body<T: V2>(src: &[u8], b: usize) -> Option<ColTab> {
         if !column_offsets_into(&s.keys, p, &mut s.acc, &mut ct) {
             return None;
         }
-        // the gain: stride-13 sample over the first min(m, 13·16384) elements
+        // the gain: stride-13 sample over the first min(m, 13·GAIN_SAMPLES) elements
         let ms = m.min(SAMPLE_STRIDE * GAIN_SAMPLES);
         let lut = rot_lut::<T>();
         // four interleaved sub-histograms each (as `Stats::sample`): consecutive
