@@ -1142,42 +1142,27 @@ fn table_for_body<T: V2>(src: &[u8], b: usize) -> Option<ColTab> {
         // samples mostly hit one bin, and one histogram would chain their increments
         // (at most GAIN_SAMPLES per bin: u16 counts suffice)
         let (mut hp4, mut hc4) = ([[0u16; 256]; 4], [[0u16; 256]; 4]);
-        let (mut nzero, mut lo_or) = (0u32, 0u32);
+        let (mut nzero, mut lo_or) = (0u64, 0u32);
         let count = ms.div_ceil(SAMPLE_STRIDE) as u64;
         let mut col = 0usize;
-        let mut one = |k: usize, x: u32, col: usize| {
+        for (i, c) in src[..ms * T::W].chunks(SAMPLE_STRIDE * T::W).enumerate() {
+            let x = T::load(c, 0);
             let e = (x >> sh) & T::EMAX;
-            hp4[k][e as usize] += 1;
+            hp4[i & 3][e as usize] += 1;
             let r = lut[(ct.off[col] as u8).wrapping_add(8) as usize & 15][e as usize];
-            hc4[k][r as usize] += 1;
-            nzero += (x == 0) as u32;
+            hc4[i & 3][r as usize] += 1;
+            nzero += (x == 0) as u64;
             lo_or |= x;
-        };
-        let next = |col: usize| {
-            let c = col + SAMPLE_STRIDE;
-            if c >= p {
-                c - p
-            } else {
-                c
+            col += SAMPLE_STRIDE;
+            if col >= p {
+                col -= p;
             }
-        };
-        let mut quads = src[..ms * T::W].chunks_exact(4 * SAMPLE_STRIDE * T::W);
-        for q in &mut quads {
-            for k in 0..4 {
-                one(k, T::load(q, k * SAMPLE_STRIDE), col);
-                col = next(col);
-            }
-        }
-        for c in quads.remainder().chunks(SAMPLE_STRIDE * T::W) {
-            one(0, T::load(c, 0), col);
-            col = next(col);
         }
         let (mut hp, mut hc) = ([0u32; 256], [0u32; 256]);
         for e in 0..256 {
             hp[e] = (0..4).map(|k| hp4[k][e] as u32).sum();
             hc[e] = (0..4).map(|k| hc4[k][e] as u32).sum();
         }
-        let (nzero, lo_or) = (nzero as u64, lo_or);
         let vp = choose::<T>(&Stats::from_parts(hp, nzero, count, lo_or), false).value;
         let vc = choose::<T>(&Stats::from_parts(hc, nzero, count, lo_or), false).value;
         // value ≈ bits of the ms sampled-over elements; saved frame bits ≈ (vp − vc)·m/ms
