@@ -2,7 +2,7 @@
 //! rounds of single-thread encode and decode GB/s. Also the workload for
 //! `valgrind --tool=callgrind` instruction counts (`--rounds 1`).
 //!
-//! `cargo run --release -p nccl-zip-codec --example codec_hot -- [gauss:SIGMA|FILE] [bf16|fp16|fp32] [--rounds N] [--mib M] [--frame-kib K] [--enc-only|--dec-only] [--checksum|--checksum-ab] [--format 2]`
+//! `cargo run --release -p nccl-zip-codec --example codec_hot -- [gauss:SIGMA|FILE] [bf16|fp16|fp32] [--rounds N] [--mib M] [--frame-kib K] [--enc-only|--dec-only] [--checksum|--checksum-ab] [--format 2] [--no-table]`
 //! (`--frame-kib 256`: frames the size of the plugin's default chunk). `--checksum-ab`
 //! measures frames without and with the CRC32C (`NCCL_ZIP_CHECKSUM`) in the same
 //! rounds, alternating, and the bare CRC32C of the data; `--checksum` alone codes
@@ -46,6 +46,8 @@ fn main() {
             "--dec-only" => enc_on = false,
             "--checksum-ab" => ab = true,
             "--checksum" => checksum = true,
+            // version 2 without the column table search (frames differ from §V2.9's)
+            "--no-table" => nccl_zip_codec::coltab::set_encoder_table(false),
             "--format" => {
                 format = v[i + 1].parse().unwrap();
                 i += 1;

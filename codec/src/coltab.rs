@@ -720,6 +720,75 @@ pub(crate) fn sample_hist_rotated<T: V2>(
     h
 }
 
+/// The stride-13 sample of `xs` (`count` samples: sample `i` is element `13·i`, in
+/// column `(col0 + 13·i) mod P`): its exponent histogram as the elements are and
+/// with every field rotated by its column's offset, its zero count and the OR of
+/// its elements. Four interleaved copies of each histogram (sample `i` to copy
+/// `i mod 4`, unrolled so that each copy sits at a fixed address): consecutive
+/// samples mostly hit one bin, and one histogram would chain their increments.
+#[inline(always)]
+fn sample_both<T: V2>(
+    xs: &[u8],
+    count: usize,
+    col0: usize,
+    ct: &ColTab,
+) -> ([u32; 256], [u32; 256], u32, u32) {
+    assert!(count == 0 || SAMPLE_STRIDE * (count - 1) < xs.len() / T::W);
+    // u16 counts: at most ceil(count / 4) per bin and copy
+    debug_assert!(count <= 4 * u16::MAX as usize);
+    let (sh, p) = (eshift::<T>(), ct.p);
+    let lut = rot_lut::<T>();
+    let off = &ct.off[..p];
+    let step = SAMPLE_STRIDE % p;
+    let base = xs.as_ptr();
+    let (mut hp, mut hc) = ([[0u16; 256]; 4], [[0u16; 256]; 4]);
+    let (mut nzero, mut lo_or) = (0u32, 0u32);
+    let mut col = col0 % p;
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    fn one<T: V2>(
+        x: u32,
+        sh: u32,
+        col: &mut usize,
+        step: usize,
+        off: &[i8],
+        lut: &[[u8; 256]; 16],
+        hp: &mut [u16; 256],
+        hc: &mut [u16; 256],
+    ) -> u32 {
+        let e = ((x >> sh) & T::EMAX) as u8;
+        hp[e as usize] += 1;
+        let r = lut[(off[*col] as u8).wrapping_add(8) as usize & 15][e as usize];
+        hc[r as usize] += 1;
+        *col += step;
+        if *col >= off.len() {
+            *col -= off.len();
+        }
+        (x == 0) as u32
+    }
+    let quads = count / 4;
+    for q in 0..quads {
+        for k in 0..4 {
+            // SAFETY: sample 4q + k < count: inside `xs` (asserted above)
+            let x = unsafe { T::load_raw(base, SAMPLE_STRIDE * (4 * q + k)) };
+            nzero += one::<T>(x, sh, &mut col, step, off, lut, &mut hp[k], &mut hc[k]);
+            lo_or |= x;
+        }
+    }
+    for i in 4 * quads..count {
+        // SAFETY: i < count (asserted above)
+        let x = unsafe { T::load_raw(base, SAMPLE_STRIDE * i) };
+        nzero += one::<T>(x, sh, &mut col, step, off, lut, &mut hp[0], &mut hc[0]);
+        lo_or |= x;
+    }
+    let (mut h, mut hr) = ([0u32; 256], [0u32; 256]);
+    for e in 0..256 {
+        h[e] = (0..4).map(|k| hp[k][e] as u32).sum();
+        hr[e] = (0..4).map(|k| hc[k][e] as u32).sum();
+    }
+    (h, hr, nzero, lo_or)
+}
+
 /// [`Stats::sample`] of the grid `b` (`m` elements, element 0 in column `col0 mod P`)
 /// and, from the same reads, [`sample_hist_rotated`]'s histogram of the grid (no
 /// elided lines): the carried phase's sample in a frame with a column table, whose
@@ -731,28 +800,10 @@ pub(crate) fn sample_fused<T: V2>(
     col0: usize,
     ct: &ColTab,
 ) -> (Stats, [u32; 256]) {
-    let (sh, emax, p) = (eshift::<T>(), T::EMAX, ct.p);
-    let lut = rot_lut::<T>();
-    let (mut h, mut hr) = ([0u32; 256], [0u32; 256]);
-    let (mut nzero, mut lo_or) = (0u32, 0u32);
-    let step = SAMPLE_STRIDE % p;
-    let mut cg = col0 % p;
-    let mut j = 0;
-    while j < m {
-        let x = T::load(b, j);
-        let e = (x >> sh) & emax;
-        h[e as usize] += 1;
-        nzero += (x == 0) as u32;
-        if T::W == 4 {
-            lo_or |= x;
-        }
-        hr[lut[(ct.off[cg] as u8).wrapping_add(8) as usize & 15][e as usize] as usize] += 1;
-        cg += step;
-        if cg >= p {
-            cg -= p;
-        }
-        j += SAMPLE_STRIDE;
-    }
+    let (h, hr, nzero, lo_or) =
+        sample_both::<T>(&b[..m * T::W], m.div_ceil(SAMPLE_STRIDE), col0, ct);
+    // (`lo_or` only where `choose` reads it: fp32, as `Stats::sample`)
+    let lo_or = if T::W == 4 { lo_or } else { 0 };
     let st = Stats::from_parts(h, nzero as u64, m.div_ceil(SAMPLE_STRIDE) as u64, lo_or);
     (st, hr)
 }
@@ -1135,34 +1186,16 @@ fn table_for_body<T: V2>(src: &[u8], b: usize) -> Option<ColTab> {
         if !column_offsets_into(&s.keys, p, &mut s.acc, &mut ct) {
             return None;
         }
+        // every offset 0: the rotation is the identity, `v_c = v_p` and the gain is 0
+        // (step 4 refuses it): no sample needed
+        if ct.off[..p].iter().all(|&c| c == 0) {
+            return None;
+        }
         // the gain: stride-13 sample over the first min(m, 13·GAIN_SAMPLES) elements
         let ms = m.min(SAMPLE_STRIDE * GAIN_SAMPLES);
-        let lut = rot_lut::<T>();
-        // four interleaved sub-histograms each (as `Stats::sample`): consecutive
-        // samples mostly hit one bin, and one histogram would chain their increments
-        // (at most GAIN_SAMPLES per bin: u16 counts suffice)
-        let (mut hp4, mut hc4) = ([[0u16; 256]; 4], [[0u16; 256]; 4]);
-        let (mut nzero, mut lo_or) = (0u64, 0u32);
         let count = ms.div_ceil(SAMPLE_STRIDE) as u64;
-        let mut col = 0usize;
-        for (i, c) in src[..ms * T::W].chunks(SAMPLE_STRIDE * T::W).enumerate() {
-            let x = T::load(c, 0);
-            let e = (x >> sh) & T::EMAX;
-            hp4[i & 3][e as usize] += 1;
-            let r = lut[(ct.off[col] as u8).wrapping_add(8) as usize & 15][e as usize];
-            hc4[i & 3][r as usize] += 1;
-            nzero += (x == 0) as u64;
-            lo_or |= x;
-            col += SAMPLE_STRIDE;
-            if col >= p {
-                col -= p;
-            }
-        }
-        let (mut hp, mut hc) = ([0u32; 256], [0u32; 256]);
-        for e in 0..256 {
-            hp[e] = (0..4).map(|k| hp4[k][e] as u32).sum();
-            hc[e] = (0..4).map(|k| hc4[k][e] as u32).sum();
-        }
+        let (hp, hc, nzero, lo_or) = sample_both::<T>(&src[..ms * T::W], count as usize, 0, &ct);
+        let nzero = nzero as u64;
         let vp = choose::<T>(&Stats::from_parts(hp, nzero, count, lo_or), false).value;
         let vc = choose::<T>(&Stats::from_parts(hc, nzero, count, lo_or), false).value;
         // value ≈ bits of the ms sampled-over elements; saved frame bits ≈ (vp − vc)·m/ms

@@ -61,6 +61,19 @@ const E_INVALID: u32 = 1 << 18;
 /// Per-type element access for version 2 (`x` is the element read little-endian).
 pub(crate) trait V2: Elem {
     fn load(b: &[u8], i: usize) -> u32;
+    /// [`V2::load`] of element `i` at `p`, without a bounds check (the sampling
+    /// loops, where the index is checked once for the whole sample).
+    ///
+    /// # Safety
+    /// Bytes `p .. p + W·(i + 1)` lie inside one allocation.
+    #[inline(always)]
+    unsafe fn load_raw(p: *const u8, i: usize) -> u32 {
+        if Self::W == 2 {
+            u16::from_le(std::ptr::read_unaligned(p.add(2 * i) as *const u16)) as u32
+        } else {
+            u32::from_le(std::ptr::read_unaligned(p.add(4 * i) as *const u32))
+        }
+    }
     fn store(b: &mut [u8], i: usize, x: u32);
     fn exp(x: u32) -> u32;
     /// plane1 byte (as version 1).
