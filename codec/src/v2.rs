@@ -931,6 +931,64 @@ fn zero_line<const V: bool>(c: &[u8]) -> bool {
         == 0
 }
 
+/// The nonzero mask of 32 whole elements `xs` (bit `t`: element `t` is not 0) and
+/// whether one of them is nonzero with exponent field 0 (an escaped `e = 0` under
+/// `Z`). `V`: the caller is compiled for AVX2 (16-bit lanes compared 32 at a time,
+/// fp32's 8 at a time).
+#[inline(always)]
+fn nz_mask32<T: V2, const V: bool>(xs: &[u8]) -> (u32, bool) {
+    assert_eq!(xs.len(), 32 * T::W);
+    // the exponent field in place
+    let fm: u32 = match T::MODE {
+        MODE_BF16 => 0x7F80,
+        MODE_FP16 => 0x7C00,
+        _ => 0x7F80_0000,
+    };
+    #[cfg(target_arch = "x86_64")]
+    if V {
+        use std::arch::x86_64::*;
+        // SAFETY: V: the CPU has AVX2; every load reads inside `xs` (asserted).
+        return unsafe {
+            let p = xs.as_ptr() as *const __m256i;
+            let zero = _mm256_setzero_si256();
+            let (z, f) = if T::W == 2 {
+                let fv = _mm256_set1_epi16(fm as i16);
+                let (a, b) = (_mm256_loadu_si256(p), _mm256_loadu_si256(p.add(1)));
+                // packs interleaves the 128-bit lanes: (a0 b0 a1 b1) -> (a0 a1 b0 b1)
+                let bits = |x: __m256i, y: __m256i| {
+                    _mm256_movemask_epi8(_mm256_permute4x64_epi64(_mm256_packs_epi16(x, y), 0xD8))
+                        as u32
+                };
+                let z = bits(_mm256_cmpeq_epi16(a, zero), _mm256_cmpeq_epi16(b, zero));
+                let f = bits(
+                    _mm256_cmpeq_epi16(_mm256_and_si256(a, fv), zero),
+                    _mm256_cmpeq_epi16(_mm256_and_si256(b, fv), zero),
+                );
+                (z, f)
+            } else {
+                let fv = _mm256_set1_epi32(fm as i32);
+                let (mut z, mut f) = (0u32, 0u32);
+                for k in 0..4 {
+                    let a = _mm256_loadu_si256(p.add(k));
+                    let za = _mm256_castsi256_ps(_mm256_cmpeq_epi32(a, zero));
+                    let fa = _mm256_castsi256_ps(_mm256_cmpeq_epi32(_mm256_and_si256(a, fv), zero));
+                    z |= (_mm256_movemask_ps(za) as u32) << (8 * k);
+                    f |= (_mm256_movemask_ps(fa) as u32) << (8 * k);
+                }
+                (z, f)
+            };
+            (!z, f & !z != 0)
+        };
+    }
+    let (mut nz, mut e0) = (0u32, false);
+    for (t, xb) in xs.chunks_exact(T::W).enumerate() {
+        let x = T::load(xb, 0);
+        nz |= ((x != 0) as u32) << t;
+        e0 |= x != 0 && x & fm == 0;
+    }
+    (nz, e0)
+}
+
 /// Codes `blk` into `out` if it takes at most `cap <= out.len()` bytes. The planes
 /// and the stream are written in place, which needs `blk.len() + 64` bytes of room;
 /// with less, the block is coded in scratch and copied.
@@ -972,7 +1030,11 @@ fn encode_coded_in<T: V2>(
 ) -> Option<usize> {
     #[cfg(target_arch = "x86_64")]
     {
-        if simd && std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("bmi2") {
+        if simd
+            && std::is_x86_feature_detected!("avx2")
+            && std::is_x86_feature_detected!("bmi2")
+            && std::is_x86_feature_detected!("popcnt")
+        {
             // SAFETY: the CPU has the features the function is compiled for.
             return unsafe { encode_coded_avx2::<T>(blk, out, cap, s, col, prev_phi) };
         }
@@ -982,9 +1044,9 @@ fn encode_coded_in<T: V2>(
 }
 
 /// # Safety
-/// The CPU must support AVX2 and BMI2.
+/// The CPU must support AVX2, BMI2 and POPCNT (the Z masks' counts).
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,bmi1,bmi2")]
+#[target_feature(enable = "avx2,bmi1,bmi2,popcnt")]
 unsafe fn encode_coded_avx2<T: V2>(
     blk: &[u8],
     out: &mut [u8],
@@ -1166,29 +1228,45 @@ fn encode_coded_body<T: V2, const V: bool>(
                 let (mut zc, mut e0) = (0u32, false);
                 let (i0, i1) = (j * ss, ((j + 1) * ss).min(k_elems));
                 // 8 elements at a time: plane bytes compacted by a byte shuffle
-                // (in place: q <= i, and the 8 bytes stored at q end by i + 8)
+                // (in place: q <= i, and the 8 bytes stored at q end by i + 8);
+                // the nonzero masks of 32 elements at a time (`nz_mask32`)
+                let planes: [*mut u8; 3] = [p1.as_mut_ptr(), lo1.as_mut_ptr(), lo0.as_mut_ptr()];
+                // every plane holds k_elems >= i1 bytes: the loads (i + 8 <= i1) and
+                // stores (q + 8 <= i + 8) below stay inside
+                assert!(p1.len() >= i1 && (T::W != 4 || (lo1.len() >= i1 && lo0.len() >= i1)));
+                let compact8 = |i: usize, m: usize, q: &mut usize| {
+                    debug_assert!(*q <= i && i + 8 <= i1);
+                    let sh = &COMPACT[m];
+                    for &pl in &planes[..if T::W == 4 { 3 } else { 1 }] {
+                        // SAFETY: asserted above: bytes i..i + 8 and q..q + 8 lie in
+                        // the plane (q <= i)
+                        unsafe {
+                            let v = std::ptr::read_unaligned(pl.add(i) as *const u64);
+                            let c = shuffle8::<V>(u64::from_le(v), sh).to_le();
+                            std::ptr::write_unaligned(pl.add(*q) as *mut u64, c);
+                        }
+                    }
+                    *q += m.count_ones() as usize;
+                };
+                let n32 = i0 + (i1 - i0) / 32 * 32;
                 let n8 = i0 + (i1 - i0) / 8 * 8;
-                for (c, xs) in kept[i0 * w..n8 * w].chunks_exact(8 * w).enumerate() {
-                    let i = i0 + 8 * c;
+                for (c, xs) in kept[i0 * w..n32 * w].chunks_exact(32 * w).enumerate() {
+                    let (nz, e) = nz_mask32::<T, V>(xs);
+                    e0 |= e;
+                    zc += 32 - nz.count_ones();
+                    for k in 0..4 {
+                        compact8(i0 + 32 * c + 8 * k, (nz >> (8 * k)) as usize & 0xFF, &mut q);
+                    }
+                }
+                for (c, xs) in kept[n32 * w..n8 * w].chunks_exact(8 * w).enumerate() {
                     let mut m = 0usize;
                     for (t, xb) in xs.chunks_exact(w).enumerate() {
                         let x = T::load(xb, 0);
                         m |= ((x != 0) as usize) << t;
                         e0 |= x != 0 && T::exp(x) == 0;
                     }
-                    let sh = &COMPACT[m];
-                    let planes: &mut [&mut [u8]] = if T::W == 4 {
-                        &mut [&mut *p1, &mut *lo1, &mut *lo0]
-                    } else {
-                        &mut [&mut *p1]
-                    };
-                    for pl in planes.iter_mut() {
-                        let v = u64::from_le_bytes(pl[i..i + 8].try_into().unwrap());
-                        pl[q..q + 8].copy_from_slice(&shuffle8::<V>(v, sh).to_le_bytes());
-                    }
-                    let nz = m.count_ones() as usize;
-                    q += nz;
-                    zc += 8 - nz as u32;
+                    zc += 8 - m.count_ones();
+                    compact8(n32 + 8 * c, m, &mut q);
                 }
                 for i in n8..i1 {
                     let x = T::load(kept, i);
@@ -2394,7 +2472,7 @@ fn decode_coded_body<T: V2, S: TableSource, const V: bool>(
 pub fn detect_v2(src: &[u8]) -> Dtype {
     #[cfg(target_arch = "x86_64")]
     {
-        if std::is_x86_feature_detected!("avx2") {
+        if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("popcnt") {
             // SAFETY: the CPU has the features the function is compiled for.
             return unsafe { detect_v2_avx2(src) };
         }
@@ -2403,9 +2481,9 @@ pub fn detect_v2(src: &[u8]) -> Dtype {
 }
 
 /// # Safety
-/// The CPU must support AVX2.
+/// The CPU must support AVX2 and POPCNT.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
+#[target_feature(enable = "avx2,popcnt")]
 unsafe fn detect_v2_avx2(src: &[u8]) -> Dtype {
     detect_v2_body(src)
 }
