@@ -277,15 +277,29 @@ pub(crate) fn rotate_kept<T: V2, const INV: bool>(
     let Some(el) = elided else {
         return rotate::<T, INV>(kept, col0, ct);
     };
-    let mut q = 0;
-    for (j, &z) in el.iter().enumerate() {
-        if z {
-            continue;
-        }
-        let lb = crate::v2::LINE.min(gbytes - j * crate::v2::LINE);
-        rotate::<T, INV>(&mut kept[q..q + lb], col0 + j * crate::v2::LINE / T::W, ct);
-        q += lb;
+    for (q, g, len) in kept_lines::<T>(el, gbytes / T::W) {
+        rotate::<T, INV>(&mut kept[q * T::W..(q + len) * T::W], col0 + g, ct);
     }
+}
+
+/// The kept lines of a grid of `m` elements whose line `j` is elided where
+/// `elided[j]`, in order: (first kept element, first grid element, elements).
+#[inline(always)]
+fn kept_lines<T: V2>(
+    elided: &[bool],
+    m: usize,
+) -> impl Iterator<Item = (usize, usize, usize)> + '_ {
+    let per = crate::v2::LINE / T::W;
+    let mut q = 0;
+    elided
+        .iter()
+        .enumerate()
+        .filter(|(_, &z)| !z)
+        .map(move |(j, _)| {
+            let len = per.min(m - j * per);
+            q += len;
+            (q - len, j * per, len)
+        })
 }
 
 /// The decoder's un-rotation of exponent keys in place, for the types whose key is the
@@ -357,15 +371,8 @@ pub(crate) fn rotate_kept_keys<T: V2>(
     let Some(el) = elided else {
         return rot_keys::<false>(keys, col0, ct);
     };
-    let per = crate::v2::LINE / T::W;
-    let mut q = 0;
-    for (j, &z) in el.iter().enumerate() {
-        if z {
-            continue;
-        }
-        let le = per.min(m - j * per);
-        rot_keys::<false>(&mut keys[q..q + le], col0 + j * per, ct);
-        q += le;
+    for (q, g, len) in kept_lines::<T>(el, m) {
+        rot_keys::<false>(&mut keys[q..q + len], col0 + g, ct);
     }
 }
 
