@@ -29,7 +29,8 @@
 # smallest first and each rank writes NAME.rankN.json.partial as it goes, so a
 # stopped run still tells which sizes passed), PARTS (check,bench,train: which parts to run),
 # PROTOS (Simple,LL,LL128: check's protocols), BENCH_ARGS (more e2e_torch.py
-# arguments for bench, e.g. "--iters 20"), PYTHON (python3), NETNS (0: loopback,
+# arguments for bench, e.g. "--iters 20"), KINDS (bench data: "gauss random"),
+# TRANSPORTS (bench: "socket off zip"), TRAIN_TRANSPORTS ("socket zip"), PYTHON (python3), NETNS (0: loopback,
 # never namespaces), RUN_TIMEOUT (480: seconds per run), GRACE (20: seconds a rank
 # gets to exit after its peer failed, then it is stopped), NZC_BUNDLE (a prebuilt
 # plugin from scripts/gpu_bundle.sh; the default where cargo is missing: .gpu-bundle).
@@ -82,6 +83,8 @@ else
   # carried as .gpu-bundle), as for scripts/gpu_validate.sh.
   source "$ROOT/scripts/lib/gpu.sh"
   [[ -n ${NZC_BUNDLE:-} ]] && NZC_BUNDLE=$(abspath "$NZC_BUNDLE")
+  # No ip/tc on the GPU machine: the bundle's iproute2 (gpu_bundle.sh), if it has one.
+  command -v ip >/dev/null || { nzc_net_tools && log "ip and tc from the bundle's iproute2 ($(ip -V 2>&1))"; }
   BUNDLE=$(nzc_bundle 2>>"$OUT/e2e.log") || { log "$(tail -1 "$OUT/e2e.log")"; exit 1; }
   if [[ -n $BUNDLE ]]; then
     SO=$BUNDLE/libnccl_net_zip.so
@@ -120,7 +123,7 @@ fi
     "$PY" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "nccl", ".".join(map(str, torch.cuda.nccl.version())))'
     # NCCL settings from outside this script apply to every run (NCCL also reads
     # /etc/nccl.conf): recorded, so a baseline skewed by them can be told.
-    env | grep '^NCCL_' | sed 's/^/inherited env: /'
+    env | grep -E '^(NCCL_|CUDA_)' | sed 's/^/inherited env: /'
     [[ -f /etc/nccl.conf ]] && sed 's/^/\/etc\/nccl.conf: /' /etc/nccl.conf
   fi
   echo "commit: $(git rev-parse --short HEAD 2>/dev/null)$(git diff --quiet HEAD -- src codec scripts 2>/dev/null || echo ' (modified)')"
@@ -299,8 +302,8 @@ fi
 
 if part bench; then
   BENCH_MAX=${MAX_BYTES:-$((256 << 20))}
-  for kind in gauss random; do
-    for t in socket off zip; do
+  for kind in ${KINDS:-gauss random}; do
+    for t in ${TRANSPORTS:-socket off zip}; do
       # shellcheck disable=SC2086 # BENCH_ARGS: words
       run "bench-$kind-$t" "$t" Simple bench --dtypes bf16 --collectives all_reduce --kind "$kind" --max-bytes "$BENCH_MAX" ${BENCH_ARGS:-} || FAIL=1
     done
@@ -309,7 +312,7 @@ if part bench; then
 fi
 
 if part train; then
-  for t in socket zip; do
+  for t in ${TRAIN_TRANSPORTS:-socket zip}; do
     run "train-$t" "$t" Simple train --steps "$STEPS" || FAIL=1
   done
   "$PY" "$ROOT/scripts/e2e_report.py" train "$OUT" 2>&1 | tee -a "$OUT/e2e.log" || FAIL=1

@@ -16,7 +16,7 @@
 #   variant-O/gpu_bench   the benchmark with -DNZC_UNORDERED_ROUNDS (docs/GPU.md,
 #                         variant O; `scripts/gpu_run.sh bench-O`), built in
 #                         target-variant-O/ (VARIANTS= skips it)
-#   data/*.bf16           the first DATA_MB (8) MiB of each real tensor file of
+#   data/*.bf16           the first DATA_MB (4) MiB of each real tensor file of
 #                         bench/data (scripts/make_tensors.sh; not in git), when present
 # The bundle must stay under BUNDLE_MAX_MB (56), and with the tree (which travels
 # with it) under CARRY_MAX_MB (62; the device tool's limit is 64 MiB).
@@ -75,10 +75,21 @@ done
 if compgen -G "bench/data/*.bf16" >/dev/null; then
   mkdir -p "$B/data"
   for f in bench/data/*.bf16; do
-    head -c $((${DATA_MB:-8} << 20)) "$f" >"$B/data/$(basename "$f")"
+    head -c $((${DATA_MB:-4} << 20)) "$f" >"$B/data/$(basename "$f")"
   done
 else
   echo "gpu_bundle: no bench/data/*.bf16 (scripts/make_tensors.sh): the bundle carries no real tensors" >&2
+fi
+# iproute2 (ip, tc) and its libraries as .deb files: the GPU machine has neither,
+# so scripts/e2e.sh could not make the shaped link there (first GPU run). On that
+# machine nzc_net_tools (scripts/lib/gpu.sh) unpacks them under /tmp and runs them
+# through the dynamic loader with their own library path. TOOLS=0 skips them.
+if [ "${TOOLS:-1}" = 1 ]; then
+  mkdir -p "$B/tools"
+  if ! (cd "$B/tools" && apt-get download iproute2 libbpf1 libbsd0 libcap2 libelf1 libmd0 libmnl0 libxtables12 zlib1g >/dev/null 2>&1); then
+    echo "gpu_bundle: apt-get download of iproute2 failed: no shaped link on the GPU machine" >&2
+    rm -rf "$B/tools"
+  fi
 fi
 {
   echo "commit: $(git rev-parse HEAD) ($(git status --porcelain | wc -l) dirty files)"

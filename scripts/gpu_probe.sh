@@ -21,6 +21,8 @@ try() { # try NAME CMD...: "ok" or the first line of its error
   if out=$(timeout 20 "${@:2}" 2>&1); then f "$1" "ok"; else f "$1" "FAILED ($(echo "$out" | head -1))"; fi
 }
 t0=$SECONDS
+source scripts/lib/gpu.sh
+command -v ip >/dev/null || { nzc_net_tools && f iproute2_source "the bundle's tools/*.deb (scripts/gpu_bundle.sh)"; }
 f date "$(date -u +%Y-%m-%dT%H:%M:%SZ)"
 f kernel "$(uname -r) $(uname -m), $(nproc) cores"
 f iproute2 "$(ip -V 2>&1 | head -1 || echo missing); tc: $(command -v tc || echo missing)"

@@ -18,6 +18,8 @@
 #   e2e-bench    scripts/e2e.sh PARTS=bench (bus bandwidth vs Socket and off; PNG)
 #   e2e-train    scripts/e2e.sh PARTS=train (DDP GPT losses vs Socket)
 #   demo-gpu     scripts/demo_gpu.sh (--mem cuda through the plugin, on/auto/off)
+#   hang         scripts/gpu_hang.sh: which setting ends the GPU-kernel path's stall
+#                under back-to-back collectives (first GPU run), and DDP under it
 #   bench-O      the kernel throughput benchmark built with -DNZC_UNORDERED_ROUNDS
 #                (variant O of docs/GPU.md; prebuilt by scripts/gpu_bundle.sh into
 #                .gpu-bundle/variant-O/), next to the default build's, same call
@@ -36,7 +38,7 @@
 # (scripts/lib/gpu_facts.py: GPUDirect RDMA and DMA-BUF support, compute mode).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
-parts=${1:?usage: gpu_run.sh PART[:SECONDS][,PART...] (probe|validate|sanitize|e2e-check|e2e-bench|e2e-train|demo-gpu|bench-O)}
+parts=${1:?usage: gpu_run.sh PART[:SECONDS][,PART...] (probe|validate|sanitize|e2e-check|e2e-bench|e2e-train|demo-gpu|bench-O|hang)}
 dest=${OUT:-$PWD/bench/results}
 mkdir -p "$dest"
 # LO_SHAPE=1: the GPU VM is ours alone, so e2e.sh may shape lo if namespaces fail.
@@ -56,6 +58,7 @@ part_cap() {
     e2e-train) echo 240 ;;
     demo-gpu) echo 200 ;;
     bench-O) echo 200 ;;
+    hang) echo 180 ;;
     *) echo 0 ;;
   esac
 }
@@ -77,6 +80,7 @@ run_part() { # part work
     e2e-bench) OUT=$2/e2e PARTS=bench scripts/e2e.sh ;;
     e2e-train) OUT=$2/e2e PARTS=train scripts/e2e.sh ;;
     demo-gpu) OUT=$2 scripts/demo_gpu.sh ;;
+    hang) OUT=$2 scripts/gpu_hang.sh ;;
     *) echo "unknown part $1"; return 2 ;;
   esac
 }

@@ -107,6 +107,13 @@ pub struct Config {
     pub gpu_zerocopy: bool,
     /// Compile the kernels with NVRTC instead of loading the fatbin (`NCCL_ZIP_GPU_FORCE_NVRTC`).
     pub gpu_force_nvrtc: bool,
+    /// `NCCL_ZIP_GPU_KERNELS=on|off` (default on): with GPU buffers, compress with the
+    /// GPU kernels, or copy each chunk to host and run the CPU codec (no kernel
+    /// launched from the plugin's threads).
+    pub gpu_kernels: bool,
+    /// How long a GPU lane's stream may take to drain before the lane and its comm
+    /// fail (`NCCL_ZIP_GPU_TIMEOUT_MS`; default 60 s).
+    pub gpu_timeout_ms: Option<u64>,
     /// NCCL's `NCCL_DMABUF_ENABLE` (default 1): whether NCCL itself registers GPU
     /// buffers through DMA-BUF.
     pub nccl_dmabuf_enable: bool,
@@ -155,6 +162,8 @@ impl Default for Config {
             gpu_sms: 16,
             gpu_decode_block_log2: 16,
             gpu_zerocopy: false,
+            gpu_timeout_ms: None,
+            gpu_kernels: true,
             gpu_force_nvrtc: false,
             nccl_dmabuf_enable: true,
             io_threads: None,
@@ -356,6 +365,10 @@ impl Config {
         if let Some(b) = boolean("NCCL_ZIP_GPU_FORCE_NVRTC")? {
             c.gpu_force_nvrtc = b;
         }
+        if let Some(b) = boolean("NCCL_ZIP_GPU_KERNELS")? {
+            c.gpu_kernels = b;
+        }
+        c.gpu_timeout_ms = int("NCCL_ZIP_GPU_TIMEOUT_MS", 100, 3_600_000, "milliseconds")?;
         if let Some(n) = int(
             "NCCL_ZIP_FORMAT",
             1,
@@ -433,6 +446,8 @@ impl Config {
         field!("NCCL_ZIP_GPU_SMS", gpu_sms);
         field!("NCCL_ZIP_GPU_DECODE_BLOCK_LOG2", gpu_decode_block_log2);
         field!("NCCL_ZIP_GPU_ZEROCOPY", gpu_zerocopy);
+        field!("NCCL_ZIP_GPU_TIMEOUT_MS", gpu_timeout_ms);
+        field!("NCCL_ZIP_GPU_KERNELS", gpu_kernels);
         field!("NCCL_ZIP_GPU_FORCE_NVRTC", gpu_force_nvrtc);
         field!("NCCL_DMABUF_ENABLE", nccl_dmabuf_enable);
         field!("NCCL_ZIP_IO_THREADS", io_threads);
@@ -534,6 +549,14 @@ mod tests {
         assert!(cfg(&[("NCCL_ZIP_GPU", "on")]).unwrap().gpu);
         assert!(cfg(&[("NCCL_ZIP_GPU_EMULATE", "1")]).unwrap().gpu);
         assert_eq!(
+            cfg(&[("NCCL_ZIP_GPU_TIMEOUT_MS", "5000")])
+                .unwrap()
+                .gpu_timeout_ms,
+            Some(5000)
+        );
+        assert!(!cfg(&[("NCCL_ZIP_GPU_KERNELS", "off")]).unwrap().gpu_kernels);
+        assert!(cfg(&[]).unwrap().gpu_kernels);
+        assert_eq!(
             cfg(&[("NCCL_ZIP_TRANSPORT", "auto")]).unwrap().transport,
             TransportChoice::Auto
         );
@@ -585,6 +608,9 @@ mod tests {
             ("NCCL_ZIP_GPU_DECODE_BLOCK_LOG2", "24"),
             ("NCCL_ZIP_GPU_ZEROCOPY", "y"),
             ("NCCL_ZIP_GPU_FORCE_NVRTC", "2"),
+            ("NCCL_ZIP_GPU_TIMEOUT_MS", "10"),
+            ("NCCL_ZIP_GPU_KERNELS", "maybe"),
+            ("NCCL_ZIP_GPU_TIMEOUT_MS", "5s"),
             ("NCCL_IB_GID_INDEX", "-2"),
             ("NCCL_IB_GID_INDEX", "256"),
             ("NCCL_ZIP_CHUNK_SIZE", "-4K"),

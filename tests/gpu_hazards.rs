@@ -2,19 +2,27 @@
 //! kernel spins on the GPU until the plugin has moved its data, so nothing the
 //! plugin does to move that data may wait for kernels of other streams.
 //!
-//! A stand-in for NCCL's kernel (a one-warp kernel spinning on a host-mapped flag)
-//! runs on a non-blocking stream, with a second launch queued behind it (NCCL's
-//! next kernel) and the legacy default stream waiting for both (PyTorch's compute
-//! stream after `work.wait()`). While it spins, every CUDA step of the device data
-//! path runs, in the order the plugin meets them: opening the device (module load,
-//! `cuFuncLoad`, attributes), making lanes (pinned and device allocations, stream
-//! creation: what `regMr` does while other comms' kernels run), then GPU encode,
-//! GPU decode, download and upload on every lane's stream (16 streams: some share
-//! a hardware queue with the spinner's), and allocations in between.
+//! `data_path_never_waits_for_other_streams_kernels`: the device is opened and 16
+//! lanes made first (the plugin does both before NCCL's kernels wait on it: at the
+//! process's first connect and at regMr). Then every step of the device data path
+//! runs next to a stand-in for NCCL's stream: one non-blocking stream that gets, for
+//! each step, a one-warp kernel spinning on a host-mapped flag plus a second launch
+//! queued behind it (NCCL's next kernel), with the legacy default stream waiting for
+//! both (PyTorch's compute stream after `work.wait()`). The steps: a download on
+//! every lane's stream, an upload on every lane's stream, a GPU encode on each, a GPU
+//! decode on each, then allocations. A step not done within `STUCK_AFTER` waited for
+//! the spinner: the spinner is released, the step recorded as stuck, and the next
+//! step gets a fresh spinner, so one run tables every step (copies and kernels, each
+//! lane's stream) instead of stopping at the first. Since the same stream plays NCCL
+//! throughout, a lane stream that shares a hardware queue with it
+//! (`CUDA_DEVICE_MAX_CONNECTIONS`, 8 by default) does so in every step: stuck kernels
+//! on some lanes only, with their copies fine, point there. Worth running once more
+//! with `CUDA_DEVICE_MAX_CONNECTIONS=1` (Megatron's setting: one hardware queue) and
+//! 32 (no sharing).
 //!
 //! Three more tests put the application's own hazards next to a spinning kernel
 //! whose data a plugin thread must move (each fails if the plugin thread cannot
-//! finish while the spinner waits for it):
+//! finish while the spinner waits for it, and names the operation it was in):
 //! * `plugin_moves_data_while_another_thread_lazily_loads_a_module`: a second
 //!   thread loads a fresh module and launches its kernel (CUDA_MODULE_LOADING=LAZY,
 //!   the default since CUDA 12.2: the load may wait for the device to go idle);
@@ -26,17 +34,19 @@
 //!   calls must succeed and the capture must still end with a valid graph (the
 //!   plugin's threads run the driver in relaxed capture mode).
 //!
-//! The GPU tests of this binary run one at a time (a process-wide lock).
+//! In each, the plugin thread moves the chunk with copies first, then with kernels,
+//! so a failure says which of the two waits.
 //!
-//! A step that makes no progress for `STEP_TIMEOUT` waited for the spinner: the
-//! test releases the spinner (so the process recovers), names the step, and fails.
-//! Each step's duration is printed (costs under a co-running kernel). Prints
-//! "SKIP: <reason>" and passes without a usable GPU. Worth running once more
-//! with `CUDA_DEVICE_MAX_CONNECTIONS=1` (Megatron's setting: one hardware queue),
-//! where a failure means the plugin cannot run under that setting.
+//! The GPU tests of this binary run one at a time (a process-wide lock). Each step's
+//! duration is printed. Prints "SKIP: <reason>" and passes without a usable GPU.
+//!
+//! First GPU run (bench/results/gpu-2026-11-27-h100): opening the device next to a
+//! spinning kernel waited for it (the test opened it under the spinner then), and
+//! the three application hazards stopped the plugin thread; which operation was not
+//! recorded.
 
 use std::mem::ManuallyDrop;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::SeqCst};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -70,7 +80,7 @@ SPIN:
 }
 "#;
 
-const STEP_TIMEOUT: Duration = Duration::from_secs(20);
+const STEP_TIMEOUT: Duration = Duration::from_secs(8);
 /// How long the worker may take to finish once the spinner is released.
 const AFTER_RELEASE: Duration = Duration::from_secs(30);
 const LANES: usize = 16;
@@ -106,38 +116,6 @@ fn data(seed: u64, n: usize) -> Vec<u8> {
         .collect()
 }
 
-/// What the worker has done, for the watchdog.
-struct Progress {
-    steps: AtomicUsize,
-    current: Mutex<String>,
-    finished: AtomicBool,
-    log: Mutex<Vec<String>>,
-}
-
-impl Progress {
-    fn step<T>(&self, name: &str, f: impl FnOnce() -> T) -> T {
-        *self.current.lock().unwrap() = name.to_string();
-        let t0 = Instant::now();
-        let r = f();
-        self.log
-            .lock()
-            .unwrap()
-            .push(format!("{name}: {:?}", t0.elapsed()));
-        self.steps.fetch_add(1, SeqCst);
-        r
-    }
-
-    /// [`Progress::step`] for a fallible step: an error names its step.
-    fn try_step<T, E: std::fmt::Display>(
-        &self,
-        name: &str,
-        f: impl FnOnce() -> Result<T, E>,
-    ) -> Result<T, String> {
-        self.step(name, f)
-            .map_err(|e| format!("step '{name}' failed: {e}"))
-    }
-}
-
 /// Sets `finished` when the worker ends, also by a panic (the watchdog then stops
 /// waiting at once instead of reporting a hang).
 struct Finished<'a>(&'a AtomicBool);
@@ -165,197 +143,287 @@ fn exit_now(why: &str) -> ! {
     unsafe { libc::_exit(3) }
 }
 
+/// NCCL's stream, played by one stream that gets a fresh pair of spinning kernels
+/// per step (the first spins, the second is NCCL's next kernel queued behind it),
+/// with the legacy default stream waiting for both (PyTorch's compute stream after
+/// `work.wait()`). One stream for every step, as NCCL's stream stays the same while
+/// the plugin's lane streams move its data: whether a lane's stream shares a hardware
+/// queue with it (`CUDA_DEVICE_MAX_CONNECTIONS`) then stays the same across steps.
+struct NcclStream {
+    stream: Arc<cudarc::driver::CudaStream>,
+    spin: cudarc::driver::CudaFunction,
+}
+
+impl NcclStream {
+    fn new(ctx: &Arc<CudaContext>) -> NcclStream {
+        let m = ctx.load_module(Ptx::from_src(SPIN_PTX)).unwrap();
+        let spin = m.load_function("nzc_test_spin").unwrap();
+        std::mem::forget(m);
+        NcclStream {
+            stream: ctx.new_stream().unwrap(),
+            spin,
+        }
+    }
+
+    /// Starts a spinning kernel and queues a second behind it; returns the flag that
+    /// releases both (host-mapped, never freed: a free would wait for the spinner).
+    fn spin(&self, ctx: &Arc<CudaContext>) -> ManuallyDrop<MappedHost> {
+        let flag = ManuallyDrop::new(MappedHost::new(ctx, 64).unwrap());
+        let flag_dev = flag.dev_ptr();
+        let cfg = LaunchConfig {
+            grid_dim: (1, 1, 1),
+            block_dim: (32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        for _ in 0..2 {
+            let mut b = self.stream.launch_builder(&self.spin);
+            b.arg(&flag_dev);
+            // SAFETY: one pointer argument, to host-mapped memory never freed.
+            unsafe { b.launch(cfg) }.unwrap();
+        }
+        let ev = self.stream.record_event(None).unwrap();
+        // SAFETY: the legacy stream of the current (primary) context waits for the event.
+        unsafe { sys::cuStreamWaitEvent(std::ptr::null_mut(), ev.cu_event(), 0) }
+            .result()
+            .unwrap();
+        std::mem::forget(ev);
+        let t0 = Instant::now();
+        while !self.busy() {
+            assert!(
+                t0.elapsed() < Duration::from_secs(5),
+                "the spinner did not start"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+        assert!(self.busy(), "the spinner is not running");
+        flag
+    }
+
+    fn busy(&self) -> bool {
+        // SAFETY: a plain query of a stream of this context.
+        unsafe {
+            sys::cuStreamQuery(self.stream.cu_stream()) == sys::CUresult::CUDA_ERROR_NOT_READY
+        }
+    }
+
+    /// Releases the spinners of `flag` and waits until the stream is idle.
+    fn release(&self, flag: &MappedHost) {
+        // SAFETY: 4 bytes of the mapped allocation; the kernels only read it.
+        unsafe { std::ptr::write_volatile(flag.host_ptr() as *mut u32, 1) };
+        let t0 = Instant::now();
+        while self.busy() {
+            if t0.elapsed() > AFTER_RELEASE {
+                exit_now("the spinning kernels did not end after their release");
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+}
+
+/// How long one step may take while the spinner runs before it counts as waiting for
+/// it (a step takes microseconds to milliseconds on its own).
+const STUCK_AFTER: Duration = Duration::from_secs(3);
+/// After this many stuck steps the test stops trying more (each costs STUCK_AFTER).
+const MAX_STUCK: usize = 6;
+
+type Lanes = Vec<Box<dyn nccl_net_zip::gpu::Lane>>;
+type Step = Box<dyn FnOnce(&mut Lanes) -> Result<(), String> + Send>;
+
 #[test]
 fn data_path_never_waits_for_other_streams_kernels() {
     let Some((ctx, _gpu)) = context() else { return };
     // SAFETY: this test uses no CudaSlice.
     unsafe { ctx.disable_event_tracking() };
     let max_wire = codec::max_compressed_size(CHUNK);
-    // Device buffers, filled before the spinner starts (synchronous copies on the
-    // legacy stream would wait for it by design).
-    let srcs: Vec<DeviceBuffer> = (0..LANES)
+    // Device buffers, filled before any spinner (synchronous copies on the legacy
+    // stream would wait for it by design).
+    let srcs: Vec<u64> = (0..LANES)
         .map(|i| {
-            let b = DeviceBuffer::new(&ctx, CHUNK).unwrap();
+            let b = ManuallyDrop::new(DeviceBuffer::new(&ctx, CHUNK).unwrap());
             b.write(0, &data(i as u64, CHUNK)).unwrap();
-            b
+            b.ptr()
         })
         .collect();
-    let dsts: Vec<DeviceBuffer> = (0..2 * LANES)
+    let dsts: Vec<ManuallyDrop<DeviceBuffer>> = (0..2 * LANES)
         .map(|_| {
             let b = DeviceBuffer::new(&ctx, CHUNK).unwrap();
             b.fill(0xEE).unwrap();
-            b
+            ManuallyDrop::new(b)
         })
         .collect();
-    let flag = MappedHost::new(&ctx, 64).unwrap();
-    let spin_mod = ctx.load_module(Ptx::from_src(SPIN_PTX)).unwrap();
-    let spin_fn = spin_mod.load_function("nzc_test_spin").unwrap();
-    let spin = ctx.new_stream().unwrap();
-    let cfg = LaunchConfig {
-        grid_dim: (1, 1, 1),
-        block_dim: (32, 1, 1),
-        shared_mem_bytes: 0,
-    };
-    let flag_dev = flag.dev_ptr();
-    for _ in 0..2 {
-        let mut b = spin.launch_builder(&spin_fn);
-        b.arg(&flag_dev);
-        // SAFETY: one pointer argument, to host-mapped memory that outlives the launch.
-        unsafe { b.launch(cfg) }.unwrap();
-    }
-    let ev = spin.record_event(None).unwrap();
-    // SAFETY: the legacy stream of the current (primary) context waits for the event.
-    unsafe { sys::cuStreamWaitEvent(std::ptr::null_mut(), ev.cu_event(), 0) }
-        .result()
-        .unwrap();
-    std::thread::sleep(Duration::from_millis(200));
-    assert_eq!(
-        // SAFETY: a plain query of a stream of this context.
-        unsafe { sys::cuStreamQuery(spin.cu_stream()) },
-        sys::CUresult::CUDA_ERROR_NOT_READY,
-        "the spinner is not running"
-    );
+    // The device is opened and the lanes made before NCCL's kernels run, as the
+    // plugin does at a process's first connect and at regMr (opening the device next
+    // to a running kernel waits for it: the first GPU run, bench/results/
+    // gpu-2026-11-27-h100).
+    static HELD: AtomicU64 = AtomicU64::new(0);
+    let b = backend_for(srcs[0], Emulation::Off).expect("open the device");
+    eprintln!("backend: {}", b.describe());
+    let mut lanes: Lanes = (0..LANES)
+        .map(|_| b.lane(max_wire, &HELD).expect("make a lane"))
+        .collect();
+    let kernels = lanes[0].kernels();
+    let nccl = NcclStream::new(&ctx);
 
-    let progress = Arc::new(Progress {
-        steps: AtomicUsize::new(0),
-        current: Mutex::new(String::new()),
-        finished: AtomicBool::new(false),
-        log: Mutex::new(Vec::new()),
-    });
-    let srcs = Arc::new(srcs);
-    let dsts = Arc::new(dsts);
-    let worker = {
-        let (p, srcs, dsts, ctx) = (progress.clone(), srcs.clone(), dsts.clone(), ctx.clone());
-        std::thread::spawn(move || -> Result<(), String> {
-            static HELD: AtomicU64 = AtomicU64::new(0);
-            let _finished = Finished(&p.finished);
-            // Nothing this worker allocates is freed while the spinner runs: cuMemFree
-            // and cuMemFreeHost wait for all device work, the spinner included, so a
-            // drop here (also on an early `?` return) would read as a deadlock of the
-            // step after it. Lanes (with their streams and memory) live for the
-            // process, as in the plugin's pools; the two allocations below are leaked
-            // (2 MiB) for the same reason.
-            let b = p.try_step("open the device (module load, cuFuncLoad)", || {
-                backend_for(srcs[0].ptr(), Emulation::Off)
-            })?;
-            eprintln!("backend: {}", b.describe());
-            let mut lanes = ManuallyDrop::new(Vec::with_capacity(LANES));
-            for i in 0..LANES {
-                lanes.push(p.try_step(
-                    &format!("make lane {i} (pinned + device memory, stream)"),
-                    || b.lane(max_wire, &HELD),
-                )?);
-            }
-            let opts = EncodeOptions::default();
-            for (i, lane) in lanes.iter_mut().enumerate() {
-                let (src, dst, dst2) = (srcs[i].ptr(), dsts[2 * i].ptr(), dsts[2 * i + 1].ptr());
-                if lane.kernels() {
-                    let n = p.try_step(&format!("lane {i}: GPU encode"), || {
-                        lane.encode(src, CHUNK, &opts)
-                    })?;
-                    let m = p.try_step(&format!("lane {i}: GPU decode"), || {
-                        lane.decode(n, dst, CHUNK)
-                    })?;
-                    if m != CHUNK {
-                        return Err(format!(
-                            "step 'lane {i}: GPU decode': decoded {m} bytes, not {CHUNK}"
-                        ));
-                    }
-                } else {
-                    p.try_step(&format!("lane {i}: upload (no kernels)"), || {
-                        lane.download(src, CHUNK)?;
-                        lane.upload(dst, CHUNK)
-                    })?;
-                }
-                p.try_step(&format!("lane {i}: download"), || lane.download(src, CHUNK))?;
-                p.try_step(&format!("lane {i}: upload"), || lane.upload(dst2, CHUNK))?;
-            }
-            // Allocations in between, each followed by lane work.
-            let _d = p
-                .try_step("cuMemAlloc", || DeviceBuffer::new(&ctx, 1 << 20))
-                .map(ManuallyDrop::new)?;
-            p.try_step("download after cuMemAlloc", || {
-                lanes[0].download(srcs[0].ptr(), CHUNK)
-            })?;
-            let _h = p
-                .try_step("cuMemHostAlloc", || MappedHost::new(&ctx, 1 << 20))
-                .map(ManuallyDrop::new)?;
-            p.try_step("download after cuMemHostAlloc", || {
-                lanes[0].download(srcs[0].ptr(), CHUNK)
-            })?;
-            if lanes[0].kernels() {
-                p.try_step("GPU encode after the allocations", || {
-                    lanes[0].encode(srcs[0].ptr(), CHUNK, &opts)
-                })?;
-            }
-            Ok(())
-        })
-    };
-
-    // Watchdog: a step without progress for STEP_TIMEOUT waits for the spinner.
-    let mut hung = None;
-    let (mut last, mut since) = (0, Instant::now());
-    while !progress.finished.load(SeqCst) {
-        let now = progress.steps.load(SeqCst);
-        if now != last {
-            (last, since) = (now, Instant::now());
-        } else if since.elapsed() > STEP_TIMEOUT {
-            hung = Some(progress.current.lock().unwrap().clone());
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(5));
+    // The steps, in the order that separates the causes: copies on every lane's
+    // stream first, then kernels (encode, decode) on every lane's stream.
+    let mut steps: Vec<(String, Step)> = Vec::new();
+    for i in 0..LANES {
+        let src = srcs[i];
+        steps.push((
+            format!("lane {i}: download (DtoH copy)"),
+            Box::new(move |l: &mut Lanes| l[i].download(src, CHUNK).map_err(|e| e.to_string())),
+        ));
     }
-    // SAFETY: a plain query of a stream of this context.
-    let spinning = unsafe { sys::cuStreamQuery(spin.cu_stream()) };
-    // Release the spinner (NCCL's kernel gets its data).
-    // SAFETY: 4 bytes of the mapped allocation; the kernel only reads it.
-    unsafe { std::ptr::write_volatile(flag.host_ptr() as *mut u32, 1) };
-    let t0 = Instant::now();
-    while !progress.finished.load(SeqCst) {
-        if t0.elapsed() > AFTER_RELEASE {
-            for l in progress.log.lock().unwrap().iter() {
-                eprintln!("  {l}");
-            }
-            let step = progress.current.lock().unwrap().clone();
-            let hung_note = match &hung {
-                Some(_) => format!(
-                    "made no progress in {STEP_TIMEOUT:?} while another stream's kernel \
-                     spun (the plugin would deadlock NCCL there), and is "
-                ),
-                None => String::new(),
-            };
-            exit_now(&format!(
-                "step '{step}' {hung_note}still stuck {AFTER_RELEASE:?} after the spinner \
-                 was released"
+    for i in 0..LANES {
+        let dst = dsts[2 * i + 1].ptr();
+        steps.push((
+            format!("lane {i}: upload (HtoD copy)"),
+            Box::new(move |l: &mut Lanes| {
+                // The staging holds the source's bytes (downloaded before any
+                // spinner); the step is the upload alone.
+                l[i].upload(dst, CHUNK).map_err(|e| e.to_string())
+            }),
+        ));
+    }
+    let frame_len = Arc::new(Mutex::new(vec![0usize; LANES]));
+    if kernels {
+        for i in 0..LANES {
+            let (src, fl) = (srcs[i], frame_len.clone());
+            steps.push((
+                format!("lane {i}: GPU encode (kernel + copy)"),
+                Box::new(move |l: &mut Lanes| {
+                    let n = l[i]
+                        .encode(src, CHUNK, &EncodeOptions::default())
+                        .map_err(|e| e.to_string())?;
+                    fl.lock().unwrap()[i] = n;
+                    Ok(())
+                }),
             ));
         }
-        std::thread::sleep(Duration::from_millis(5));
+        for i in 0..LANES {
+            let (dst, fl) = (dsts[2 * i].ptr(), frame_len.clone());
+            steps.push((
+                format!("lane {i}: GPU decode (copy + kernel)"),
+                Box::new(move |l: &mut Lanes| {
+                    let n = fl.lock().unwrap()[i];
+                    let m = l[i].decode(n, dst, CHUNK).map_err(|e| e.to_string())?;
+                    if m != CHUNK {
+                        return Err(format!("decoded {m} bytes, not {CHUNK}"));
+                    }
+                    Ok(())
+                }),
+            ));
+        }
+    } else {
+        for i in 0..LANES {
+            let (src, dst) = (srcs[i], dsts[2 * i].ptr());
+            steps.push((
+                format!("lane {i}: copies (no kernels)"),
+                Box::new(move |l: &mut Lanes| {
+                    l[i].download(src, CHUNK).map_err(|e| e.to_string())?;
+                    l[i].upload(dst, CHUNK).map_err(|e| e.to_string())
+                }),
+            ));
+        }
     }
-    let result = worker.join().unwrap_or_else(|_| {
-        Err(format!(
-            "worker panicked in step '{}'",
-            progress.current.lock().unwrap()
-        ))
+    {
+        let (ctx2, src0) = (ctx.clone(), srcs[0]);
+        steps.push((
+            "cuMemAlloc, then a download".into(),
+            Box::new(move |l: &mut Lanes| {
+                let d = DeviceBuffer::new(&ctx2, 1 << 20).map_err(|e| e.to_string())?;
+                std::mem::forget(d); // a free would wait for the spinner
+                l[0].download(src0, CHUNK).map_err(|e| e.to_string())
+            }),
+        ));
+        let ctx3 = ctx.clone();
+        steps.push((
+            "cuMemHostAlloc, then a download".into(),
+            Box::new(move |l: &mut Lanes| {
+                let h = MappedHost::new(&ctx3, 1 << 20).map_err(|e| e.to_string())?;
+                std::mem::forget(h);
+                l[0].download(src0, CHUNK).map_err(|e| e.to_string())
+            }),
+        ));
+    }
+    // One worker thread holds the lanes and runs the steps it is sent (as a codec
+    // worker of the plugin would); this thread starts a spinner before each step.
+    let (tx, rx) = std::sync::mpsc::channel::<Step>();
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<Result<(), String>>();
+    let worker = std::thread::spawn(move || {
+        for step in rx {
+            if done_tx.send(step(&mut lanes)).is_err() {
+                break;
+            }
+        }
+        std::mem::forget(lanes); // lanes live for the process, as in the plugin's pools
     });
-    for l in progress.log.lock().unwrap().iter() {
-        eprintln!("  {l}");
+    let mut table = Vec::new();
+    let mut stuck = Vec::new();
+    let mut failed = Vec::new();
+    let total = steps.len();
+    for (name, step) in steps {
+        if stuck.len() >= MAX_STUCK {
+            table.push(format!(
+                "  {name:<40} NOT RUN ({MAX_STUCK} steps already stuck)"
+            ));
+            continue;
+        }
+        let flag = nccl.spin(&ctx);
+        let t0 = Instant::now();
+        tx.send(step).unwrap();
+        let (r, under_spin) = match done_rx.recv_timeout(STUCK_AFTER) {
+            Ok(r) => (r, nccl.busy()),
+            Err(_) => {
+                // Waiting for the spinner: release it (NCCL's kernel gets its data
+                // in the end) and see whether the step then finishes.
+                nccl.release(&flag);
+                match done_rx.recv_timeout(AFTER_RELEASE) {
+                    Ok(r) => (r, false),
+                    Err(_) => exit_now(&format!(
+                        "step '{name}' still stuck {AFTER_RELEASE:?} after the spinner was released"
+                    )),
+                }
+            }
+        };
+        let took = t0.elapsed();
+        nccl.release(&flag);
+        let verdict = match (&r, under_spin) {
+            (Err(e), _) => {
+                failed.push(format!("{name}: {e}"));
+                format!("FAILED: {e}")
+            }
+            (Ok(()), true) => "ok while the spinner ran".to_string(),
+            (Ok(()), false) if took >= STUCK_AFTER => {
+                stuck.push(name.clone());
+                "STUCK until the spinner was released".to_string()
+            }
+            (Ok(()), false) => "ok (the spinner had ended: proves nothing)".to_string(),
+        };
+        table.push(format!("  {name:<40} {:>10.3?}  {verdict}", took));
     }
-    spin.synchronize().unwrap();
+    drop(tx);
+    worker.join().unwrap();
+    eprintln!(
+        "{total} steps, each next to a spinning kernel with a second queued behind it \
+         (CUDA_DEVICE_MAX_CONNECTIONS={}):",
+        std::env::var("CUDA_DEVICE_MAX_CONNECTIONS").unwrap_or_else(|_| "unset".into())
+    );
+    for l in &table {
+        eprintln!("{l}");
+    }
     ctx.synchronize().unwrap();
-    if let Some(step) = hung {
-        panic!(
-            "'{step}' made no progress in {STEP_TIMEOUT:?} while another stream's kernel spun: \
-             the plugin would deadlock NCCL there"
-        );
-    }
-    // An error first: a failed step can also be why the spinner stopped early.
-    if let Err(e) = result {
-        panic!("{e}");
-    }
-    assert_eq!(
-        spinning,
-        sys::CUresult::CUDA_ERROR_NOT_READY,
-        "the spinner stopped before it was released (the test proved nothing)"
+    assert!(failed.is_empty(), "steps failed: {failed:?}");
+    assert!(
+        stuck.is_empty(),
+        "{} step(s) waited for another stream's kernel (the plugin would deadlock NCCL \
+         there): {stuck:?}",
+        stuck.len()
+    );
+    assert!(
+        table.iter().all(|l| !l.contains("proves nothing")),
+        "a spinner ended before it was released: the test proved nothing"
     );
     // The data arrived intact.
     for i in 0..LANES {
@@ -468,15 +536,26 @@ impl Chunk {
 /// lane made, if this is the first use: `regMr`'s work), then GPU encode + decode
 /// (or copies without kernels), download and upload.
 fn plugin_moves_chunk(c: &Chunk, dir: Dir, max_wire: usize) -> Result<(), String> {
+    let at = |what: &'static str| *PLUGIN_AT.lock().unwrap() = what;
+    at("open the device");
     let b = backend_for(c.src.ptr(), Emulation::Off).map_err(|e| format!("open: {e}"))?;
+    at("make a lane (regMr's prewarm)");
     let p = pool(&b, dir, max_wire, LANES);
     p.prewarm(1).map_err(|e| format!("prewarm (regMr): {e}"))?;
     let mut lane = p.acquire(&|| false).map_err(|e| format!("acquire: {e}"))?;
-    let opts = EncodeOptions::default();
+    // Copies first, then kernels: a failure says which of the two waited.
+    at("download (DtoH copy)");
+    lane.download(c.src.ptr(), CHUNK)
+        .map_err(|e| format!("download: {e}"))?;
+    at("upload (HtoD copy)");
+    lane.upload(c.dst2.ptr(), CHUNK)
+        .map_err(|e| format!("upload: {e}"))?;
     if lane.kernels() {
+        at("GPU encode (kernel)");
         let n = lane
-            .encode(c.src.ptr(), CHUNK, &opts)
+            .encode(c.src.ptr(), CHUNK, &EncodeOptions::default())
             .map_err(|e| format!("GPU encode: {e}"))?;
+        at("GPU decode (kernel)");
         let m = lane
             .decode(n, c.dst.ptr(), CHUNK)
             .map_err(|e| format!("GPU decode: {e}"))?;
@@ -484,16 +563,17 @@ fn plugin_moves_chunk(c: &Chunk, dir: Dir, max_wire: usize) -> Result<(), String
             return Err(format!("GPU decode gave {m} bytes, not {CHUNK}"));
         }
     } else {
+        at("copies (no kernels)");
         lane.download(c.src.ptr(), CHUNK)
             .and_then(|_| lane.upload(c.dst.ptr(), CHUNK))
             .map_err(|e| format!("copies: {e}"))?;
     }
-    lane.download(c.src.ptr(), CHUNK)
-        .map_err(|e| format!("download: {e}"))?;
-    lane.upload(c.dst2.ptr(), CHUNK)
-        .map_err(|e| format!("upload: {e}"))?;
+    at("done");
     Ok(())
 }
+
+/// Where `plugin_moves_chunk` is, for the failure message of a hazard test.
+static PLUGIN_AT: Mutex<&str> = Mutex::new("not started");
 
 /// Runs `app` on one thread and `plugin` on another while a spinner waits, the
 /// spinner released only once `plugin` finished (NCCL's kernel gets its data), or
@@ -533,6 +613,7 @@ where
         std::thread::sleep(Duration::from_millis(5));
     }
     let finished_in_time = plugin_done.load(SeqCst);
+    let plugin_at = *PLUGIN_AT.lock().unwrap();
     let spinning = spin.spinning();
     spin.release();
     let t1 = Instant::now();
@@ -554,7 +635,7 @@ where
     assert!(
         finished_in_time,
         "{hazard}: the plugin thread made no progress in {STEP_TIMEOUT:?} while NCCL's kernel \
-         waited for its data: a deadlock inside a real job"
+         waited for its data (it was in: {plugin_at}): a deadlock inside a real job"
     );
     if let Err(e) = plugin_result {
         panic!("{hazard}: the plugin thread failed: {e}");

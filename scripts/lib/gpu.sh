@@ -32,3 +32,25 @@ nzc_bundle() {
   fi
   (cd "$b" && pwd)
 }
+
+# nzc_net_tools: where `ip` is missing and the bundle brings iproute2 (gpu_bundle.sh,
+# tools/*.deb), unpacks it under /tmp/nzc-tools and puts wrappers for ip and tc first
+# on PATH. Each wrapper runs its binary through the system's dynamic loader with
+# --library-path, which applies to that binary alone: `ip netns exec NS python ...`
+# starts the ranks with the environment untouched. Returns 0 when ip is usable.
+nzc_net_tools() {
+  command -v ip >/dev/null && command -v tc >/dev/null && return 0
+  local b=${NZC_BUNDLE:-.gpu-bundle} root=/tmp/nzc-tools/root bin=/tmp/nzc-tools/bin f ldso libs
+  compgen -G "$b/tools/*.deb" >/dev/null || return 1
+  ldso=$(ls /lib64/ld-linux-x86-64.so.2 /lib/x86_64-linux-gnu/ld-linux-x86-64.so.2 2>/dev/null | head -1)
+  [ -n "$ldso" ] || return 1
+  mkdir -p "$root" "$bin"
+  for f in "$b"/tools/*.deb; do dpkg -x "$f" "$root" || return 1; done
+  libs=$root/lib/x86_64-linux-gnu:$root/usr/lib/x86_64-linux-gnu
+  for f in ip tc; do
+    printf '#!/bin/sh\nexec %s --library-path %s %s "$@"\n' "$ldso" "$libs" "$root/sbin/$f" >"$bin/$f"
+    chmod +x "$bin/$f"
+  done
+  export PATH=$bin:$PATH
+  ip -V >/dev/null 2>&1
+}

@@ -272,6 +272,7 @@ impl GpuCodec {
             max_bytes,
             ws_per_job,
             njobs: 0,
+            mark: None,
         })
     }
 
@@ -436,6 +437,9 @@ impl GpuCodec {
         )
         .result()?;
         sys::cuMemsetD8Async(batch.ws.ptr(), 0, batch.ws_per_job as usize * njobs, s).result()?;
+        if let Some(ev) = batch.mark {
+            sys::cuEventRecord(ev.0, s).result()?;
+        }
         let cfg = LaunchConfig {
             grid_dim: (self.grid_for(items), 1, 1),
             block_dim: (abi::THREADS, 1, 1),
@@ -523,9 +527,21 @@ pub struct GpuBatch {
     max_bytes: u64,
     ws_per_job: u64,
     njobs: usize,
+    /// An event recorded on the launch's stream right before the kernel (after the
+    /// descriptor copy and the workspace memset), when set: a lane whose stream does
+    /// not drain tells with it whether the work before the kernel ran.
+    mark: Option<driver::RawEvent>,
 }
 
 impl GpuBatch {
+    /// Records `ev` on the stream right before each later launch's kernel.
+    ///
+    /// # Safety
+    /// `ev` must be an event of this batch's context that outlives the batch.
+    pub unsafe fn set_mark(&mut self, ev: driver::RawEvent) {
+        self.mark = Some(ev);
+    }
+
     fn begin(&mut self, njobs: usize) -> Result<(), GpuError> {
         if self.njobs != 0 && !self.poll() {
             return Err(GpuError::Busy);

@@ -35,6 +35,29 @@ use crate::stats::Charge;
 /// wedged GPU: the comm fails with an error instead of hanging NCCL's progress.
 const KERNEL_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// [`KERNEL_TIMEOUT`], or `NCCL_ZIP_GPU_TIMEOUT_MS` (shorter for experiments that
+/// provoke a stuck lane on purpose).
+fn kernel_timeout() -> Duration {
+    crate::config::current()
+        .gpu_timeout_ms
+        .map_or(KERNEL_TIMEOUT, Duration::from_millis)
+}
+
+/// The settings of the CUDA driver that decide whether a lane can wait behind other
+/// work, for a stuck lane's WARN.
+fn driver_env() -> String {
+    ["CUDA_DEVICE_MAX_CONNECTIONS", "CUDA_MODULE_LOADING"]
+        .iter()
+        .map(|k| {
+            format!(
+                "{k}={}",
+                std::env::var(k).unwrap_or_else(|_| "unset".into())
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// `NCCL_ZIP_GPU_ZEROCOPY=1`: kernels read and write the lanes' mapped host staging
 /// directly (no device scratch, no copies): the variant to compare against.
 fn zero_copy() -> bool {
@@ -164,20 +187,13 @@ struct CudaBackend {
 
 impl CudaBackend {
     fn open(ordinal: i32) -> Result<CudaBackend> {
-        let codec = match GpuCodec::new(ordinal as usize) {
-            Ok(Ok(c)) => Some(Arc::new(c)),
-            Ok(Err(u)) => {
-                tracing::warn!(
-                    "GPU codec unavailable on device {ordinal} ({u}): CUDA buffers are copied to host and compressed on the CPU"
-                );
-                None
-            }
-            Err(e) => {
-                tracing::warn!(
-                    "GPU codec failed on device {ordinal} ({e}): CUDA buffers are copied to host and compressed on the CPU"
-                );
-                None
-            }
+        let codec = if !crate::config::current().gpu_kernels {
+            tracing::info!(
+                "NCCL_ZIP_GPU_KERNELS=off: CUDA buffers on device {ordinal} are copied to host and compressed on the CPU (no kernel is launched)"
+            );
+            None
+        } else {
+            Self::open_codec(ordinal)
         };
         let ctx = match &codec {
             Some(c) => c.context().clone(),
@@ -197,6 +213,25 @@ impl CudaBackend {
             codec,
             zero_copy: zero_copy(),
         })
+    }
+
+    /// The GPU codec of device `ordinal`, or None (with a WARN) when it cannot load.
+    fn open_codec(ordinal: i32) -> Option<Arc<GpuCodec>> {
+        match GpuCodec::new(ordinal as usize) {
+            Ok(Ok(c)) => Some(Arc::new(c)),
+            Ok(Err(u)) => {
+                tracing::warn!(
+                    "GPU codec unavailable on device {ordinal} ({u}): CUDA buffers are copied to host and compressed on the CPU"
+                );
+                None
+            }
+            Err(e) => {
+                tracing::warn!(
+                    "GPU codec failed on device {ordinal} ({e}): CUDA buffers are copied to host and compressed on the CPU"
+                );
+                None
+            }
+        }
     }
 }
 
@@ -261,13 +296,30 @@ impl Backend for CudaBackend {
             let stream = self.ctx.new_stream_with_priority(greatest).map_err(&e)?;
             driver::keep_forever(stream.clone());
             let staging = ManuallyDrop::new(MappedHost::new(&self.ctx, max_wire).map_err(&e)?);
-            let batch = match &self.codec {
+            let mut batch = match &self.codec {
                 Some(c) => Some(ManuallyDrop::new(
                     c.new_batch(1, max_wire as u64)
                         .map_err(|e| Error::Cuda(format!("GPU batch: {e}")))?,
                 )),
                 None => None,
             };
+            // The event recorded before each kernel (never destroyed, as the stream):
+            // a stuck lane's WARN says with it whether the work queued before its
+            // kernel ran.
+            let mut mark: sys::CUevent = std::ptr::null_mut();
+            // SAFETY: creates an event of the current (the lane's) context.
+            unsafe {
+                sys::cuEventCreate(
+                    &mut mark,
+                    sys::CUevent_flags_enum::CU_EVENT_DISABLE_TIMING as u32,
+                )
+            }
+            .result()
+            .map_err(&e)?;
+            if let Some(b) = batch.as_mut() {
+                // SAFETY: an event of the lane's context that is never destroyed.
+                unsafe { b.set_mark(driver::RawEvent(mark)) };
+            }
             let scratch = match (&batch, self.zero_copy) {
                 (Some(_), false) => Some(ManuallyDrop::new(
                     DeviceBuffer::new(&self.ctx, max_wire).map_err(&e)?,
@@ -283,6 +335,7 @@ impl Backend for CudaBackend {
                 staging,
                 scratch,
                 wedged: false,
+                mark: driver::RawEvent(mark),
                 _charge: Charge::new(counter, held),
             }) as Box<dyn Lane + 'a>)
         })
@@ -303,6 +356,8 @@ struct CudaLane<'a> {
     /// error: it may never drain, so every later operation fails at once instead of
     /// queueing behind it, and the pool parks the lane (see [`Lane::wedged`]).
     wedged: bool,
+    /// Recorded right before each kernel (see `GpuBatch::set_mark`).
+    mark: driver::RawEvent,
     _charge: Charge<'a>,
 }
 
@@ -310,10 +365,39 @@ impl CudaLane<'_> {
     fn usable(&self, what: &str) -> Result<()> {
         if self.wedged {
             return Err(Error::Cuda(format!(
-                "{what}: this GPU lane is disabled (its stream failed or did not drain within {KERNEL_TIMEOUT:?})"
+                "{what}: this GPU lane is disabled (its stream failed or did not drain within {:?})",
+                kernel_timeout()
             )));
         }
         Ok(())
+    }
+
+    /// Where a stream that does not drain is stuck, as far as the lane can tell.
+    /// `published`: whether the kernel queued on the stream, if any, published its
+    /// result.
+    fn stuck_detail(&self, published: Option<bool>) -> String {
+        match published {
+            None => {
+                return format!(
+                    "a copy is stuck: no kernel is queued on this lane; {}",
+                    driver_env()
+                )
+            }
+            Some(true) => {
+                return format!(
+                "the kernel published its result, so a copy after it or a late CTA is stuck; {}",
+                driver_env()
+            )
+            }
+            Some(false) => {}
+        }
+        // SAFETY: the lane's own event, never destroyed.
+        let before = match unsafe { sys::cuEventQuery(self.mark.0) } {
+            sys::CUresult::CUDA_SUCCESS => "the copies and memset before the kernel ran, so the kernel itself has not finished (still running, or waiting for SMs)",
+            sys::CUresult::CUDA_ERROR_NOT_READY => "even the copies and memset queued before the kernel have not run: the stream waits behind other work (a hardware queue shared with a stream whose next kernel waits, or a module load or free elsewhere in the process)",
+            _ => "the state of the work before the kernel is unknown",
+        };
+        format!("{before}; {}", driver_env())
     }
 
     fn check_len(&self, len: usize) -> Result<()> {
@@ -330,6 +414,12 @@ impl CudaLane<'_> {
     /// A stream error (a kernel's sticky error) or [`KERNEL_TIMEOUT`] wedges the
     /// lane. Call with the lane's context current.
     fn drain(&mut self, what: &str) -> Result<()> {
+        self.drain_with(what, None)
+    }
+
+    /// [`CudaLane::drain`] after a kernel launch: `published` reads whether the
+    /// kernel published its result, for the WARN of a stream that does not drain.
+    fn drain_with(&mut self, what: &str, published: Option<&dyn Fn() -> bool>) -> Result<()> {
         let t0 = Instant::now();
         let mut polls = 0u32;
         loop {
@@ -345,13 +435,16 @@ impl CudaLane<'_> {
                     return Err(Error::Cuda(format!("{what}: {}", DriverError(e))));
                 }
             }
-            if t0.elapsed() > KERNEL_TIMEOUT {
+            if t0.elapsed() > kernel_timeout() {
                 self.wedged = true;
                 tracing::warn!(
-                    "{what}: the GPU lane's stream has not drained after {KERNEL_TIMEOUT:?} (a kernel or copy stuck behind other work?); this lane is disabled and its comm fails"
+                    "{what}: the GPU lane's stream has not drained after {:?} ({}); this lane is disabled and its comm fails",
+                    kernel_timeout(),
+                    self.stuck_detail(published.map(|p| p()))
                 );
                 return Err(Error::Cuda(format!(
-                    "{what}: GPU work still running after {KERNEL_TIMEOUT:?}"
+                    "{what}: GPU work still running after {:?}",
+                    kernel_timeout()
                 )));
             }
             // A chunk's kernel or copy takes microseconds: spin briefly, then give
@@ -428,7 +521,7 @@ impl CudaLane<'_> {
             while !batch.poll() && t0.elapsed() < Duration::from_micros(200) {
                 std::hint::spin_loop();
             }
-            self.drain(what)?;
+            self.drain_with(what, Some(&|| batch.poll()))?;
             if !batch.poll() {
                 // The stream is idle, so nothing will publish any more.
                 batch.forget_launch();

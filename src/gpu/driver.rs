@@ -305,3 +305,13 @@ impl Drop for MappedHost {
 // SAFETY: the mapping is plain memory owned by this value.
 unsafe impl Send for MappedHost {}
 unsafe impl Sync for MappedHost {}
+
+/// A raw CUDA event handle that may move between threads (the driver's handles are
+/// thread-safe; the owner decides when, if ever, it is destroyed).
+#[derive(Clone, Copy, Debug)]
+pub struct RawEvent(pub cudarc::driver::sys::CUevent);
+
+// SAFETY: CUDA event handles may be used from any thread of the process.
+unsafe impl Send for RawEvent {}
+// SAFETY: as above; the driver serializes concurrent use.
+unsafe impl Sync for RawEvent {}
