@@ -27,7 +27,7 @@
 # MAX_BYTES_CHECK (per protocol when unset: Simple 4 MiB, LL and LL128 1 MiB: two
 # ranks time-slice one GPU, and LL/LL128 move 2x data at a few GB/s; sizes run
 # smallest first and each rank writes NAME.rankN.json.partial as it goes, so a
-# stopped run still tells which sizes passed), PARTS (check,bench,train: which parts to run),
+# stopped run still tells which sizes passed), PARTS (check,bench,train; also graph: which parts to run),
 # PROTOS (Simple,LL,LL128: check's protocols), BENCH_ARGS (more e2e_torch.py
 # arguments for bench, e.g. "--iters 20"), KINDS (bench data: "gauss random"),
 # TRANSPORTS (bench: "socket off zip"), TRAIN_TRANSPORTS ("socket zip"), PYTHON (python3), NETNS (0: loopback,
@@ -55,7 +55,7 @@ GRACE=${GRACE:-20}
 PROTOS=${PROTOS:-Simple,LL,LL128}
 PARTS=${PARTS:-check,bench,train}
 for p in ${PARTS//,/ }; do
-  case $p in check | bench | train) ;; *) echo "e2e: PARTS=$PARTS: unknown part $p (check, bench, train)" >&2; exit 2 ;; esac
+  case $p in check | bench | train | graph) ;; *) echo "e2e: PARTS=$PARTS: unknown part $p (check, bench, train, graph)" >&2; exit 2 ;; esac
 done
 
 if [[ $DRYRUN == 1 ]]; then
@@ -316,6 +316,38 @@ if part train; then
     run "train-$t" "$t" Simple train --steps "$STEPS" || FAIL=1
   done
   "$PY" "$ROOT/scripts/e2e_report.py" train "$OUT" 2>&1 | tee -a "$OUT/e2e.log" || FAIL=1
+fi
+if part graph; then
+  # all_reduce captured in a CUDA graph and replayed (issue 23 item 4): every replay
+  # equal to the eager result, and the plugin's results equal to Socket's.
+  for t in ${GRAPH_TRANSPORTS:-socket zip}; do
+    run "graph-$t" "$t" Simple graph --min-bytes 65536 --max-bytes "${GRAPH_MAX_BYTES:-$((16 << 20))}" || FAIL=1
+  done
+  "$PY" - "$OUT" ${GRAPH_TRANSPORTS:-socket zip} <<'PYEOF' 2>&1 | tee -a "$OUT/e2e.log" || FAIL=1
+import json, sys
+out, ts = sys.argv[1], sys.argv[2:]
+ok = True
+for r in (0, 1):
+    runs = {}
+    for t in ts:
+        try:
+            runs[t] = json.load(open(f"{out}/graph-{t}.rank{r}.json"))["result"]
+        except (OSError, ValueError, KeyError) as e:
+            print(f"graph FAILED: graph-{t}.rank{r}.json: {e}"); ok = False
+    for t, res in runs.items():
+        bad = [k for k in res if k.startswith("graph/") and res[k] != res.get("eager/" + k.split("/")[1])]
+        print(f"graph {t} rank{r}: {sum(k.startswith('graph/') for k in res)} replayed results, "
+              f"{'all equal to eager' if not bad else str(len(bad)) + ' differ from eager'}")
+        ok &= not bad
+    if "socket" in runs:
+        for t, res in runs.items():
+            if t != "socket":
+                same = res == runs["socket"]
+                print(f"graph {t} rank{r}: {'identical to' if same else 'DIFFERS from'} Socket")
+                ok &= same
+print("graph:", "ok" if ok else "FAILED")
+sys.exit(0 if ok else 1)
+PYEOF
 fi
 log "done, results in $OUT ($( ((FAIL)) && echo FAILED || echo all passed))"
 exit $FAIL

@@ -14,6 +14,10 @@ Modes (--mode):
   bench  bus bandwidth (nccl-tests definition) of all_reduce etc. per size.
   train  a short DDP run of a small GPT in bf16; per-step losses and a hash of the
          final parameters to --out.
+  graph  bf16 all_reduces of every size captured in one CUDA graph
+         (torch.cuda.graph), replayed --replays times from the same inputs; the
+         hash of each result after each replay, and of the same all_reduce run
+         eagerly, to --out (eager on the CPU dry run, which has no graphs).
 
 With two ranks, every reduction is a + b, which IEEE addition makes commutative bit
 for bit: results must not depend on the algorithm or channel count NCCL picks, so
@@ -262,9 +266,50 @@ def mode_train(a, rank, world, dev):
             "dtype": str(dtype).split(".")[-1]}
 
 
+def mode_graph(a, rank, world, dev):
+    """all_reduce inside a CUDA graph, the way graph-captured training and inference
+    step run their collectives: NCCL's kernels are replayed without the host, and
+    the plugin must move their data all the same."""
+    dtype = torch.bfloat16
+    if ("all_reduce", dtype) in unsupported(a, rank, world, dev):
+        dtype = torch.float32
+    ns = sizes(a.min_bytes, a.max_bytes)
+    xs = [data(n, dtype, rank, 3, a.kind, dev) for n in ns]
+    res = {}
+    # Eager first: the reference, and NCCL's connections exist before the capture.
+    for n, x in zip(ns, xs):
+        e = x.clone()
+        dist.all_reduce(e)
+        sync(dev)
+        res[f"eager/{n}"] = sha(e)
+    bufs = [x.clone() for x in xs]
+    if dev.type == "cuda":
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            for b in bufs:
+                dist.all_reduce(b)
+        replay = g.replay
+    else:
+        def replay():
+            for b in bufs:
+                dist.all_reduce(b)
+    for r in range(a.replays):
+        for b, x in zip(bufs, xs):
+            b.copy_(x)
+        replay()
+        sync(dev)
+        for n, b in zip(ns, bufs):
+            res[f"graph/{n}/replay{r}"] = sha(b)
+    bad = [k for k in res if k.startswith("graph/") and res[k] != res["eager/" + k.split("/")[1]]]
+    if rank == 0:
+        print(f"GRAPH {len(ns)} sizes x {a.replays} replays ({'captured' if dev.type == 'cuda' else 'eager, dry run'}): "
+              f"{'all equal to eager' if not bad else 'DIFFER from eager: ' + ', '.join(bad)}", flush=True)
+    return res
+
+
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--mode", choices=["check", "bench", "train"], required=True)
+    p.add_argument("--mode", choices=["check", "bench", "train", "graph"], required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--dtypes", default="bf16,fp16,fp32")
     p.add_argument("--collectives", default="all_reduce")
@@ -276,6 +321,7 @@ def main():
     p.add_argument("--iters-min", type=int, default=3)
     p.add_argument("--bench-bytes", type=float, default=2e9)
     p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--replays", type=int, default=5)
     p.add_argument("--backend", default="nccl", choices=["nccl", "gloo"], help="gloo: the CPU dry run")
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     a = p.parse_args()
@@ -296,7 +342,7 @@ def main():
     else:
         dist.init_process_group(a.backend, rank=rank, world_size=world)
     t0 = time.time()
-    res = {"check": mode_check, "bench": mode_bench, "train": mode_train}[a.mode](a, rank, world, dev)
+    res = {"check": mode_check, "bench": mode_bench, "train": mode_train, "graph": mode_graph}[a.mode](a, rank, world, dev)
     dist.barrier()
     dist.destroy_process_group()
     meta = {"rank": rank, "secs": time.time() - t0, "torch": torch.__version__, "backend": a.backend,

@@ -18,6 +18,7 @@
 #   e2e-bench    scripts/e2e.sh PARTS=bench (bus bandwidth vs Socket and off; PNG)
 #   e2e-train    scripts/e2e.sh PARTS=train (DDP GPT losses vs Socket)
 #   demo-gpu     scripts/demo_gpu.sh (--mem cuda through the plugin, on/auto/off)
+#   e2e-graph    scripts/e2e.sh PARTS=graph (all_reduce in a CUDA graph, replayed; vs Socket)
 #   hang         scripts/gpu_hang.sh: which setting ends the GPU-kernel path's stall
 #                under back-to-back collectives (first GPU run), and DDP under it
 #   bench-O      the kernel throughput benchmark built with -DNZC_UNORDERED_ROUNDS
@@ -38,7 +39,7 @@
 # (scripts/lib/gpu_facts.py: GPUDirect RDMA and DMA-BUF support, compute mode).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
-parts=${1:?usage: gpu_run.sh PART[:SECONDS][,PART...] (probe|validate|sanitize|e2e-check|e2e-bench|e2e-train|demo-gpu|bench-O|hang)}
+parts=${1:?usage: gpu_run.sh PART[:SECONDS][,PART...] (probe|validate|sanitize|e2e-check|e2e-bench|e2e-train|demo-gpu|bench-O|hang|e2e-graph)}
 dest=${OUT:-$PWD/bench/results}
 mkdir -p "$dest"
 # LO_SHAPE=1: the GPU VM is ours alone, so e2e.sh may shape lo if namespaces fail.
@@ -59,6 +60,7 @@ part_cap() {
     demo-gpu) echo 200 ;;
     bench-O) echo 200 ;;
     hang) echo 180 ;;
+    e2e-graph) echo 120 ;;
     *) echo 0 ;;
   esac
 }
@@ -81,6 +83,7 @@ run_part() { # part work
     e2e-train) OUT=$2/e2e PARTS=train scripts/e2e.sh ;;
     demo-gpu) OUT=$2 scripts/demo_gpu.sh ;;
     hang) OUT=$2 scripts/gpu_hang.sh ;;
+    e2e-graph) OUT=$2/e2e PARTS=graph scripts/e2e.sh ;;
     *) echo "unknown part $1"; return 2 ;;
   esac
 }
