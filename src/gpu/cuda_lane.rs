@@ -12,8 +12,10 @@
 //! never blocks, never synchronizes the context, returns a kernel's sticky error at
 //! once, and lets every wait have a deadline ([`KERNEL_TIMEOUT`]).
 //!
-//! Status: compiled and reviewed, not yet run on a GPU (no GPU was lent when it was
-//! written). The emulated backend runs the same data-path logic in the test suite.
+//! Status: ran on an H100 in real NCCL (bench/results/gpu-2026-11-27-h100): bitwise
+//! under Simple, LL and LL128, but a lane's stream stopped draining under
+//! back-to-back collectives when kernels run (copies alone did not); the emulated
+//! backend runs the same data-path logic in the test suite.
 
 use std::ffi::c_void;
 use std::mem::ManuallyDrop;
@@ -376,28 +378,19 @@ impl CudaLane<'_> {
     /// `published`: whether the kernel queued on the stream, if any, published its
     /// result.
     fn stuck_detail(&self, published: Option<bool>) -> String {
-        match published {
-            None => {
-                return format!(
-                    "a copy is stuck: no kernel is queued on this lane; {}",
-                    driver_env()
-                )
-            }
+        let at = match published {
+            None => "a copy is stuck: no kernel is queued on this lane",
             Some(true) => {
-                return format!(
-                "the kernel published its result, so a copy after it or a late CTA is stuck; {}",
-                driver_env()
-            )
+                "the kernel published its result, so a copy after it or a late CTA is stuck"
             }
-            Some(false) => {}
-        }
-        // SAFETY: the lane's own event, never destroyed.
-        let before = match unsafe { sys::cuEventQuery(self.mark.0) } {
-            sys::CUresult::CUDA_SUCCESS => "the copies and memset before the kernel ran, so the kernel itself has not finished (still running, or waiting for SMs)",
-            sys::CUresult::CUDA_ERROR_NOT_READY => "even the copies and memset queued before the kernel have not run: the stream waits behind other work (a hardware queue shared with a stream whose next kernel waits, or a module load or free elsewhere in the process)",
-            _ => "the state of the work before the kernel is unknown",
+            // SAFETY: the lane's own event, never destroyed.
+            Some(false) => match unsafe { sys::cuEventQuery(self.mark.0) } {
+                sys::CUresult::CUDA_SUCCESS => "the copies and memset before the kernel ran, so the kernel itself has not finished (still running, or waiting for SMs)",
+                sys::CUresult::CUDA_ERROR_NOT_READY => "even the copies and memset queued before the kernel have not run: the stream waits behind other work (a hardware queue shared with a stream whose next kernel waits, or a module load or free elsewhere in the process)",
+                _ => "the state of the work before the kernel is unknown",
+            },
         };
-        format!("{before}; {}", driver_env())
+        format!("{at}; {}", driver_env())
     }
 
     fn check_len(&self, len: usize) -> Result<()> {
