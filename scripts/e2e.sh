@@ -320,34 +320,10 @@ fi
 if part graph; then
   # all_reduce captured in a CUDA graph and replayed (issue 23 item 4): every replay
   # equal to the eager result, and the plugin's results equal to Socket's.
-  for t in ${GRAPH_TRANSPORTS:-socket zip}; do
+  for t in socket zip; do
     run "graph-$t" "$t" Simple graph --min-bytes 65536 --max-bytes "${GRAPH_MAX_BYTES:-$((16 << 20))}" || FAIL=1
   done
-  "$PY" - "$OUT" ${GRAPH_TRANSPORTS:-socket zip} <<'PYEOF' 2>&1 | tee -a "$OUT/e2e.log" || FAIL=1
-import json, sys
-out, ts = sys.argv[1], sys.argv[2:]
-ok = True
-for r in (0, 1):
-    runs = {}
-    for t in ts:
-        try:
-            runs[t] = json.load(open(f"{out}/graph-{t}.rank{r}.json"))["result"]
-        except (OSError, ValueError, KeyError) as e:
-            print(f"graph FAILED: graph-{t}.rank{r}.json: {e}"); ok = False
-    for t, res in runs.items():
-        bad = [k for k in res if k.startswith("graph/") and res[k] != res.get("eager/" + k.split("/")[1])]
-        print(f"graph {t} rank{r}: {sum(k.startswith('graph/') for k in res)} replayed results, "
-              f"{'all equal to eager' if not bad else str(len(bad)) + ' differ from eager'}")
-        ok &= not bad
-    if "socket" in runs:
-        for t, res in runs.items():
-            if t != "socket":
-                same = res == runs["socket"]
-                print(f"graph {t} rank{r}: {'identical to' if same else 'DIFFERS from'} Socket")
-                ok &= same
-print("graph:", "ok" if ok else "FAILED")
-sys.exit(0 if ok else 1)
-PYEOF
+  "$PY" "$ROOT/scripts/e2e_report.py" graph "$OUT" --transports zip 2>&1 | tee -a "$OUT/e2e.log" || FAIL=1
 fi
 log "done, results in $OUT ($( ((FAIL)) && echo FAILED || echo all passed))"
 exit $FAIL

@@ -115,6 +115,30 @@ def train(out, transports):
     return verdict("train", problems)
 
 
+def graph(out, transports):
+    """Every replay of the captured all_reduces equals the eager result of the same
+    run, and every transport's results equal Socket's."""
+    problems = []
+    for rank in (0, 1):
+        runs = {t: load(out, f"graph-{t}", rank, problems) for t in ["socket"] + list(transports)}
+        for t, res in runs.items():
+            if res is None:
+                continue
+            bad = [k for k in res if k.startswith("graph/") and res[k] != res.get("eager/" + k.split("/")[1])]
+            print(f"graph {t} rank{rank}: {sum(k.startswith('graph/') for k in res)} replayed results, "
+                  f"{'all equal to eager' if not bad else str(len(bad)) + ' differ from eager'}")
+            if bad:
+                problems.append(f"graph {t} rank{rank}: {len(bad)} replays differ from eager, first {bad[0]}")
+        ref = runs["socket"]
+        for t in transports:
+            if ref is not None and runs[t] is not None:
+                same = runs[t] == ref
+                print(f"graph {t} rank{rank}: {'identical to' if same else 'DIFFERS from'} Socket")
+                if not same:
+                    problems.append(f"graph {t} rank{rank}: results differ from Socket")
+    return verdict("graph", problems)
+
+
 def verdict(what, problems):
     for p in problems:
         print(f"{what} FAILED: {p}")
@@ -228,7 +252,7 @@ def paths(log, net):
 
 
 def main(argv):
-    if len(argv) == 1 and argv[0] not in ("check", "bench", "train", "paths", "-h", "--help"):
+    if len(argv) == 1 and argv[0] not in ("check", "bench", "train", "graph", "paths", "-h", "--help"):
         argv = ["bench"] + argv  # the old form: e2e_report.py OUT
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -241,6 +265,9 @@ def main(argv):
     t = sub.add_parser("train")
     t.add_argument("out")
     t.add_argument("--transports", default="zip")
+    g = sub.add_parser("graph")
+    g.add_argument("out")
+    g.add_argument("--transports", default="zip")
     n = sub.add_parser("paths")
     n.add_argument("log")
     n.add_argument("--net", required=True)
@@ -251,6 +278,8 @@ def main(argv):
         return check(a.out, a.protos.split(","), a.transports.split(","))
     if a.cmd == "train":
         return train(a.out, a.transports.split(","))
+    if a.cmd == "graph":
+        return graph(a.out, a.transports.split(","))
     return bench(a.out)
 
 

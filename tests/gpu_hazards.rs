@@ -143,6 +143,36 @@ fn exit_now(why: &str) -> ! {
     unsafe { libc::_exit(3) }
 }
 
+/// The spinning kernel (`SPIN_PTX`), loaded in a module of its own that is never
+/// unloaded (an unload would wait for the device).
+fn spin_function(ctx: &Arc<CudaContext>) -> cudarc::driver::CudaFunction {
+    let m = ctx.load_module(Ptx::from_src(SPIN_PTX)).unwrap();
+    let f = m.load_function("nzc_test_spin").unwrap();
+    std::mem::forget(m);
+    f
+}
+
+/// Queues `n` one-warp launches of `f` on `stream`, each spinning until the word
+/// at `flag_dev` (host-mapped) is nonzero.
+fn launch_spinners(
+    stream: &cudarc::driver::CudaStream,
+    f: &cudarc::driver::CudaFunction,
+    flag_dev: u64,
+    n: usize,
+) {
+    let cfg = LaunchConfig {
+        grid_dim: (1, 1, 1),
+        block_dim: (32, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    for _ in 0..n {
+        let mut b = stream.launch_builder(f);
+        b.arg(&flag_dev);
+        // SAFETY: one pointer argument, to host-mapped memory that is never freed.
+        unsafe { b.launch(cfg) }.unwrap();
+    }
+}
+
 /// NCCL's stream, played by one stream that gets a fresh pair of spinning kernels
 /// per step (the first spins, the second is NCCL's next kernel queued behind it),
 /// with the legacy default stream waiting for both (PyTorch's compute stream after
@@ -156,12 +186,9 @@ struct NcclStream {
 
 impl NcclStream {
     fn new(ctx: &Arc<CudaContext>) -> NcclStream {
-        let m = ctx.load_module(Ptx::from_src(SPIN_PTX)).unwrap();
-        let spin = m.load_function("nzc_test_spin").unwrap();
-        std::mem::forget(m);
         NcclStream {
+            spin: spin_function(ctx),
             stream: ctx.new_stream().unwrap(),
-            spin,
         }
     }
 
@@ -169,18 +196,7 @@ impl NcclStream {
     /// releases both (host-mapped, never freed: a free would wait for the spinner).
     fn spin(&self, ctx: &Arc<CudaContext>) -> ManuallyDrop<MappedHost> {
         let flag = ManuallyDrop::new(MappedHost::new(ctx, 64).unwrap());
-        let flag_dev = flag.dev_ptr();
-        let cfg = LaunchConfig {
-            grid_dim: (1, 1, 1),
-            block_dim: (32, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        for _ in 0..2 {
-            let mut b = self.stream.launch_builder(&self.spin);
-            b.arg(&flag_dev);
-            // SAFETY: one pointer argument, to host-mapped memory never freed.
-            unsafe { b.launch(cfg) }.unwrap();
-        }
+        launch_spinners(&self.stream, &self.spin, flag.dev_ptr(), 2);
         let ev = self.stream.record_event(None).unwrap();
         // SAFETY: the legacy stream of the current (primary) context waits for the event.
         unsafe { sys::cuStreamWaitEvent(std::ptr::null_mut(), ev.cu_event(), 0) }
@@ -469,20 +485,9 @@ struct Spinner {
 impl Spinner {
     fn start(ctx: &Arc<CudaContext>) -> Spinner {
         let flag = ManuallyDrop::new(MappedHost::new(ctx, 64).unwrap());
-        let m = ctx.load_module(Ptx::from_src(SPIN_PTX)).unwrap();
-        let f = m.load_function("nzc_test_spin").unwrap();
-        std::mem::forget(m);
+        let f = spin_function(ctx);
         let stream = ctx.new_stream().unwrap();
-        let flag_dev = flag.dev_ptr();
-        let mut b = stream.launch_builder(&f);
-        b.arg(&flag_dev);
-        let cfg = LaunchConfig {
-            grid_dim: (1, 1, 1),
-            block_dim: (32, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        // SAFETY: one pointer argument, to host-mapped memory that is never freed.
-        unsafe { b.launch(cfg) }.unwrap();
+        launch_spinners(&stream, &f, flag.dev_ptr(), 1);
         let s = Spinner { flag, stream };
         std::thread::sleep(Duration::from_millis(200));
         assert!(s.spinning(), "the spinner is not running");
