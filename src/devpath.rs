@@ -130,7 +130,7 @@ pub fn gpu_encode(
         Ok(n) => {
             let ns = now_ns().saturating_sub(t0);
             stats.add(&stats.codec_ns, ns);
-            coder.policy.record(len, n, ns);
+            coder.policy.record_device(len, n, ns);
             Some(n)
         }
         Err(e) => {

@@ -19,7 +19,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use super::before_21::OldPolicy;
-use super::{Decision, Meter, Policy};
+use super::{CpuClock, Decision, Meter, Policy};
 use crate::config::CompressMode;
 
 /// Simulation step.
@@ -130,8 +130,9 @@ impl SimPolicy {
 
     /// `codec_ns`: the codec's own time (core time, or a device encode's wall
     /// time); `wall_ns`: the encode's wall time.
-    fn record(&self, raw: usize, wire: usize, codec_ns: u64, wall_ns: u64) {
+    fn record(&self, raw: usize, wire: usize, codec_ns: u64, wall_ns: u64, on_device: bool) {
         match self {
+            SimPolicy::Now(p) if on_device => p.record_device(raw, wire, codec_ns),
             SimPolicy::Now(p) => p.record(raw, wire, codec_ns),
             SimPolicy::Before(p) => p.record(raw, wire, wall_ns),
         }
@@ -165,12 +166,13 @@ impl Dir {
         which: Which,
         mode: CompressMode,
         meter: &'static Meter,
+        cpu: &'static CpuClock,
         costs: Costs,
         link: f64,
         total: f64,
     ) -> Dir {
         let policy = match which {
-            Which::Now => SimPolicy::Now(Policy::for_sim(mode, meter)),
+            Which::Now => SimPolicy::Now(Policy::for_sim(mode, meter, cpu)),
             Which::Before { parallel } => SimPolicy::Before(OldPolicy::new(mode, 10_000, parallel)),
         };
         Dir {
@@ -251,6 +253,7 @@ impl Dir {
                     ch.wire as usize,
                     ns.max(1.0) as u64,
                     (wall * 1e9).max(1.0) as u64,
+                    on_device,
                 );
             }
             if self.sendq_bytes + ch.wire > BUF.max(ch.wire) {
@@ -464,15 +467,19 @@ pub fn run_noisy(
         enc: costs.enc / b_codec,
         ..costs
     };
-    // What each node received (a few bytes leaked per run).
+    // What each node received, and its core time (a few bytes leaked per run).
     let meters: [&'static Meter; 2] = [Box::leak(Box::default()), Box::leak(Box::default())];
+    let clock =
+        || -> &'static CpuClock { Box::leak(Box::new(CpuClock::Counted(Default::default()))) };
+    let cpus = [clock(), clock()];
     // dirs[0]: a -> b, dirs[1]: b -> a.
     let mut dirs = [
-        Dir::new(which, mode, meters[0], costs, link, bytes),
+        Dir::new(which, mode, meters[0], cpus[0], costs, link, bytes),
         Dir::new(
             which,
             mode,
             meters[1],
+            cpus[1],
             costs_b,
             link,
             if both { bytes } else { 0.0 },
@@ -499,9 +506,13 @@ pub fn run_noisy(
             let used_out = dirs[out].run_out(out_share, t, t0);
             // What the sender left unused goes to the receiver.
             let rest = out_share - used_out;
-            if rest > 0.0 {
-                dirs[inn].run_in(rest, t, meters[node]);
-            }
+            let used_rest = if rest > 0.0 {
+                dirs[inn].run_in(rest, t, meters[node])
+            } else {
+                0.0
+            };
+            // The node's CPU time, as the process's clock counts it.
+            cpus[node].add(((used_in + used_out + used_rest) * 1e9) as u64);
         }
         for d in dirs.iter_mut() {
             d.run_link();

@@ -65,6 +65,7 @@ impl CodecWorkers {
                 .name(format!("zip-codec{i}"))
                 .spawn(move || {
                     HELD.codec_workers.fetch_add(1, Relaxed);
+                    crate::adapt::count_this_thread();
                     serve(&rx, &tx)
                 })
                 .map_err(|e| Error::io("spawn codec worker", e))?;

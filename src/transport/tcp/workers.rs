@@ -167,6 +167,7 @@ impl Writers {
             .name(format!("zip-wr{}", *started))
             .spawn(move || {
                 HELD.io_writers.fetch_add(1, Relaxed);
+                crate::adapt::count_this_thread();
                 // The first job is the one this thread was started for (sent
                 // below, not counted in `idle`).
                 let mut first = true;
@@ -308,6 +309,7 @@ impl Workers {
                 .name(format!("zip-io{i}"))
                 .spawn(move || {
                     HELD.io_workers.fetch_add(1, Relaxed);
+                    crate::adapt::count_this_thread();
                     w2.run()
                 })
                 .map_err(|e| Error::io("spawn I/O worker", e))?;
