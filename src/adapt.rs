@@ -48,6 +48,11 @@
 //!    it (compression where the codec is the bottleneck, raw where the link
 //!    is). On the unshaped veth this cut a 1 GiB run's learning cost from
 //!    2.1% to 0.8% (simulation).
+//!    A measured raw epoch also bounds what compression could move with the
+//!    node's cores (the CPU time of the plugin's worker threads, the codec's
+//!    speed and the ratio); where even that bound stays below
+//!    [`SWITCH_MARGIN`], compression is neither learned nor explored (see
+//!    `Policy::next_epoch`).
 //!    An epoch that
 //!    spans an idle gap (no chunk for [`IDLE`]) measures the application, not us,
 //!    and is discarded.
@@ -161,7 +166,7 @@ pub static RECEIVED: Meter = Meter {
 };
 
 /// The CPU time a node has used, for the policy's CPU bound
-/// ([`Policy::next_epoch`]): the plugin's own worker threads' in the plugin
+/// (`Policy::next_epoch`): the plugin's own worker threads' in the plugin
 /// ([`count_this_thread`]), a simulated node's core time in the tests.
 ///
 /// Not the process's: NCCL's proxy thread (and `nccl-zip-perf`'s driver)
@@ -203,7 +208,7 @@ impl CpuClock {
 }
 
 /// The plugin's [`CpuClock`].
-pub static PROCESS_CPU: CpuClock = CpuClock::OwnThreads;
+pub static PLUGIN_CPU: CpuClock = CpuClock::OwnThreads;
 
 /// The CPU clocks of the threads that move and code a TCP comm's bytes (I/O
 /// workers, blocking writers, codec workers): they block when idle, so their
@@ -212,7 +217,7 @@ pub static PROCESS_CPU: CpuClock = CpuClock::OwnThreads;
 /// above its margin on a node of several cores.
 static OWN_THREADS: std::sync::Mutex<Vec<libc::clockid_t>> = std::sync::Mutex::new(Vec::new());
 
-/// Counts the calling thread's CPU time in [`PROCESS_CPU`] (a worker thread
+/// Counts the calling thread's CPU time in [`PLUGIN_CPU`] (a worker thread
 /// calls it once when it starts; the plugin's workers live as long as the
 /// process).
 pub fn count_this_thread() {
@@ -350,7 +355,7 @@ pub struct Policy {
     parallel: f64,
     /// What this process receives ([`RECEIVED`] in the plugin).
     received: &'static Meter,
-    /// The node's CPU time ([`PROCESS_CPU`] in the plugin), and the cores it
+    /// The node's CPU time ([`PLUGIN_CPU`] in the plugin), and the cores it
     /// may use.
     cpu: &'static CpuClock,
     cores: f64,
@@ -367,7 +372,7 @@ impl Policy {
         #[cfg(test)]
         static CPU: CpuClock = CpuClock::Counted(std::sync::atomic::AtomicU64::new(0));
         #[cfg(not(test))]
-        let cpu = &PROCESS_CPU;
+        let cpu = &PLUGIN_CPU;
         #[cfg(test)]
         let cpu = &CPU;
         Policy::with_meter(mode, link_mbps, streams, &RECEIVED, cpu)
@@ -587,7 +592,7 @@ impl Policy {
     ///
     /// **CPU bound.** A measured raw epoch also says how much compression could
     /// move at most with the node's cores: it took `U` of CPU time (the
-    /// process's, all threads) in `T` seconds on `K` cores to send `S` bytes on
+    /// plugin's worker threads', [`CpuClock`]) in `T` seconds on `K` cores to send `S` bytes on
     /// this comm. Compressed, the work that scales with wire bytes (the send
     /// and receive paths, copies) shrinks by the ratio `r` at best, and the
     /// encode adds `S / C` (`C`: the codec's best speed on one core; nothing on
