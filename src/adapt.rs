@@ -186,12 +186,10 @@ impl CpuClock {
     pub fn ns(&self) -> u64 {
         match self {
             CpuClock::OwnThreads => {
-                use nix::time::{clock_gettime, ClockId};
                 let clocks = OWN_THREADS.lock().unwrap_or_else(|p| p.into_inner());
                 clocks
                     .iter()
-                    .filter_map(|&c| clock_gettime(ClockId::from_raw(c)).ok())
-                    .map(|t| t.tv_sec() as u64 * 1_000_000_000 + t.tv_nsec() as u64)
+                    .filter_map(|&c| crate::stats::clock_ns(nix::time::ClockId::from_raw(c)))
                     .sum()
             }
             #[cfg(test)]
@@ -651,11 +649,7 @@ impl Policy {
             // measured epoch of the same mode follows.
             e.settling = false;
             Self::log_epoch(e, was, measured);
-            e.start = now;
-            e.rx_start = rx;
-            e.cpu_start = cpu.ns;
-            e.bytes = 0;
-            e.idle = false;
+            Self::restart(e, now, rx, cpu.ns);
             return;
         }
         let cpu_hopeless = e.cpu_room.is_some_and(|x| x < SWITCH_MARGIN);
@@ -851,6 +845,12 @@ impl Policy {
         let compressed_first =
             e.mode == Mode::Compressed && e.thr[Mode::Compressed as usize].is_none();
         e.settling = e.exploring || (!confident && (raw_first || compressed_first));
+        Self::restart(e, now, rx, cpu_ns);
+    }
+
+    /// The epoch's measurement starts over at `now`: the received meter at
+    /// `rx`, the node's CPU clock at `cpu_ns`.
+    fn restart(e: &mut Epoch, now: Instant, rx: u64, cpu_ns: u64) {
         e.start = now;
         e.rx_start = rx;
         e.cpu_start = cpu_ns;

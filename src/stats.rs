@@ -159,10 +159,15 @@ pub fn open_fds() -> Option<u64> {
 
 /// CPU time of the calling thread, nanoseconds.
 pub fn thread_cpu_ns() -> u64 {
-    use nix::time::{clock_gettime, ClockId};
-    clock_gettime(ClockId::CLOCK_THREAD_CPUTIME_ID)
+    clock_ns(nix::time::ClockId::CLOCK_THREAD_CPUTIME_ID).unwrap_or(0)
+}
+
+/// A clock's reading, nanoseconds (`None` when the clock cannot be read, such
+/// as a thread's CPU clock after the thread ended).
+pub fn clock_ns(clock: nix::time::ClockId) -> Option<u64> {
+    nix::time::clock_gettime(clock)
+        .ok()
         .map(|t| t.tv_sec() as u64 * 1_000_000_000 + t.tv_nsec() as u64)
-        .unwrap_or(0)
 }
 
 /// Adds the CPU time since `t0` (from [`thread_cpu_ns`]) to a comm's codec
