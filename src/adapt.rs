@@ -849,22 +849,7 @@ impl Policy {
 
     fn log_epoch(e: &Epoch, was: Mode, measured: Option<f64>) {
         let gbs = |x: Option<f64>| x.map_or("-".to_string(), |v| format!("{:.3}", v / 1e9));
-        // The simulations' trace: `ADAPT_TRACE=1 cargo test --release --lib
-        // adapt:: -- --nocapture` prints every epoch.
-        #[cfg(test)]
-        if std::env::var_os("ADAPT_TRACE").is_some() {
-            eprintln!(
-                "adapt: {was:?} {} c {} r {} bound {} next {:?}{}{}",
-                gbs(measured),
-                gbs(e.thr[0]),
-                gbs(e.thr[1]),
-                e.cpu_room.map_or("-".to_string(), |x| format!("{x:.2}x")),
-                e.mode,
-                if e.exploring { " (explores)" } else { "" },
-                if e.settling { " (settles)" } else { "" }
-            );
-        }
-        tracing::debug!(
+        let line = format!(
             "adapt: {was:?} epoch took {} GB/s; compressed {} GB/s, raw {} GB/s; CPU bound {}; next {:?}{}",
             gbs(measured),
             gbs(e.thr[0]),
@@ -873,6 +858,13 @@ impl Policy {
             e.mode,
             if e.exploring { " (explores)" } else { "" }
         );
+        // The simulations' trace: `ADAPT_TRACE=1 cargo test --release --lib
+        // adapt:: -- --nocapture` prints every epoch.
+        #[cfg(test)]
+        if std::env::var_os("ADAPT_TRACE").is_some() {
+            eprintln!("{line}");
+        }
+        tracing::debug!("{line}");
     }
 
     /// Starts the next epoch, in `e.mode`.
