@@ -574,7 +574,24 @@ impl Policy {
         // Explorations, and learning's compressed epochs after raw's.
         let trial = e.exploring || e.thr[Mode::Compressed as usize].is_none();
         let elapsed = now.saturating_duration_since(e.start);
-        if !trial || e.idle || e.bytes < EPOCH_BYTES / 4 || elapsed < MIN_EPOCH / 4 {
+        // A compressed trial is cut only in its measured epoch. Right after raw
+        // epochs, its settling epoch finds the buffers full of raw's bytes,
+        // and that alone can make it slow: one way at 10 Gbit/s on the VM,
+        // where compression pays 1.27x, a quarter into learning's compressed
+        // epoch read 0.4-0.8 GB/s against raw's 1.2-1.4, and 1.5-2.5 once the
+        // epoch ran to its end. The sender's worker threads were 94-98% busy
+        // meanwhile, so their CPU time cannot tell the switch from a codec that
+        // is too slow (the sockets, full, probably take the frames in small
+        // pieces, a wakeup and a syscall each). Where the cores cannot carry
+        // compression at all, the CPU bound keeps it from being tried
+        // ([`Policy::next_epoch`]).
+        let settling_compression = e.mode == Mode::Compressed && e.settling;
+        if !trial
+            || settling_compression
+            || e.idle
+            || e.bytes < EPOCH_BYTES / 4
+            || elapsed < MIN_EPOCH / 4
+        {
             return false;
         }
         let Some(other) = e.thr[e.mode.other() as usize] else {
@@ -582,21 +599,7 @@ impl Policy {
         };
         let secs = elapsed.as_secs_f64();
         let moved = (e.bytes + rx.saturating_sub(e.rx_start)) as f64;
-        if !(secs > 0.0 && moved / secs * CUT_FACTOR < other) {
-            return false;
-        }
-        // Compression is that slow. Right after raw epochs, though, its
-        // settling epoch finds the buffers full of raw's bytes, and that alone
-        // can make it slow: one way at 10 Gbit/s on the VM, where compression
-        // pays 1.27x, a quarter into learning's compressed epoch read 0.4-0.8
-        // GB/s against raw's 1.2-1.4, and 1.5-2.5 once the epoch ran to its
-        // end. The sender's worker threads were 94-98% busy meanwhile, so their
-        // CPU time cannot tell the switch from a codec that is too slow (the
-        // sockets, full, probably take the frames in small pieces, a wakeup
-        // and a syscall each). So a compressed trial is cut only in its
-        // measured epoch; where the cores cannot carry compression at all, the
-        // CPU bound keeps it from being tried ([`Policy::next_epoch`]).
-        e.mode == Mode::Raw || !e.settling
+        secs > 0.0 && moved / secs * CUT_FACTOR < other
     }
 
     /// Closes the current epoch's measurement and picks the next epoch's mode.
@@ -676,7 +679,8 @@ impl Policy {
             [None, _] if confident => Mode::Compressed,
             // Not confident: learning measured raw first (its first epoch
             // settled), then compression, whose first epoch settles while the
-            // buffers drain raw bytes (it is cut short if hopeless).
+            // buffers drain raw bytes (its measured epoch is cut short if
+            // hopeless).
             // Where the CPU bound says compression cannot win, raw goes on, and
             // every raw epoch measures the bound again.
             [None, Some(_)] if cpu_hopeless => Mode::Raw,
@@ -849,22 +853,25 @@ impl Policy {
 
     fn log_epoch(e: &Epoch, was: Mode, measured: Option<f64>) {
         let gbs = |x: Option<f64>| x.map_or("-".to_string(), |v| format!("{:.3}", v / 1e9));
-        let line = format!(
-            "adapt: {was:?} epoch took {} GB/s; compressed {} GB/s, raw {} GB/s; CPU bound {}; next {:?}{}",
-            gbs(measured),
-            gbs(e.thr[0]),
-            gbs(e.thr[1]),
-            e.cpu_room.map_or("-".to_string(), |x| format!("{x:.2}x")),
-            e.mode,
-            if e.exploring { " (explores)" } else { "" }
-        );
+        // Formatted only where it is printed.
+        let line = || {
+            format!(
+                "adapt: {was:?} epoch took {} GB/s; compressed {} GB/s, raw {} GB/s; CPU bound {}; next {:?}{}",
+                gbs(measured),
+                gbs(e.thr[0]),
+                gbs(e.thr[1]),
+                e.cpu_room.map_or("-".to_string(), |x| format!("{x:.2}x")),
+                e.mode,
+                if e.exploring { " (explores)" } else { "" }
+            )
+        };
         // The simulations' trace: `ADAPT_TRACE=1 cargo test --release --lib
         // adapt:: -- --nocapture` prints every epoch.
         #[cfg(test)]
         if std::env::var_os("ADAPT_TRACE").is_some() {
-            eprintln!("{line}");
+            eprintln!("{}", line());
         }
-        tracing::debug!("{line}");
+        tracing::debug!("{}", line());
     }
 
     /// Starts the next epoch, in `e.mode`.
@@ -878,7 +885,8 @@ impl Policy {
         // drains the raw bytes the buffers hold, and measures about raw's
         // figure where the link is the bottleneck: on 2 Gbit/s both ways such
         // explorations kept raw running a quarter of a run. Its first epoch
-        // settles (and is cut short where compression is hopeless).
+        // settles (and its measured epoch is cut short where compression is
+        // hopeless).
         let compressed_first =
             e.mode == Mode::Compressed && e.thr[Mode::Compressed as usize].is_none();
         e.settling = e.exploring || (!confident && (raw_first || compressed_first));
