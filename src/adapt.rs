@@ -55,9 +55,12 @@
 //!    tried.
 //!    A measured raw epoch also bounds what compression could move with the
 //!    node's cores (the CPU time of the plugin's worker threads, the codec's
-//!    speed and the ratio); where even that bound stays below
+//!    speed and the ratio, and where the peer sends too, the decode that
+//!    compression costs at the peer); where even that bound stays below
 //!    [`SWITCH_MARGIN`], compression is neither learned nor explored (see
-//!    `Policy::next_epoch`).
+//!    `Policy::next_epoch`). Where it stays below [`TIGHT_ROOM`] the cores
+//!    may be what limits: raw trials are not cut short, and compression's
+//!    first figure gets no head start over raw's.
 //!    An epoch that
 //!    spans an idle gap (no chunk for [`IDLE`]) measures the application, not us,
 //!    and is discarded.
@@ -137,6 +140,16 @@ pub const IDLE: Duration = Duration::from_millis(50);
 /// An exploration of compression is cut short once it measures this many times
 /// slower than raw (see [`Policy::hopeless_exploration`]).
 pub const CUT_FACTOR: f64 = 1.25;
+/// A CPU bound (see `Policy::next_epoch`) below this says the node's cores,
+/// not the link, may be what limits: compression could move at most this many
+/// times raw's figure. There, a raw trial that measures [`CUT_FACTOR`] times
+/// slower than compression is draining compressed bytes, not measuring raw,
+/// and is not cut; and compression's first figure gets no head start over
+/// raw's. On noisy cores the bound reads high (time the core gave other work
+/// is not the process's): both ways at 10 Gbit/s on simulated cores left 70%
+/// of their time by other work, where compression moves 0.745x, it read
+/// 1.07-1.27x.
+pub const TIGHT_ROOM: f64 = 1.5;
 const ALPHA: f64 = 0.25;
 /// The codec speed a policy assumes before it measured one (bytes per second of
 /// one core), and the least its CPU bound takes it at.
@@ -570,6 +583,8 @@ impl Policy {
     /// there. Judging raw only after it settled did not help on the VM (the
     /// drain of ~40 MiB of socket buffers outlasts one epoch) and cost the
     /// link-bound cells (`bench/results/adapt-drain-2026-11-26-s17.md`).
+    /// Raw is not cut where the CPU bound is below [`TIGHT_ROOM`]: there the
+    /// bound itself says raw cannot be that much slower.
     fn hopeless_exploration(e: &Epoch, now: Instant, rx: u64) -> bool {
         // Explorations, and learning's compressed epochs after raw's.
         let trial = e.exploring || e.thr[Mode::Compressed as usize].is_none();
@@ -597,6 +612,13 @@ impl Policy {
         let Some(other) = e.thr[e.mode.other() as usize] else {
             return false;
         };
+        // Raw, where the cores may be what limits: a raw trial far slower
+        // than compression drains compressed bytes; the bound says raw is not
+        // that much slower (both ways on noisy simulated cores, such cuts kept
+        // runs compressed where compression moves 0.745x of raw).
+        if e.mode == Mode::Raw && e.cpu_room.is_some_and(|x| x < TIGHT_ROOM) {
+            return false;
+        }
         let secs = elapsed.as_secs_f64();
         let moved = (e.bytes + rx.saturating_sub(e.rx_start)) as f64;
         secs > 0.0 && moved / secs * CUT_FACTOR < other
@@ -617,7 +639,20 @@ impl Policy {
     /// encode adds `S / C` (`C`: the codec's best speed on one core; nothing on
     /// a device), so the same traffic needs at least `U / r + S / C`, and
     /// compression moves at most `K·T / (U / r + S / C)` times raw's figure.
-    /// Everything left out (the peer's or this node's decode, the codec's slower
+    ///
+    /// Where the peer sends too (`R` bytes received meanwhile), the decode
+    /// this node's compression causes at the peer takes the peer's cores from
+    /// what it sends back, which the epoch's figure counts: the bound adds
+    /// `min(S, R) / C` (the v2 decoder runs at about the encoder's speed on one
+    /// core, 3.2 against 3.3 GB/s on the VM's bf16 weights). Two nodes sending
+    /// to each other are alike (a ring, an all-to-all), so the same term also
+    /// stands for the decode this node will do once its peer compresses. One
+    /// way (`R` about 0) the receiver's cores do nothing else, and nothing is
+    /// added. Without it the bound of both ways unshaped on the VM read
+    /// 0.44-1.22x from epoch to epoch, and each read above the margin let
+    /// compression in, where it moves 0.54x of raw (issue 21).
+    ///
+    /// Everything else left out (this node's decode, the codec's slower
     /// chunks, other comms' encodes) would only lower it: where it stays below
     /// [`SWITCH_MARGIN`], compression cannot win, and it is neither learned nor
     /// explored (raw epochs keep measuring the bound). That is the case where
@@ -652,9 +687,16 @@ impl Policy {
             if e.mode == Mode::Raw {
                 let own = e.bytes as f64 / secs;
                 e.raw_own = Some(e.raw_own.map_or(own, |o| o + ALPHA * (own - o)));
-                if let Some((ratio, one)) = cpu.codec {
+                // Not from a settling epoch cut short: its sender was blocked
+                // on buffers full of compressed bytes, and its CPU time is
+                // mostly idle (bounds of 2.0-2.4x on the VM, both ways
+                // unshaped, where 0.4-1.2x is the rule).
+                if let (Some((ratio, one)), false) = (cpu.codec, e.settling) {
                     let used = cpu.ns.saturating_sub(e.cpu_start) as f64 / 1e9;
-                    let need = used / ratio.max(1.0) + e.bytes as f64 / one;
+                    // The encode, and the decode it causes at the peer where
+                    // the peer sends too (`received`): see the doc above.
+                    let coded = e.bytes + received.min(e.bytes);
+                    let need = used / ratio.max(1.0) + coded as f64 / one;
                     e.cpu_room = (need > 0.0).then(|| cpu.cores * secs / need);
                 }
             }
@@ -765,6 +807,17 @@ impl Policy {
             // first choice would stand until the first exploration, after
             // [`EXPLORE_EPOCHS`] (on a 2 Gbit/s link both ways, 18% of a 1 GiB
             // run went raw). That exploration confirms this early choice soon.
+            // Not where the cores may be what limits ([`TIGHT_ROOM`]): there
+            // the start was not the link's, and compression that measured up
+            // to 10% slower would run until an exploration, which may find
+            // the buffers full of compressed bytes.
+            if e.cpu_room.is_some_and(|x| x < TIGHT_ROOM) {
+                return if Self::beats(Mode::Compressed, c, r) {
+                    Mode::Compressed
+                } else {
+                    Mode::Raw
+                };
+            }
             return if Self::beats(Mode::Raw, r, c) {
                 Mode::Raw
             } else {
