@@ -691,7 +691,7 @@ impl Policy {
                 // on buffers full of compressed bytes, and its CPU time is
                 // mostly idle (bounds of 2.0-2.4x on the VM, both ways
                 // unshaped, where 0.4-1.2x is the rule).
-                if let (Some((ratio, one)), false) = (cpu.codec, e.settling) {
+                if let Some((ratio, one)) = cpu.codec.filter(|_| !e.settling) {
                     let used = cpu.ns.saturating_sub(e.cpu_start) as f64 / 1e9;
                     // The encode, and the decode it causes at the peer where
                     // the peer sends too (`received`): see the doc above.
@@ -1452,6 +1452,42 @@ mod tests {
             }
         }
         assert!(fails.is_empty(), "{fails:#?}");
+    }
+
+    /// The CPU bound of a raw epoch on a saturated core (one core, the codec at
+    /// 2 GB/s and 1.5x): `T / (U / r + S / C)` one way, and with as much
+    /// received as sent, the peer's decode `min(S, R) / C` added.
+    #[test]
+    fn cpu_bound_counts_the_peers_decode_where_the_peer_sends() {
+        const CHUNK: usize = 256 << 10;
+        let step = Duration::from_micros(200);
+        let mut rooms = Vec::new();
+        for both in [false, true] {
+            let meter: &'static Meter = Box::leak(Box::default());
+            let cpu: &'static CpuClock = Box::leak(Box::new(CpuClock::Counted(Default::default())));
+            let p = Policy::for_sim(CompressMode::Auto, meter, cpu);
+            let mut t = Instant::now();
+            // The comm's probe, then learning's settling raw epoch and its
+            // measured one (64 chunks each); the 130th call closes the latter.
+            for _ in 0..2 + 2 * 64 {
+                if p.decide_at(CHUNK, t) == Decision::Compress {
+                    p.record(CHUNK, CHUNK * 2 / 3, CHUNK as u64 / 2);
+                }
+                cpu.add(step.as_nanos() as u64);
+                if both {
+                    meter.add(CHUNK as u64);
+                }
+                t += step;
+            }
+            let room = p.state.lock().epoch.as_ref().and_then(|e| e.cpu_room);
+            rooms.push(room.expect("a measured raw epoch"));
+        }
+        let secs = 64.0 * step.as_secs_f64();
+        let sent = 64.0 * CHUNK as f64;
+        let one_way = secs / (secs / 1.5 + sent / 2e9);
+        let both = secs / (secs / 1.5 + 2.0 * sent / 2e9);
+        assert!((rooms[0] - one_way).abs() < 1e-4, "{rooms:?} vs {one_way}");
+        assert!((rooms[1] - both).abs() < 1e-4, "{rooms:?} vs {both}");
     }
 
     /// Issue 21: two nodes, one core each, sending to each other (or one to the
