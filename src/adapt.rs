@@ -332,6 +332,14 @@ struct Epoch {
     raw_own: Option<f64>,
 }
 
+impl Epoch {
+    /// The last CPU bound says compression could move less than `x` times
+    /// raw's figure (no bound yet: not below).
+    fn room_below(&self, x: f64) -> bool {
+        self.cpu_room.is_some_and(|r| r < x)
+    }
+}
+
 #[derive(Debug)]
 struct State {
     ratio: f64,
@@ -616,7 +624,7 @@ impl Policy {
         // than compression drains compressed bytes; the bound says raw is not
         // that much slower (both ways on noisy simulated cores, such cuts kept
         // runs compressed where compression moves 0.745x of raw).
-        if e.mode == Mode::Raw && e.cpu_room.is_some_and(|x| x < TIGHT_ROOM) {
+        if e.mode == Mode::Raw && e.room_below(TIGHT_ROOM) {
             return false;
         }
         let secs = elapsed.as_secs_f64();
@@ -716,7 +724,7 @@ impl Policy {
             Self::restart(e, now, rx, cpu.ns);
             return;
         }
-        let cpu_hopeless = e.cpu_room.is_some_and(|x| x < SWITCH_MARGIN);
+        let cpu_hopeless = e.room_below(SWITCH_MARGIN);
         e.mode = match e.thr {
             [None, _] if confident => Mode::Compressed,
             // Not confident: learning measured raw first (its first epoch
@@ -811,17 +819,15 @@ impl Policy {
             // the start was not the link's, and compression that measured up
             // to 10% slower would run until an exploration, which may find
             // the buffers full of compressed bytes.
-            if e.cpu_room.is_some_and(|x| x < TIGHT_ROOM) {
-                return if Self::beats(Mode::Compressed, c, r) {
-                    Mode::Compressed
-                } else {
-                    Mode::Raw
-                };
-            }
-            return if Self::beats(Mode::Raw, r, c) {
-                Mode::Raw
+            let compress = if e.room_below(TIGHT_ROOM) {
+                Self::beats(Mode::Compressed, c, r)
             } else {
+                !Self::beats(Mode::Raw, r, c)
+            };
+            return if compress {
                 Mode::Compressed
+            } else {
+                Mode::Raw
             };
         }
         if std::mem::take(&mut e.exploring) {
@@ -1463,8 +1469,7 @@ mod tests {
         let step = Duration::from_micros(200);
         let mut rooms = Vec::new();
         for both in [false, true] {
-            let meter: &'static Meter = Box::leak(Box::default());
-            let cpu: &'static CpuClock = Box::leak(Box::new(CpuClock::Counted(Default::default())));
+            let (meter, cpu) = two_nodes::sim_node();
             let p = Policy::for_sim(CompressMode::Auto, meter, cpu);
             let mut t = Instant::now();
             // The comm's probe, then learning's settling raw epoch and its

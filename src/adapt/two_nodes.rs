@@ -380,6 +380,15 @@ impl Dir {
 /// every cell and hid failure 2 of issue 21.)
 const STREAMS: f64 = 4.0;
 
+/// A simulated node's received [`Meter`] and counted [`CpuClock`], for a
+/// policy's lifetime (a few bytes leaked per node).
+pub fn sim_node() -> (&'static Meter, &'static CpuClock) {
+    (
+        Box::leak(Box::default()),
+        Box::leak(Box::new(CpuClock::Counted(Default::default()))),
+    )
+}
+
 /// One run's result.
 #[derive(Debug, Clone, Copy)]
 pub struct Outcome {
@@ -480,11 +489,10 @@ pub fn run_noisy(
         enc: costs.enc / b_codec,
         ..costs
     };
-    // What each node received, and its core time (a few bytes leaked per run).
-    let meters: [&'static Meter; 2] = [Box::leak(Box::default()), Box::leak(Box::default())];
-    let clock =
-        || -> &'static CpuClock { Box::leak(Box::new(CpuClock::Counted(Default::default()))) };
-    let cpus = [clock(), clock()];
+    // What each node received, and its core time.
+    let (node_a, node_b) = (sim_node(), sim_node());
+    let meters = [node_a.0, node_b.0];
+    let cpus = [node_a.1, node_b.1];
     // dirs[0]: a -> b, dirs[1]: b -> a.
     let mut dirs = [
         Dir::new(which, mode, meters[0], cpus[0], costs, link, bytes),
