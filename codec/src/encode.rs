@@ -804,7 +804,10 @@ fn encode_coded_body<T: Elem, const V: bool>(blk: &[u8], out: &mut [u8]) -> Opti
 }
 
 /// The segment coders' bit writer: little-endian, each append one unaligned
-/// 8-byte store at `dst + pos`, at most 7 bits pending afterwards.
+/// 8-byte store at `dst + pos`, at most 7 bits pending afterwards. `Copy`, so that
+/// a hot loop can work on a copy whose address never escapes (its fields then
+/// stay in registers), and store it back after.
+#[derive(Clone, Copy)]
 pub(crate) struct Bits {
     dst: *mut u8,
     pub(crate) pos: usize,

@@ -1396,9 +1396,15 @@ fn encode_coded_body<T: V2, const V: bool>(
             } else {
                 &[(0, 0, 0); 257]
             };
+            // a copy of the writer: `wr` itself is lent to the vector coders above,
+            // so its fields would be loaded and stored in memory every element
+            let mut lw = wr;
             for (xb, &key) in kept[i * w..i1 * w].chunks_exact(w).zip(&s.keys[i..i1]) {
                 let x = T::load(xb, 0);
-                let is0 = zsel & (x == 0) as u32;
+                // x == 0 as arithmetic (x - 1 wraps to the top bit only for 0):
+                // compiled as a compare, it became a branch, mispredicted on
+                // every other element of ReLU outputs
+                let is0 = zsel & ((x as u64).wrapping_sub(1) >> 63) as u32;
                 // the (rotated) exponent field: bf16's and fp32's key
                 let e = if keys_rot { key as u32 } else { T::exp(x) };
                 let (c, len, xl) = enc[(e | (is0 << 8)) as usize];
@@ -1408,8 +1414,9 @@ fn encode_coded_body<T: V2, const V: bool>(
                     (c, len)
                 };
                 // SAFETY: as above (at most 23 bits per element).
-                unsafe { wr.put(c, len) };
+                unsafe { lw.put(c, len) };
             }
+            wr = lw;
             let bits = (8 * wr.pos as u64 + wr.nb as u64 - bit0) as u32;
             s.seg_bits.push(bits);
             total_bits += bits as u64;

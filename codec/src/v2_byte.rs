@@ -93,11 +93,12 @@ impl SymMode for F16n {
         let e = (x >> 10) & 31;
         let m = x & 1023;
         let v = 32 - m.leading_zeros();
-        let (sym, nb) = if e != 0 {
-            (e + 10, 10)
-        } else {
-            (v, v.saturating_sub(1))
-        };
+        // selected by mask, not by a branch: normal and subnormal elements mix
+        // without a pattern in fp16 gradients (a branch mispredicted every other
+        // element cost more than the rest of the split)
+        let normal = 0u32.wrapping_sub((e != 0) as u32);
+        let sym = (e + 10) & normal | v & !normal;
+        let nb = 10 & normal | v.saturating_sub(1) & !normal;
         (sym as usize, (m & ((1 << nb) - 1)) | s << nb, nb + 1)
     }
     #[inline(always)]
@@ -586,29 +587,118 @@ fn write_sym<T: SymMode>(
     } else if w == 1 {
         cnt = histogram(grid);
     } else {
-        sr.0.resize(m, 0);
-        sr.1.resize(m, 0);
-        for ((xb, so), ro) in grid
-            .chunks_exact(w)
-            .zip(sr.0.iter_mut())
-            .zip(sr.1.iter_mut())
-        {
-            let (s, raw, _) = T::split(T::load(xb, 0));
-            cnt[s] += 1;
-            *so = s as u8;
-            *ro = raw as u16;
-        }
+        f16n_split(grid, m, 1 << T::SS_LOG2, &mut sr, &mut cnt);
     }
     let r = write_sym_body::<T>(mode, flags, side, syms, blk, out, &cnt, &sr);
     SPLIT.with(|c| *c.borrow_mut() = sr);
     r
 }
 
+/// FP16N's elements split once (the histogram, the sub-segments' bit counts and
+/// the stream read them): per element its symbol and raw field, and per
+/// sub-segment its symbol histogram.
+#[derive(Default)]
+struct Split {
+    syms: Vec<u8>,
+    raws: Vec<u16>,
+    seg_hist: Vec<[u16; 64]>,
+}
+
 thread_local! {
-    /// [`write_sym`]'s per-element symbols and raw fields (FP16N)
-    static SPLIT: std::cell::RefCell<(Vec<u8>, Vec<u16>)> = const {
-        std::cell::RefCell::new((Vec::new(), Vec::new()))
-    };
+    /// [`write_sym`]'s FP16N split
+    static SPLIT: std::cell::RefCell<Split> = std::cell::RefCell::new(Split::default());
+}
+
+/// Splits the `m` fp16 elements of `grid` (F16n::split) into `sr`, with the
+/// histogram of each `ss`-element sub-segment and of all of them (`cnt`).
+fn f16n_split(grid: &[u8], m: usize, ss: usize, sr: &mut Split, cnt: &mut [u64; 256]) {
+    let grid = &grid[..2 * m];
+    sr.syms.resize(m, 0);
+    sr.raws.resize(m, 0);
+    let mut done = 0;
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU has AVX2; the lengths are those the function asserts.
+        done = unsafe { f16n_split_avx2(grid, &mut sr.syms, &mut sr.raws) };
+    }
+    for i in done..m {
+        let (sym, raw, _) = F16n::split(F16n::load(grid, i));
+        sr.syms[i] = sym as u8;
+        sr.raws[i] = raw as u16;
+    }
+    let ns = m.div_ceil(ss);
+    sr.seg_hist.resize(ns, [0; 64]);
+    let mut tot = [0u64; 64];
+    for (j, sh) in sr.seg_hist.iter_mut().enumerate() {
+        // four histograms side by side: neighbours often share a symbol, and one
+        // counter would chain each increment on the store before it
+        let mut h = [[0u16; 64]; 4];
+        let seg = &sr.syms[j * ss..((j + 1) * ss).min(m)];
+        let mut c4 = seg.chunks_exact(4);
+        for c in &mut c4 {
+            h[0][c[0] as usize & 63] += 1;
+            h[1][c[1] as usize & 63] += 1;
+            h[2][c[2] as usize & 63] += 1;
+            h[3][c[3] as usize & 63] += 1;
+        }
+        for &x in c4.remainder() {
+            h[0][x as usize & 63] += 1;
+        }
+        for s in 0..F16N_SYMS {
+            sh[s] = h[0][s] + h[1][s] + h[2][s] + h[3][s];
+            tot[s] += sh[s] as u64;
+        }
+    }
+    cnt[..64].copy_from_slice(&tot);
+}
+
+/// [`F16n::split`] eight elements at a time: the mantissa's bit length from the
+/// exponent of its conversion to f32, the selections by mask. Returns how many
+/// elements it split (a multiple of 8; the caller splits the rest).
+///
+/// # Safety
+/// The CPU must support AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn f16n_split_avx2(grid: &[u8], syms: &mut [u8], raws: &mut [u16]) -> usize {
+    use std::arch::x86_64::*;
+    let m = syms.len();
+    assert!(raws.len() == m && grid.len() >= 2 * m);
+    let c = _mm256_set1_epi32;
+    let (zero, one) = (_mm256_setzero_si256(), c(1));
+    let mut i = 0;
+    while i + 8 <= m {
+        // every load and store is inside the slices: i + 8 <= m (asserted lengths)
+        let x = _mm256_cvtepu16_epi32(_mm_loadu_si128(grid.as_ptr().add(2 * i) as *const __m128i));
+        let e = _mm256_and_si256(_mm256_srli_epi32(x, 10), c(31));
+        let mm = _mm256_and_si256(x, c(1023));
+        let sg = _mm256_srli_epi32(x, 15);
+        // bit length of the mantissa: its f32's exponent - 126 (0 for 0)
+        let fe = _mm256_srli_epi32(_mm256_castps_si256(_mm256_cvtepi32_ps(mm)), 23);
+        let v = _mm256_max_epi32(_mm256_sub_epi32(fe, c(126)), zero);
+        let normal = _mm256_cmpgt_epi32(e, zero);
+        let sym = _mm256_blendv_epi8(v, _mm256_add_epi32(e, c(10)), normal);
+        let nb = _mm256_blendv_epi8(
+            _mm256_max_epi32(_mm256_sub_epi32(v, one), zero),
+            c(10),
+            normal,
+        );
+        let mask = _mm256_sub_epi32(_mm256_sllv_epi32(one, nb), one);
+        let raw = _mm256_or_si256(_mm256_and_si256(mm, mask), _mm256_sllv_epi32(sg, nb));
+        // packus per 128-bit lane (raw0-3 sym0-3 | raw4-7 sym4-7), then in order
+        let r16 = _mm256_permute4x64_epi64(_mm256_packus_epi32(raw, sym), 0xD8);
+        _mm_storeu_si128(
+            raws.as_mut_ptr().add(i) as *mut __m128i,
+            _mm256_castsi256_si128(r16),
+        );
+        let s16 = _mm256_extracti128_si256(r16, 1);
+        _mm_storel_epi64(
+            syms.as_mut_ptr().add(i) as *mut __m128i,
+            _mm_packus_epi16(s16, s16),
+        );
+        i += 8;
+    }
+    i
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -621,7 +711,7 @@ fn write_sym_body<T: SymMode>(
     blk: &[u8],
     out: &mut [u8],
     cnt: &[u64; 256],
-    sr: &(Vec<u8>, Vec<u16>),
+    sr: &Split,
 ) -> Option<usize> {
     let l = blk.len();
     let w = T::MODE_W;
@@ -647,8 +737,8 @@ fn write_sym_body<T: SymMode>(
                 bits += cost[x as usize];
             }
         } else {
-            for &x in &sr.0[a..b] {
-                bits += cost[x as usize];
+            for (s, &n) in sr.seg_hist[j].iter().enumerate().take(T::NSYM) {
+                bits += cost[s] * n as u32;
             }
         }
         *sb = bits;
@@ -692,9 +782,9 @@ fn write_sym_body<T: SymMode>(
     // stream
     {
         let st = &mut out[p..p + stream_bytes];
-        let (mut acc, mut nacc, mut q) = (0u64, 0u32, 0usize);
+        let mut bw = BitWriter::new(st);
         if w == 1 {
-            // code | length << 16 per byte; two symbols (<= 24 bits) per flush test
+            // code | length << 16 per byte; two symbols (<= 24 bits) per flush
             let mut cl = [0u32; 256];
             for s in 0..256 {
                 cl[s] = codes[s] as u32 | (lens[s] as u32) << 16;
@@ -702,53 +792,49 @@ fn write_sym_body<T: SymMode>(
             let mut pairs = grid.chunks_exact(2);
             for pr in &mut pairs {
                 let (a, b) = (cl[pr[0] as usize], cl[pr[1] as usize]);
-                acc |= ((a & 0xFFFF) as u64) << nacc;
-                nacc += a >> 16;
-                acc |= ((b & 0xFFFF) as u64) << nacc;
-                nacc += b >> 16;
-                if nacc >= 32 {
-                    st[q..q + 4].copy_from_slice(&(acc as u32).to_le_bytes());
-                    q += 4;
-                    acc >>= 32;
-                    nacc -= 32;
-                }
+                let word = (a & 0xFFFF) as u64 | ((b & 0xFFFF) as u64) << (a >> 16);
+                bw.put(word, (a >> 16) + (b >> 16));
             }
             for &x in pairs.remainder() {
                 let a = cl[x as usize];
-                acc |= ((a & 0xFFFF) as u64) << nacc;
-                nacc += a >> 16;
-                if nacc >= 32 {
-                    st[q..q + 4].copy_from_slice(&(acc as u32).to_le_bytes());
-                    q += 4;
-                    acc >>= 32;
-                    nacc -= 32;
+                bw.put((a & 0xFFFF) as u64, a >> 16);
+            }
+        } else {
+            // per symbol: its code word, its length and its length with the raw
+            // bits (<= 12 + 11): one word of at most 23 bits per element
+            // code | length << 16 | (length + raw bits) << 24 per symbol
+            let mut ent = [0u32; 64];
+            for s in 0..T::NSYM {
+                ent[s] = codes[s] as u32 | (lens[s] as u32) << 16 | (cost[s] << 24);
+            }
+            let put = |bw: &mut BitWriter, s: u8, raw: u16| {
+                let e = ent[s as usize & 63];
+                bw.put(
+                    (e & 0xFFFF) as u64 | (raw as u64) << ((e >> 16) & 0xFF),
+                    e >> 24,
+                );
+            };
+            let (syms, raws) = (&sr.syms[..m], &sr.raws[..m]);
+            for (sc, rc) in syms.chunks(64).zip(raws.chunks(64)) {
+                if bw.room(sc.len()) {
+                    for (&s, &raw) in sc.iter().zip(rc) {
+                        let e = ent[s as usize & 63];
+                        // SAFETY: room() for this chunk, and each word below 32 bits
+                        unsafe {
+                            bw.put_unchecked(
+                                (e & 0xFFFF) as u64 | (raw as u64) << ((e >> 16) & 0xFF),
+                                e >> 24,
+                            )
+                        };
+                    }
+                } else {
+                    for (&s, &raw) in sc.iter().zip(rc) {
+                        put(&mut bw, s, raw);
+                    }
                 }
             }
         }
-        // code | raw bits << 16 per symbol: lengths ≤ 12, raw fields ≤ 11 bits
-        let mut lr = [0u32; 256];
-        for s in 0..if w == 1 { 0 } else { T::NSYM } {
-            lr[s] = lens[s] as u32 | T::rawbits(s) << 16;
-        }
-        for (&s, &raw) in sr.0[..if w == 1 { 0 } else { m }].iter().zip(&sr.1) {
-            let (s, lrs) = (s as usize, lr[s as usize]);
-            acc |= (codes[s] as u64) << nacc;
-            nacc += lrs & 0xFFFF;
-            acc |= (raw as u64) << nacc;
-            nacc += lrs >> 16;
-            if nacc >= 32 {
-                st[q..q + 4].copy_from_slice(&(acc as u32).to_le_bytes());
-                q += 4;
-                acc >>= 32;
-                nacc -= 32;
-            }
-        }
-        while nacc > 0 {
-            st[q] = acc as u8;
-            q += 1;
-            acc >>= 8;
-            nacc = nacc.saturating_sub(8);
-        }
+        let q = bw.finish();
         debug_assert_eq!(q, stream_bytes);
         p += stream_bytes;
     }
@@ -756,6 +842,90 @@ fn write_sym_body<T: SymMode>(
     p += t;
     debug_assert_eq!(p, size);
     Some(size)
+}
+
+/// LSB-first bit writer over a stream of known length (FORMAT.md §4's bit order),
+/// for words of at most 32 bits. Pending bits stay below 32 between calls; while
+/// four bytes of room are left, each call stores the low 32 bits unconditionally
+/// and advances by 4 bytes only when they are full (no branch on the data: a
+/// flush every two or three elements is not predictable); the last bytes go
+/// through the careful path.
+struct BitWriter<'a> {
+    st: &'a mut [u8],
+    acc: u64,
+    nacc: u32,
+    q: usize,
+}
+
+impl<'a> BitWriter<'a> {
+    fn new(st: &'a mut [u8]) -> Self {
+        BitWriter {
+            st,
+            acc: 0,
+            nacc: 0,
+            q: 0,
+        }
+    }
+
+    /// Whether `k` more words fit the fast path: each stores 4 bytes at `q` and
+    /// advances `q` by at most 4.
+    #[inline(always)]
+    fn room(&self, k: usize) -> bool {
+        self.q + 4 * k + 4 <= self.st.len()
+    }
+
+    /// [`BitWriter::put`] without the room check.
+    ///
+    /// # Safety
+    /// `room(k)` held before this call and fewer than `k` words were put since.
+    #[inline(always)]
+    unsafe fn put_unchecked(&mut self, word: u64, n: u32) {
+        debug_assert!(n <= 32 && word >> n == 0 && self.nacc < 32);
+        debug_assert!(self.q + 4 <= self.st.len());
+        self.acc |= word << self.nacc;
+        self.nacc += n;
+        (self.st.as_mut_ptr().add(self.q) as *mut [u8; 4])
+            .write_unaligned((self.acc as u32).to_le_bytes());
+        let full = self.nacc >> 5; // 0 or 1: nacc < 32 + 32
+        self.q += 4 * full as usize;
+        self.acc >>= 32 * full;
+        self.nacc &= 31;
+    }
+
+    /// Appends the low `n` bits of `word` (`n` ≤ 32, the bits above `n` zero).
+    #[inline(always)]
+    fn put(&mut self, word: u64, n: u32) {
+        debug_assert!(n <= 32 && word >> n == 0 && self.nacc < 32);
+        self.acc |= word << self.nacc;
+        self.nacc += n;
+        if self.q + 4 <= self.st.len() {
+            // SAFETY: q + 4 <= st.len() was just checked
+            unsafe {
+                (self.st.as_mut_ptr().add(self.q) as *mut [u8; 4])
+                    .write_unaligned((self.acc as u32).to_le_bytes());
+            }
+            let full = self.nacc >> 5; // 0 or 1: nacc < 32 + 32
+            self.q += 4 * full as usize;
+            self.acc >>= 32 * full;
+            self.nacc &= 31;
+        } else if self.nacc >= 32 {
+            self.st[self.q..self.q + 4].copy_from_slice(&(self.acc as u32).to_le_bytes());
+            self.q += 4;
+            self.acc >>= 32;
+            self.nacc -= 32;
+        }
+    }
+
+    /// Writes the pending bits (the last byte zero-padded); the bytes written.
+    fn finish(mut self) -> usize {
+        while self.nacc > 0 {
+            self.st[self.q] = self.acc as u8;
+            self.q += 1;
+            self.acc >>= 8;
+            self.nacc = self.nacc.saturating_sub(8);
+        }
+        self.q
+    }
 }
 
 // ---------------------------------------------------------------------------------
