@@ -101,25 +101,25 @@ impl SymMode for F16n {
         let nb = 10 & normal | v.saturating_sub(1) & !normal;
         (sym as usize, (m & ((1 << nb) - 1)) | s << nb, nb + 1)
     }
+    /// 1 (±0), `s` (subnormal), 11 (normal): `s` clamped to 1..=11.
     #[inline(always)]
     fn rawbits(s: usize) -> u32 {
-        match s {
-            0 => 1,
-            1..=10 => s as u32,
-            _ => 11,
-        }
+        (s as u32).clamp(1, 11)
     }
+    /// The inverse of `split`, without a branch on the symbol (decoded elements mix
+    /// normal and subnormal symbols without a pattern): the raw field holds `nb =
+    /// rawbits(s) - 1` mantissa bits and the sign above them; a subnormal adds its
+    /// implied leading one, a normal number its exponent field `s - 10`.
     #[inline(always)]
     fn join(s: usize, raw: u32) -> u32 {
-        match s {
-            0 => raw << 15,
-            1..=10 => {
-                let v = s as u32;
-                let frac = raw & ((1 << (v - 1)) - 1);
-                (raw >> (v - 1)) << 15 | 1 << (v - 1) | frac
-            }
-            _ => (raw >> 10) << 15 | ((s as u32 - 10) << 10) | (raw & 1023),
-        }
+        let s = s as u32;
+        let nb = s.clamp(1, 11) - 1;
+        let normal = 0u32.wrapping_sub((s >= 11) as u32);
+        let sub = 0u32.wrapping_sub((s.wrapping_sub(1) < 10) as u32);
+        (raw >> nb) << 15
+            | (s.wrapping_sub(10) << 10) & normal
+            | (1 << nb) & sub
+            | raw & ((1 << nb) - 1)
     }
 }
 
@@ -1438,6 +1438,39 @@ mod tests {
             assert_eq!(got, want, "{x:#06x}");
             assert_eq!(got.2, F16n::rawbits(got.0), "{x:#06x}");
             assert_eq!(F16n::join(got.0, got.1), x, "{x:#06x}");
+        }
+    }
+
+    /// The block splitter (AVX2 where the CPU has it, eight at a time, scalar for
+    /// the rest) against the scalar rule: every fp16 value, lengths that end off
+    /// the vector width, and the sub-segment histograms against their elements.
+    #[test]
+    fn f16n_block_split_matches_the_scalar_split() {
+        let all: Vec<u8> = (0..=0xFFFFu16).flat_map(|x| x.to_le_bytes()).collect();
+        for m in [0usize, 1, 7, 8, 9, 515, 4097, 65536] {
+            let mut sr = Split::default();
+            let mut cnt = [0u64; 256];
+            let ss = 512;
+            f16n_split(&all, m, ss, &mut sr, &mut cnt);
+            let mut want = [0u64; 256];
+            for i in 0..m {
+                let (sym, raw, _) = F16n::split(F16n::load(&all, i));
+                assert_eq!(
+                    (sr.syms[i] as usize, sr.raws[i] as u32),
+                    (sym, raw),
+                    "element {i}"
+                );
+                want[sym] += 1;
+            }
+            assert_eq!(cnt, want, "m = {m}");
+            assert_eq!(sr.seg_hist.len(), m.div_ceil(ss));
+            for (j, h) in sr.seg_hist.iter().enumerate() {
+                let mut hw = [0u16; 64];
+                for &x in &sr.syms[j * ss..((j + 1) * ss).min(m)] {
+                    hw[x as usize] += 1;
+                }
+                assert_eq!(*h, hw, "m = {m}, sub-segment {j}");
+            }
         }
     }
 }
