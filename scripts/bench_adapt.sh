@@ -28,15 +28,9 @@ else
   [[ -f $PERF && -f $A ]] || cargo build --release --quiet --lib --bins
 fi
 unset NCCL_ZIP_LINK_MBPS
-WORK=$(mktemp -d)
-trap '"$ROOT/scripts/netns.sh" down >/dev/null 2>&1; rm -rf "$WORK"' EXIT
 source scripts/lib/pair.sh
 source scripts/lib/results.sh
-BIN=$WORK/perf
-printf '#!/bin/sh\nrole=$1; shift\nexec "%s" "$role" --mem host "$@"\n' "$PERF" >"$BIN"
-chmod +x "$BIN"
-[[ -f bench/data/weights.bf16 ]] || scripts/make_tensors.sh >"$WORK/tensors.log" 2>&1 \
-  || { echo "bench_adapt: scripts/make_tensors.sh failed" >&2; exit 1; }
+netns_bench_setup bench_adapt
 export PIN_A=$CA PIN_B=$CB
 # off2: a second `off` run in each round, first: off2/off is the noise floor
 # of the cell (what two identical runs differ by on this machine). CONTROL=0 drops it.

@@ -25,15 +25,9 @@ PERF=${PERF:-$TD/release/nccl-zip-perf}
 SO=${SO:-$TD/release/libnccl_net_zip.so}
 [[ -f $PERF && -f $SO ]] || cargo build --release --quiet --lib --bins
 unset NCCL_ZIP_LINK_MBPS NCCL_ZIP_FORMAT NCCL_ZIP_COMPRESS
-WORK=$(mktemp -d)
-trap '"$ROOT/scripts/netns.sh" down >/dev/null 2>&1; rm -rf "$WORK"' EXIT
 source scripts/lib/pair.sh
 source scripts/lib/results.sh
-BIN=$WORK/perf
-printf '#!/bin/sh\nrole=$1; shift\nexec "%s" "$role" --mem host "$@"\n' "$PERF" >"$BIN"
-chmod +x "$BIN"
-[[ -f bench/data/weights.bf16 ]] || scripts/make_tensors.sh >"$WORK/tensors.log" 2>&1 \
-  || { echo "bench_format: scripts/make_tensors.sh failed" >&2; exit 1; }
+netns_bench_setup bench_format
 # the sparse classes, as codec_bench builds them (same seeds)
 CARGO_TARGET_DIR=${CODEC_TARGET_DIR:-$ROOT/target-codec} cargo run --release -q -p nccl-zip-codec \
   --example codec_bench -- --only sparse --msg 262144 --secs 0.01 --no-zstd --dump "$WORK/dump" >/dev/null \

@@ -877,7 +877,7 @@ impl<'a> BitWriter<'a> {
     /// [`BitWriter::put`] without the room check.
     ///
     /// # Safety
-    /// `room(k)` held before this call and fewer than `k` words were put since.
+    /// `q + 4 <= st.len()`: `room(k)` held and fewer than `k` words were put since.
     #[inline(always)]
     unsafe fn put_unchecked(&mut self, word: u64, n: u32) {
         debug_assert!(n <= 32 && word >> n == 0 && self.nacc < 32);
@@ -895,20 +895,15 @@ impl<'a> BitWriter<'a> {
     /// Appends the low `n` bits of `word` (`n` ≤ 32, the bits above `n` zero).
     #[inline(always)]
     fn put(&mut self, word: u64, n: u32) {
+        if self.room(0) {
+            // SAFETY: room(0) is q + 4 <= st.len()
+            unsafe { self.put_unchecked(word, n) };
+            return;
+        }
         debug_assert!(n <= 32 && word >> n == 0 && self.nacc < 32);
         self.acc |= word << self.nacc;
         self.nacc += n;
-        if self.q + 4 <= self.st.len() {
-            // SAFETY: q + 4 <= st.len() was just checked
-            unsafe {
-                (self.st.as_mut_ptr().add(self.q) as *mut [u8; 4])
-                    .write_unaligned((self.acc as u32).to_le_bytes());
-            }
-            let full = self.nacc >> 5; // 0 or 1: nacc < 32 + 32
-            self.q += 4 * full as usize;
-            self.acc >>= 32 * full;
-            self.nacc &= 31;
-        } else if self.nacc >= 32 {
+        if self.nacc >= 32 {
             self.st[self.q..self.q + 4].copy_from_slice(&(self.acc as u32).to_le_bytes());
             self.q += 4;
             self.acc >>= 32;

@@ -80,6 +80,20 @@ run_bidir() {
     'BEGIN{printf "BIDIR GBps=%.3f GBps_a=%s GBps_b=%s wire_per_payload=%.4f\n", a+b, a, b, (wa+wb)/2}'
 }
 
+# netns_bench_setup NAME: what the scripts that run pairs across the namespaces
+# share: a work folder removed at exit (the namespaces taken down with it), BIN the
+# host-memory wrapper of $PERF, and bench/data's real tensors (made once; NAME
+# names the caller in the error).
+netns_bench_setup() {
+  WORK=$(mktemp -d)
+  trap '"$ROOT/scripts/netns.sh" down >/dev/null 2>&1; rm -rf "$WORK"' EXIT
+  BIN=$WORK/perf
+  printf '#!/bin/sh\nrole=$1; shift\nexec "%s" "$role" --mem host "$@"\n' "$PERF" >"$BIN"
+  chmod +x "$BIN"
+  [[ -f bench/data/weights.bf16 ]] || scripts/make_tensors.sh >"$WORK/tensors.log" 2>&1 \
+    || { echo "$1: scripts/make_tensors.sh failed" >&2; exit 1; }
+}
+
 field() { sed -n "s/.* $1=\([^ ]*\).*/\1/p"; }
 median() { sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
 
