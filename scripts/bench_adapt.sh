@@ -107,9 +107,7 @@ SUMMARY=$(awk 'function srt(a, n,  i, j, x) { for (i = 2; i <= n; i++) { x = a[i
   }' "$WORK/runs" | sort)
 HEAD="| build | direction | link | data | auto/off median | auto/off min | auto/best median | auto/best min | on/off median | auto wire/payload | off2/off median (min-max) | auto/off pooled | rounds |"
 echo
-echo "$HEAD"
-echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
-echo "$SUMMARY"
+results_table "$HEAD" "$SUMMARY"
 OUT=$(results_path adapt-matrix)
 {
   results_head "Adaptive policy matrix: one and both directions, pinned nodes" \
@@ -118,15 +116,9 @@ OUT=$(results_path adapt-matrix)
   for v in $BUILDS; do echo "- Build $v: ${!v}"; done
   echo "- Per round (off2, auto, on, off of one build back to back, the order rotating from round to round, or shuffled per round with ORDER=shuffle): auto/off and auto/max(on, off); median and minimum over the rounds. Both directions: the sum of both receivers' rates; wire: receiver-side veth bytes per payload byte (mean of both ranks). off2/off: a second \`off\` run of the same round against the first, the cell's noise floor. auto/off pooled: the median of auto's runs over the median of all \`off\` and \`off2\` runs (2N runs: less noise where runs, not rounds, vary)."
   echo
-  echo "$HEAD"
-  echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
-  echo "$SUMMARY"
+  results_table "$HEAD" "$SUMMARY"
   echo
-  echo "## Runs (build direction link data round mode GB/s wire/payload)"
-  echo
-  echo '```'
-  cat "$WORK/runs"
-  echo '```'
+  results_runs "build direction link data round mode GB/s wire/payload" "$WORK/runs"
 } >"$OUT"
 echo
 echo "written to ${OUT#$ROOT/}"

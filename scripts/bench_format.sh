@@ -89,9 +89,7 @@ SUMMARY=$(awk 'function srt(a, n,  i, j, x) { for (i = 2; i <= n; i++) { x = a[i
   }' "$WORK/runs" | sort -k2,2 -k4,4)
 HEAD="| link | data | on: v2/v1 | auto: v2/v1 | on v1/off | on v2/off | auto v1/off | auto v2/off | wire on v1 | wire on v2 | wire auto v1 | wire auto v2 | rounds |"
 echo
-echo "$HEAD"
-echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
-echo "$SUMMARY"
+results_table "$HEAD" "$SUMMARY"
 OUT=$(results_path format-e2e)
 {
   results_head "Frame format 1 against 2 through the plugin, one direction, pinned nodes" \
@@ -99,15 +97,9 @@ OUT=$(results_path format-e2e)
     "N=$N BYTES=$BYTES SIZE=$SIZE RATES='$RATES' DATAS='$DATAS' SEED=${SEED:-1}"
   echo "- Per round, in a shuffled order: off, then NCCL_ZIP_FORMAT=1 and 2, each with NCCL_ZIP_COMPRESS=on and auto. Each ratio is the median over rounds of the same round's pair. wire: receiver-side veth bytes per payload byte."
   echo
-  echo "$HEAD"
-  echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
-  echo "$SUMMARY"
+  results_table "$HEAD" "$SUMMARY"
   echo
-  echo "## Runs (link data round mode GB/s wire/payload)"
-  echo
-  echo '```'
-  cat "$WORK/runs"
-  echo '```'
+  results_runs "link data round mode GB/s wire/payload" "$WORK/runs"
 } >"$OUT"
 echo
 echo "written to ${OUT#$ROOT/}"

@@ -29,3 +29,20 @@ results_head() {
   echo "- Command: \`$3\` ($4)"
   echo "- Plugin settings: $(env | grep '^NCCL_ZIP_' | tr '\n' ' ' || true)(unset = defaults)"
 }
+
+# results_table HEAD ROWS: a markdown table, its separator row as wide as HEAD.
+results_table() {
+  echo "$1"
+  awk -F'|' '{ s = "|"; for (i = 2; i < NF; i++) s = s "---|"; print s }' <<<"$1"
+  echo "$2"
+}
+
+# results_runs WHAT FILE: a results file's last section, the raw runs (WHAT: their
+# columns) in a code block.
+results_runs() {
+  echo "## Runs ($1)"
+  echo
+  echo '```'
+  cat "$2"
+  echo '```'
+}
