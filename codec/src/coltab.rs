@@ -53,9 +53,13 @@ impl ColTab {
     pub fn write(&self, out: &mut [u8]) {
         out[0..2].copy_from_slice(&(self.p as u16).to_le_bytes());
         let t = &mut out[2..2 + self.p.div_ceil(2)];
-        t.fill(0);
-        for j in 0..self.p {
-            t[j / 2] |= ((self.off[j] as u8) & 15) << (4 * (j % 2));
+        // a pair of offsets per byte; an odd P's last byte has a high nibble of 0
+        let pairs = self.off[..self.p].chunks_exact(2);
+        if let [c] = pairs.remainder() {
+            t[self.p / 2] = (*c as u8) & 15;
+        }
+        for (b, c) in t.iter_mut().zip(pairs) {
+            *b = ((c[0] as u8) & 15) | ((c[1] as u8) << 4);
         }
     }
 
@@ -73,12 +77,17 @@ impl ColTab {
             return Err(CodecError::Truncated);
         }
         let mut ct = ColTab { p, off: [0; PMAX] };
-        for j in 0..p {
-            let nib = (src[2 + j / 2] >> (4 * (j % 2))) & 15;
-            ct.off[j] = ((nib << 4) as i8) >> 4;
+        // a pair per byte, sign-extended nibbles (an odd P's padding nibble lands in
+        // off[P], reset below after its check)
+        for (c, &b) in ct.off.chunks_exact_mut(2).zip(&src[2..len]) {
+            c[0] = ((b << 4) as i8) >> 4;
+            c[1] = (b as i8) >> 4;
         }
-        if p % 2 == 1 && src[len - 1] >> 4 != 0 {
-            return Err(CodecError::Corrupt("nonzero column table padding"));
+        if p % 2 == 1 {
+            if src[len - 1] >> 4 != 0 {
+                return Err(CodecError::Corrupt("nonzero column table padding"));
+            }
+            ct.off[p] = 0;
         }
         Ok((ct, len))
     }
@@ -656,6 +665,27 @@ mod unrotate_tests {
     }
 }
 
+/// Columns a quad of samples spans past its first (4 x 13): [`row_bases`] runs that
+/// far past `P`, so that the samples of a quad need no wrap.
+const QUAD_SPAN: usize = 4 * SAMPLE_STRIDE;
+
+thread_local! {
+    /// [`row_bases`]' buffer for the per-sample loops
+    static ROWS: RefCell<Vec<u16>> = const { RefCell::new(Vec::new()) };
+}
+
+/// The row of [`rot_table`] of every column `j < P + QUAD_SPAN` (column `j mod P`),
+/// as its offset in the flattened table: `((c[j] + 8) & 15) << 8`.
+fn row_bases(ct: &ColTab, rb: &mut Vec<u16>) {
+    let p = ct.p;
+    rb.clear();
+    rb.extend(ct.off[..p].iter().map(|&c| (((c as u8).wrapping_add(8) & 15) as u16) << 8));
+    for j in 0..QUAD_SPAN {
+        let r = rb[j % p];
+        rb.push(r);
+    }
+}
+
 /// The exponent histogram of a block's sample, kept elements `0, 13, 26, … < k` of
 /// `kept` (as [`rotate_kept`] lays them out), with every field rotated: the `hc` of
 /// the rotated sample's statistics (rotation changes neither zeros nor low bits, so
@@ -672,19 +702,48 @@ pub(crate) fn sample_hist_rotated<T: V2>(
     let lut = rot_lut::<T>();
     let mut h = [0u32; 256];
     if elided.is_none() {
-        // the kept elements are the grid: element j is in column (col0 + j) mod P
-        let step = SAMPLE_STRIDE % p;
-        let mut cg = col0 % p;
-        let mut j = 0;
-        while j < k {
-            let e = (T::load(kept, j) >> sh) & emax;
-            // offsets are −8..=7 (`ColTab`): row c + 8 of the table
-            h[lut[(ct.off[cg] as u8).wrapping_add(8) as usize & 15][e as usize] as usize] += 1;
-            cg += step;
-            if cg >= p {
-                cg -= p;
+        // the kept elements are the grid: element j is in column (col0 + j) mod P;
+        // sample i = j / 13 to copy i mod 4 of the histogram, as `sample_both`
+        let count = k.div_ceil(SAMPLE_STRIDE);
+        assert!(count == 0 || SAMPLE_STRIDE * (count - 1) < kept.len() / T::W);
+        let lutf = lut.as_flattened();
+        let base = kept.as_ptr();
+        let mut hs = [[0u16; 256]; 4];
+        ROWS.with(|rb| {
+            let rb = &mut *rb.borrow_mut();
+            row_bases(ct, rb);
+            let rb = &rb[..p + QUAD_SPAN];
+            let (step, step4) = (SAMPLE_STRIDE % p, QUAD_SPAN % p);
+            let mut cg = col0 % p;
+            let one = |i: usize, r: u16, hk: &mut [u16; 256]| {
+                // SAFETY: i < count (asserted above)
+                let x = unsafe { T::load_raw(base, SAMPLE_STRIDE * i) };
+                let e = ((x >> sh) & emax) as usize;
+                // SAFETY: r <= 15 << 8 and e <= 255: inside the 16 x 256 table
+                hk[unsafe { *lutf.get_unchecked(r as usize + e) } as usize] += 1;
+            };
+            let quads = count / 4;
+            for q in 0..quads {
+                for (kk, hk) in hs.iter_mut().enumerate() {
+                    // SAFETY: cg < P and 13·kk < QUAD_SPAN: inside `rb`
+                    let r = unsafe { *rb.get_unchecked(cg + SAMPLE_STRIDE * kk) };
+                    one(4 * q + kk, r, hk);
+                }
+                cg += step4;
+                if cg >= p {
+                    cg -= p;
+                }
             }
-            j += SAMPLE_STRIDE;
+            for i in 4 * quads..count {
+                one(i, rb[cg], &mut hs[0]);
+                cg += step;
+                if cg >= p {
+                    cg -= p;
+                }
+            }
+        });
+        for (e, x) in h.iter_mut().enumerate() {
+            *x = hs.iter().map(|hk| hk[e] as u32).sum();
         }
         return h;
     }
@@ -744,50 +803,55 @@ fn sample_both<T: V2>(
     // u16 counts: at most ceil(count / 4) per bin and copy
     debug_assert!(count <= 4 * u16::MAX as usize);
     let (sh, p) = (eshift::<T>(), ct.p);
-    let lut = rot_lut::<T>();
-    let off = &ct.off[..p];
-    let step = SAMPLE_STRIDE % p;
+    let lut = rot_lut::<T>().as_flattened();
     let base = xs.as_ptr();
     let (mut hp, mut hc) = ([[0u16; 256]; 4], [[0u16; 256]; 4]);
     let (mut nzero, mut lo_or) = (0u32, 0u32);
-    let mut col = col0 % p;
-    #[inline(always)]
-    #[allow(clippy::too_many_arguments)]
-    fn one<T: V2>(
-        x: u32,
-        sh: u32,
-        col: &mut usize,
-        step: usize,
-        off: &[i8],
-        lut: &[[u8; 256]; 16],
-        hp: &mut [u16; 256],
-        hc: &mut [u16; 256],
-    ) -> u32 {
-        let e = ((x >> sh) & T::EMAX) as u8;
-        hp[e as usize] += 1;
-        let r = lut[(off[*col] as u8).wrapping_add(8) as usize & 15][e as usize];
-        hc[r as usize] += 1;
-        *col += step;
-        if *col >= off.len() {
-            *col -= off.len();
+    ROWS.with(|rb| {
+        let rb = &mut *rb.borrow_mut();
+        row_bases(ct, rb);
+        let rb = &rb[..p + QUAD_SPAN];
+        // one sample: its plain and rotated bins (`r`: its column's row base)
+        #[inline(always)]
+        fn one<T: V2>(x: u32, sh: u32, r: u16, lut: &[u8], hp: &mut [u16; 256], hc: &mut [u16; 256]) {
+            let e = ((x >> sh) & T::EMAX) as u8;
+            hp[e as usize] += 1;
+            // SAFETY: r <= 15 << 8 and e <= 255: inside the 16 x 256 table
+            let rot = unsafe { *lut.get_unchecked(r as usize + e as usize) };
+            hc[rot as usize] += 1;
         }
-        (x == 0) as u32
-    }
-    let quads = count / 4;
-    for q in 0..quads {
-        for k in 0..4 {
-            // SAFETY: sample 4q + k < count: inside `xs` (asserted above)
-            let x = unsafe { T::load_raw(base, SAMPLE_STRIDE * (4 * q + k)) };
-            nzero += one::<T>(x, sh, &mut col, step, off, lut, &mut hp[k], &mut hc[k]);
+        // samples 4q .. 4q + 4 sit in columns col, col + 13, col + 26, col + 39
+        // (`rb` runs QUAD_SPAN columns past P: no wrap inside a quad)
+        let (step, step4) = (SAMPLE_STRIDE % p, QUAD_SPAN % p);
+        let mut col = col0 % p;
+        let quads = count / 4;
+        for q in 0..quads {
+            for k in 0..4 {
+                // SAFETY: sample 4q + k < count: inside `xs` (asserted above)
+                let x = unsafe { T::load_raw(base, SAMPLE_STRIDE * (4 * q + k)) };
+                // SAFETY: col < P and 13k < QUAD_SPAN: inside `rb`
+                let r = unsafe { *rb.get_unchecked(col + SAMPLE_STRIDE * k) };
+                one::<T>(x, sh, r, lut, &mut hp[k], &mut hc[k]);
+                nzero += (x == 0) as u32;
+                lo_or |= x;
+            }
+            col += step4;
+            if col >= p {
+                col -= p;
+            }
+        }
+        for i in 4 * quads..count {
+            // SAFETY: i < count (asserted above)
+            let x = unsafe { T::load_raw(base, SAMPLE_STRIDE * i) };
+            one::<T>(x, sh, rb[col], lut, &mut hp[0], &mut hc[0]);
+            nzero += (x == 0) as u32;
             lo_or |= x;
+            col += step;
+            if col >= p {
+                col -= p;
+            }
         }
-    }
-    for i in 4 * quads..count {
-        // SAFETY: i < count (asserted above)
-        let x = unsafe { T::load_raw(base, SAMPLE_STRIDE * i) };
-        nzero += one::<T>(x, sh, &mut col, step, off, lut, &mut hp[0], &mut hc[0]);
-        lo_or |= x;
-    }
+    });
     let (mut h, mut hr) = ([0u32; 256], [0u32; 256]);
     for e in 0..256 {
         h[e] = (0..4).map(|k| hp[k][e] as u32).sum();

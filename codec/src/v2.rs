@@ -2500,12 +2500,12 @@ unsafe fn detect_v2_avx2(src: &[u8]) -> Dtype {
 /// fields mostly fall in a few bins, and one histogram would chain each increment on
 /// the store of the one before.
 pub(crate) struct GroupHists {
-    /// bf16 fields: `[copy][φ][parity]`
-    hb: [[[[u32; 256]; 2]; 2]; 4],
+    /// bf16 fields: `[copy][φ][parity]` (u16 counts: at most 64 groups of 32 words)
+    hb: [[[[u16; 256]; 2]; 2]; 4],
     /// fp16 fields: `[copy][φ]`
-    hf: [[[u32; 256]; 2]; 4],
+    hf: [[[u16; 256]; 2]; 4],
     /// bf16 field of each group's element 0 at φ (fp32 at φ + 2 does not hold it)
-    first: [[u32; 256]; 2],
+    first: [[u16; 256]; 2],
 }
 
 impl GroupHists {
@@ -2524,12 +2524,12 @@ impl GroupHists {
     pub(crate) fn finish(&self, st: &mut [Stats; 8]) {
         for phi in 0..2 {
             for e in 0..256 {
-                let ev: u32 = (0..4).map(|k| self.hb[k][phi][0][e]).sum();
-                let od: u32 = (0..4).map(|k| self.hb[k][phi][1][e]).sum();
+                let ev: u32 = (0..4).map(|k| self.hb[k][phi][0][e] as u32).sum();
+                let od: u32 = (0..4).map(|k| self.hb[k][phi][1][e] as u32).sum();
                 st[phi].hc[e] = ev + od;
-                st[2 + phi].hc[e] = (0..4).map(|k| self.hf[k][phi][e]).sum();
+                st[2 + phi].hc[e] = (0..4).map(|k| self.hf[k][phi][e] as u32).sum();
                 st[4 + phi].hc[e] = od;
-                st[6 + phi].hc[e] = ev - self.first[phi][e];
+                st[6 + phi].hc[e] = ev - self.first[phi][e] as u32;
             }
         }
     }
