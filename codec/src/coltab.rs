@@ -679,7 +679,11 @@ thread_local! {
 fn row_bases(ct: &ColTab, rb: &mut Vec<u16>) {
     let p = ct.p;
     rb.clear();
-    rb.extend(ct.off[..p].iter().map(|&c| (((c as u8).wrapping_add(8) & 15) as u16) << 8));
+    rb.extend(
+        ct.off[..p]
+            .iter()
+            .map(|&c| (((c as u8).wrapping_add(8) & 15) as u16) << 8),
+    );
     for j in 0..QUAD_SPAN {
         let r = rb[j % p];
         rb.push(r);
@@ -813,7 +817,14 @@ fn sample_both<T: V2>(
         let rb = &rb[..p + QUAD_SPAN];
         // one sample: its plain and rotated bins (`r`: its column's row base)
         #[inline(always)]
-        fn one<T: V2>(x: u32, sh: u32, r: u16, lut: &[u8], hp: &mut [u16; 256], hc: &mut [u16; 256]) {
+        fn one<T: V2>(
+            x: u32,
+            sh: u32,
+            r: u16,
+            lut: &[u8],
+            hp: &mut [u16; 256],
+            hc: &mut [u16; 256],
+        ) {
             let e = ((x >> sh) & T::EMAX) as u8;
             hp[e as usize] += 1;
             // SAFETY: r <= 15 << 8 and e <= 255: inside the 16 x 256 table
@@ -1569,12 +1580,16 @@ mod tests {
             for j in 0..p {
                 ct.off[j] = ((j * 5) % 16) as i8 - 8;
             }
-            let mut b = vec![0u8; ct.bytes()];
+            // entries past P are not the table's: the writer must not read them
+            ct.off[p..].fill(-1);
+            let mut b = vec![0xAAu8; ct.bytes()];
             ct.write(&mut b);
             let (c2, len) = ColTab::read(&b).unwrap();
             assert_eq!(len, ct.bytes());
             assert_eq!(c2.p, p);
             assert_eq!(&c2.off[..p], &ct.off[..p]);
+            // and the reader leaves them 0 (the padding nibble included)
+            assert!(c2.off[p..].iter().all(|&c| c == 0));
         }
         assert!(ColTab::read(&[15, 0, 0, 0, 0, 0, 0, 0, 0, 0]).is_err());
         assert!(ColTab::read(&[0x01, 0x20, 0]).is_err());

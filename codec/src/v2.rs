@@ -2744,6 +2744,15 @@ mod tests {
                     );
                     let want_r = crate::coltab::sample_hist_rotated::<T>(b, m, None, col0, ct);
                     assert_eq!(hr, want_r, "m {m} col0 {col0}");
+                    // and both equal the rule itself: sample i·13 in column
+                    // (col0 + 13·i) mod P, its field rotated by that column's offset
+                    let mut naive = [0u32; 256];
+                    for i in (0..m).step_by(crate::encode::SAMPLE_STRIDE) {
+                        let e = T::exp(T::load(b, i));
+                        let c = ct.off[(col0 + i) % ct.p];
+                        naive[crate::coltab::rot::<false>(e, c, T::EMAX) as usize] += 1;
+                    }
+                    assert_eq!(hr, naive, "m {m} col0 {col0} P {}", ct.p);
                 }
             }
         }
@@ -2761,7 +2770,7 @@ mod tests {
                 _ => rnd() as u8,
             })
             .collect();
-        for p in [16usize, 40, 1536] {
+        for p in [16usize, 17, 40, 53, 1536, 8192] {
             let mut ct = ColTab {
                 p,
                 off: [0; crate::coltab::PMAX],
