@@ -706,50 +706,8 @@ pub(crate) fn sample_hist_rotated<T: V2>(
     let lut = rot_lut::<T>();
     let mut h = [0u32; 256];
     if elided.is_none() {
-        // the kept elements are the grid: element j is in column (col0 + j) mod P;
-        // sample i = j / 13 to copy i mod 4 of the histogram, as `sample_both`
-        let count = k.div_ceil(SAMPLE_STRIDE);
-        assert!(count == 0 || SAMPLE_STRIDE * (count - 1) < kept.len() / T::W);
-        let lutf = lut.as_flattened();
-        let base = kept.as_ptr();
-        let mut hs = [[0u16; 256]; 4];
-        ROWS.with(|rb| {
-            let rb = &mut *rb.borrow_mut();
-            row_bases(ct, rb);
-            let rb = &rb[..p + QUAD_SPAN];
-            let (step, step4) = (SAMPLE_STRIDE % p, QUAD_SPAN % p);
-            let mut cg = col0 % p;
-            let one = |i: usize, r: u16, hk: &mut [u16; 256]| {
-                // SAFETY: i < count (asserted above)
-                let x = unsafe { T::load_raw(base, SAMPLE_STRIDE * i) };
-                let e = ((x >> sh) & emax) as usize;
-                // SAFETY: r <= 15 << 8 and e <= 255: inside the 16 x 256 table
-                hk[unsafe { *lutf.get_unchecked(r as usize + e) } as usize] += 1;
-            };
-            let quads = count / 4;
-            for q in 0..quads {
-                for (kk, hk) in hs.iter_mut().enumerate() {
-                    // SAFETY: cg < P and 13·kk < QUAD_SPAN: inside `rb`
-                    let r = unsafe { *rb.get_unchecked(cg + SAMPLE_STRIDE * kk) };
-                    one(4 * q + kk, r, hk);
-                }
-                cg += step4;
-                if cg >= p {
-                    cg -= p;
-                }
-            }
-            for i in 4 * quads..count {
-                one(i, rb[cg], &mut hs[0]);
-                cg += step;
-                if cg >= p {
-                    cg -= p;
-                }
-            }
-        });
-        for (e, x) in h.iter_mut().enumerate() {
-            *x = hs.iter().map(|hk| hk[e] as u32).sum();
-        }
-        return h;
+        // the kept elements are the grid: element j is in column (col0 + j) mod P
+        return sample_both::<T>(kept, k.div_ceil(SAMPLE_STRIDE), col0, ct).1;
     }
     // the grid line of kept line `kl` (asked in ascending order): lines walked once
     let mut cur: Option<(usize, usize)> = None;
