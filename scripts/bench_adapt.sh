@@ -78,9 +78,7 @@ for rate in 2gbit 10gbit none; do
           else
             r=$(NCCL_ZIP_COMPRESS=${m%2} run_pair netns zip "$SIZE" "$BYTES") || continue
           fi
-          line="$v $dir $rate $data $i $m $(field GBps <<<"$r") $(field wire_per_payload <<<"$r")"
-          echo "$line"
-          echo "$line" >>"$WORK/runs"
+          results_record "$WORK/runs" "$v $dir $rate $data $i $m" "$r"
         done
       done
     done

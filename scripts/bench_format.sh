@@ -64,9 +64,7 @@ for rate in $RATES; do
         else
           r=$(NCCL_ZIP_FORMAT=${m%%:*} NCCL_ZIP_COMPRESS=${m#*:} run_pair netns zip "$SIZE" "$BYTES") || continue
         fi
-        line="$rate $d $i $m $(field GBps <<<"$r") $(field wire_per_payload <<<"$r")"
-        echo "$line"
-        echo "$line" >>"$WORK/runs"
+        results_record "$WORK/runs" "$rate $d $i $m" "$r"
       done
     done
   done

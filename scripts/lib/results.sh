@@ -46,3 +46,13 @@ results_runs() {
   cat "$2"
   echo '```'
 }
+
+# results_record FILE PREFIX RESULT: one run's line, PREFIX then the GB/s and the
+# wire/payload of RESULT (run_pair's or run_bidir's output), printed and appended
+# to FILE (the raw runs that results_runs prints).
+results_record() {
+  local line
+  line="$2 $(field GBps <<<"$3") $(field wire_per_payload <<<"$3")"
+  echo "$line"
+  echo "$line" >>"$1"
+}
