@@ -134,6 +134,23 @@ fn census() -> (usize, usize) {
     (threads, fds.len() - worker_fds - listeners)
 }
 
+/// Every open fd as `N -> target`: what a leak report names (a failed census is
+/// otherwise two counts, and a leak seen once under load cannot be looked at again).
+fn fd_listing() -> Vec<String> {
+    std::fs::read_dir("/proc/self/fd")
+        .map(|r| {
+            r.filter_map(|e| e.ok())
+                .map(|e| {
+                    let target = std::fs::read_link(e.path())
+                        .map(|l| l.to_string_lossy().into_owned())
+                        .unwrap_or_default();
+                    format!("{} -> {target}", e.file_name().to_string_lossy())
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     let tmp = PathBuf::from(format!("{}.tmp.{}", path.display(), std::process::id()));
     std::fs::write(&tmp, bytes)?;
@@ -260,6 +277,7 @@ fn run_plugin(o: &Opts) -> u8 {
         }
     };
     let before = census();
+    let before_fds = fd_listing();
     let msgs = schedule(o);
     let wire = bench::Wire::start(o);
     let mut st = Open {
@@ -352,6 +370,10 @@ fn run_plugin(o: &Opts) -> u8 {
                 "nccl-zip-perf: FAIL: leak: before init {} threads / {} fds, after closing {} threads / {} fds",
                 before.0, before.1, after.0, after.1
             );
+            // the fds opened since (the census itself left out pools and listeners)
+            for f in fd_listing().iter().filter(|f| !before_fds.contains(f)) {
+                eprintln!("nccl-zip-perf: open since init: {f}");
+            }
             if code == 0 {
                 code = EXIT_FAIL;
             }
