@@ -76,6 +76,9 @@ pub struct Config {
     /// docs/FORMAT.md): a send comm writes the lower of this and what its
     /// receiver decodes (`codec_glue::agree_format`).
     pub format: u8,
+    /// The version-2 encoder's effort (`NCCL_ZIP_EFFORT=full|fast`, docs/FORMAT.md
+    /// §V2.11); version 1 ignores it.
+    pub effort: nccl_zip_codec::Effort,
     /// `NCCL_ZIP_STATS=1`: periodic INFO lines with per-comm stats.
     pub stats: bool,
     /// `NCCL_ZIP_STATS_FILE`: JSON lines of the process's and each peer's
@@ -154,6 +157,7 @@ impl Default for Config {
             socket_family: None,
             checksum: false,
             format: 1,
+            effort: nccl_zip_codec::Effort::Full,
             stats: false,
             link_mbps: None,
             gpu: false,
@@ -377,6 +381,10 @@ impl Config {
         )? {
             c.format = n as u8;
         }
+        if let Some(v) = get("NCCL_ZIP_EFFORT") {
+            c.effort = nccl_zip_codec::Effort::parse(v.trim())
+                .ok_or_else(|| bad("NCCL_ZIP_EFFORT", &v, "full|fast"))?;
+        }
         if let Some(b) = boolean("NCCL_ZIP_CHECKSUM")? {
             c.checksum = b;
         }
@@ -435,6 +443,7 @@ impl Config {
         field!("NCCL_SOCKET_FAMILY", socket_family);
         field!("NCCL_ZIP_CHECKSUM", checksum);
         field!("NCCL_ZIP_FORMAT", format);
+        field!("NCCL_ZIP_EFFORT", effort);
         field!("NCCL_ZIP_STATS", stats);
         field!("NCCL_ZIP_STATS_FILE", stats_file);
         field!("NCCL_ZIP_STATS_INTERVAL_MS", stats_interval);
@@ -601,6 +610,7 @@ mod tests {
             ("NCCL_ZIP_FORMAT", "0"),
             ("NCCL_ZIP_FORMAT", "3"),
             ("NCCL_ZIP_FORMAT", "v2"),
+            ("NCCL_ZIP_EFFORT", "max"),
             ("NCCL_ZIP_STATS", "maybe"),
             ("NCCL_ZIP_STATS_INTERVAL_MS", "5s"),
             ("NCCL_ZIP_STATS_PER_COMM", "sometimes"),
@@ -687,6 +697,11 @@ mod tests {
         assert_eq!((c.gpu_sms, c.gpu_decode_block_log2), (8, 14));
         assert_eq!(cfg(&[]).unwrap().format, 1);
         assert_eq!(cfg(&[("NCCL_ZIP_FORMAT", "2")]).unwrap().format, 2);
+        assert_eq!(cfg(&[]).unwrap().effort, nccl_zip_codec::Effort::Full);
+        assert_eq!(
+            cfg(&[("NCCL_ZIP_EFFORT", "Fast")]).unwrap().effort,
+            nccl_zip_codec::Effort::Fast
+        );
         assert_eq!(cfg(&[]).unwrap().peer_timeout, DEFAULT_PEER_TIMEOUT);
     }
 

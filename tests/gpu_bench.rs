@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use nccl_net_zip::gpu::{
     DecodeJob, DeviceBuffer, EncodeJob, GpuBatch, GpuCodec, JobOutcome, MappedHost,
 };
-use nccl_zip_codec::{compress, max_compressed_size, DtypeHint, EncodeOptions};
+use nccl_zip_codec::{compress, max_compressed_size, DtypeHint, Effort, EncodeOptions};
 use rand::{Rng, SeedableRng};
 
 /// [`gpu_util::wait_or_exit`] with this binary's limit.
@@ -155,6 +155,7 @@ fn gpu_bench() {
         // format 2 (nzc_decode_v2) on the CPU encoder's v2 frame of the same input:
         // docs/GPU.md "The v2 decoder as built" predicts it
         let v2_opts = EncodeOptions {
+            effort: Effort::Full,
             dtype: DtypeHint::Auto,
             checksum: false,
             block_log2: 16,

@@ -10,7 +10,7 @@ use std::time::Duration;
 use nccl_net_zip::gpu::{
     DecodeJob, DeviceBuffer, EncodeJob, GpuBatch, GpuCodec, JobOutcome, Status,
 };
-use nccl_zip_codec::{compress, decompress, max_compressed_size, DtypeHint, EncodeOptions};
+use nccl_zip_codec::{compress, decompress, max_compressed_size, DtypeHint, Effort, EncodeOptions};
 use rand::{Rng, RngCore, SeedableRng};
 
 /// [`gpu_util::wait_or_exit`] with this binary's limit.
@@ -260,6 +260,7 @@ fn random_cases(seed: u64, count: usize) -> Vec<Case> {
             Case {
                 input: v,
                 opts: EncodeOptions {
+                    effort: Effort::Full,
                     dtype: hints[rng.gen_range(0..hints.len())],
                     checksum: rng.gen_bool(0.3),
                     block_log2: [12u8, 14, 16, 16, 16][rng.gen_range(0..5)],

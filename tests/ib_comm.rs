@@ -31,6 +31,7 @@ fn cfg(mode: CompressMode, nqps: usize) -> Arc<IbConfig> {
         compress: mode,
         dtype: DtypeHint::Bf16,
         checksum: false,
+        effort: nccl_zip_codec::Effort::Full,
         link_mbps: Some(100_000),
         handshake_timeout: Duration::from_secs(20),
         io_threads: None,

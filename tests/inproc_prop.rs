@@ -411,6 +411,7 @@ fn content(m: &MsgSpec) -> Vec<u8> {
 
 fn frame(src: &[u8], spec: &ChunkSpec) -> Vec<u8> {
     let opt = EncodeOptions {
+        effort: nccl_zip_codec::Effort::Full,
         dtype: DtypeHint::Auto,
         checksum: spec.checksum,
         block_log2: spec.block_log2,

@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 
-use nccl_zip_codec::{compress, decompress, max_compressed_size, DtypeHint, EncodeOptions};
+use nccl_zip_codec::{compress, decompress, max_compressed_size, DtypeHint, Effort, EncodeOptions};
 use rand::{Rng, RngCore, SeedableRng};
 
 /// A fresh directory per call (tests run in parallel threads of one process).
@@ -496,6 +496,7 @@ fn sweep_cases(seed: u64, count: usize) -> Vec<EncCase> {
             EncCase {
                 input: gen_input(&mut rng, kind, n),
                 opts: EncodeOptions {
+                    effort: Effort::Full,
                     dtype: hints[rng.gen_range(0..hints.len())],
                     checksum: rng.gen_bool(0.3),
                     block_log2: *[12u8, 13, 14, 16, 16, 16, 17, 20]
@@ -580,6 +581,7 @@ fn corrupt_frames() -> Vec<(Vec<u8>, usize)> {
     ] {
         let input = gen_input(&mut rng, kind, n);
         let opts = EncodeOptions {
+            effort: Effort::Full,
             dtype: dt,
             checksum: ck,
             block_log2: bl,
@@ -907,6 +909,7 @@ fn v2_block_modes(f: &[u8]) -> Vec<(u8, u8)> {
 
 fn v2_opts(dtype: DtypeHint, checksum: bool, block_log2: u8) -> EncodeOptions {
     EncodeOptions {
+        effort: Effort::Full,
         dtype,
         checksum,
         block_log2,

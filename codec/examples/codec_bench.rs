@@ -10,6 +10,7 @@
 //! synthetically otherwise (names start with `sparse:` and `fp8:`). Inputs are cut
 //! into messages of `--msg` bytes (default 1 MiB, NCCL's largest; the plugin's chunk
 //! is 256 KiB: `--msg 262144`) and each message is one frame, as the plugin does it.
+//! `--effort fast` codes the v2 column with the fast encoder (docs/FORMAT.md §V2.11).
 //! `--dump DIR` also writes each class's bytes to DIR (for `codec/tools/v2_estimate.py`).
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -24,6 +25,8 @@ struct Args {
     only: Option<String>,
     no_zstd: bool,
     dump: Option<String>,
+    /// the v2 encoder's effort (`--effort fast|full`)
+    effort: Effort,
 }
 
 fn args() -> Args {
@@ -34,6 +37,7 @@ fn args() -> Args {
         only: None,
         no_zstd: false,
         dump: None,
+        effort: Effort::Full,
     };
     let v: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
@@ -44,6 +48,7 @@ fn args() -> Args {
             "--secs" => a.secs = v[i + 1].parse().expect("--secs S"),
             "--only" => a.only = Some(v[i + 1].clone()),
             "--dump" => a.dump = Some(v[i + 1].clone()),
+            "--effort" => a.effort = Effort::parse(&v[i + 1]).expect("--effort fast|full"),
             "--no-zstd" => {
                 a.no_zstd = true;
                 i += 1;
@@ -138,9 +143,10 @@ fn paired(total: usize, secs: f64, mut f1: impl FnMut(), mut f2: impl FnMut()) -
 }
 
 /// One frame format's frames of every message: (frames, lengths, detected types).
-fn frames_of(format: u8, msgs: &[&[u8]]) -> (Vec<Vec<u8>>, Vec<usize>, String) {
+fn frames_of(format: u8, effort: Effort, msgs: &[&[u8]]) -> (Vec<Vec<u8>>, Vec<usize>, String) {
     let opts = EncodeOptions {
         format,
+        effort,
         ..EncodeOptions::default()
     };
     let mut frames: Vec<Vec<u8>> = msgs
@@ -170,7 +176,7 @@ fn ours(
     a: &Args,
     name: &str,
 ) -> ([(f64, f64, f64, String); 2], f64, f64) {
-    let mut f = [frames_of(1, msgs), frames_of(2, msgs)];
+    let mut f = [frames_of(1, a.effort, msgs), frames_of(2, a.effort, msgs)];
     let mut out = vec![0u8; a.msg];
     for (k, (frames, lens, _)) in f.iter().enumerate() {
         for (i, m) in msgs.iter().enumerate() {
@@ -180,6 +186,7 @@ fn ours(
     }
     let opts = |format| EncodeOptions {
         format,
+        effort: a.effort,
         ..EncodeOptions::default()
     };
     let (o1, o2) = (opts(1), opts(2));
@@ -381,8 +388,11 @@ fn main() {
     let a = args();
     println!(
         "message size {} bytes, single thread, best-of rounds over ~{} s per figure; v1 and v2 \
-         in alternating rounds, v2/v1 paired: the median over rounds of v2's speed over v1's in the same round",
-        a.msg, a.secs
+         in alternating rounds, v2/v1 paired: the median over rounds of v2's speed over v1's in the same round; \
+         v2 encoder effort: {}",
+        a.msg,
+        a.secs,
+        a.effort.name()
     );
     println!("| data | type | MiB | order-0 bound | v1 | v1 enc/dec GB/s | v2 | v2 enc/dec GB/s | zstd-1 | zstd-1 enc/dec GB/s | zstd-3 | zstd-3 enc/dec GB/s | v1 detected (msgs) | v2 detected | v2/v1 enc/dec paired |");
     println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");

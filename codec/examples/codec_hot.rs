@@ -2,7 +2,7 @@
 //! rounds of single-thread encode and decode GB/s. Also the workload for
 //! `valgrind --tool=callgrind` instruction counts (`--rounds 1`).
 //!
-//! `cargo run --release -p nccl-zip-codec --example codec_hot -- [gauss:SIGMA|FILE] [bf16|fp16|fp32] [--rounds N] [--mib M] [--frame-kib K] [--enc-only|--dec-only] [--checksum|--checksum-ab] [--format 2] [--no-table]`
+//! `cargo run --release -p nccl-zip-codec --example codec_hot -- [gauss:SIGMA|FILE] [bf16|fp16|fp32] [--rounds N] [--mib M] [--frame-kib K] [--enc-only|--dec-only] [--checksum|--checksum-ab] [--format 2] [--effort fast] [--no-table]`
 //! (`--frame-kib 256`: frames the size of the plugin's default chunk). `--checksum-ab`
 //! measures frames without and with the CRC32C (`NCCL_ZIP_CHECKSUM`) in the same
 //! rounds, alternating, and the bare CRC32C of the data; `--checksum` alone codes
@@ -27,6 +27,7 @@ fn main() {
     let (mut enc_on, mut dec_on) = (true, true);
     let (mut ab, mut checksum) = (false, false);
     let mut format = 1u8;
+    let mut effort = Effort::Full;
     let mut i = 2;
     while i < v.len() {
         match v[i].as_str() {
@@ -48,6 +49,10 @@ fn main() {
             "--checksum" => checksum = true,
             // version 2 without the column table search (frames differ from §V2.9's)
             "--no-table" => nccl_zip_codec::coltab::set_encoder_table(false),
+            "--effort" => {
+                effort = Effort::parse(&v[i + 1]).expect("--effort fast|full");
+                i += 1;
+            }
             "--format" => {
                 format = v[i + 1].parse().unwrap();
                 i += 1;
@@ -66,11 +71,13 @@ fn main() {
         vec![
             EncodeOptions {
                 format,
+                effort,
                 ..EncodeOptions::default()
             },
             EncodeOptions {
                 checksum: true,
                 format,
+                effort,
                 ..EncodeOptions::default()
             },
         ]
@@ -78,6 +85,7 @@ fn main() {
         vec![EncodeOptions {
             checksum,
             format,
+            effort,
             ..EncodeOptions::default()
         }]
     };

@@ -62,7 +62,8 @@ fn compress_impl(
         let nb = n.div_ceil(b);
         let limit = HEADER_LEN + n;
         // version 2: the column table (FORMAT.md §V2.9) sits between header and block table
-        let ct = if opts.format == VERSION_2 {
+        let fast = opts.effort == crate::Effort::Fast;
+        let ct = if opts.format == VERSION_2 && !fast {
             crate::v2::clear_phase_memo();
             crate::coltab::encoder_table(dtype, src, b)
         } else {
@@ -91,6 +92,7 @@ fn compress_impl(
                         simd,
                         col,
                         prev_phi,
+                        fast,
                     );
                     if let Some((_, BlockKind::Coded)) = r {
                         if (MODE_BF16..=MODE_FP32).contains(&dst[pos]) {

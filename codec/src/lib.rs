@@ -141,6 +141,39 @@ pub struct EncodeOptions {
     /// Frame format version to write: 1 (default: the plugin's GPU kernels speak
     /// version 1 only) or 2 (docs/FORMAT.md "Version 2"). Decoders read both.
     pub format: u8,
+    /// How hard the version-2 encoder looks for structure (version 1 ignores it).
+    pub effort: Effort,
+}
+
+/// The version-2 encoder's effort (docs/FORMAT.md §V2.11). Both write frames every
+/// version-2 decoder reads; the GPU encoder follows `Full`'s rules.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Effort {
+    /// Every rule of §V2.6–V2.9: column table, explicit code lengths, zero lines.
+    #[default]
+    Full,
+    /// About version 1's encode speed on dense data: no column table, static codes
+    /// only, and zero lines looked for only where a block's sample has an exact
+    /// zero. Sparse and fp8 data keep their codes (Z, lines, byte codes).
+    Fast,
+}
+
+impl Effort {
+    /// `full` or `fast` (any case).
+    pub fn parse(s: &str) -> Option<Effort> {
+        match s.to_ascii_lowercase().as_str() {
+            "full" => Some(Effort::Full),
+            "fast" => Some(Effort::Fast),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Effort::Full => "full",
+            Effort::Fast => "fast",
+        }
+    }
 }
 
 impl Default for EncodeOptions {
@@ -150,6 +183,7 @@ impl Default for EncodeOptions {
             checksum: false,
             block_log2: format::DEFAULT_BLOCK_LOG2,
             format: format::VERSION,
+            effort: Effort::Full,
         }
     }
 }

@@ -411,6 +411,7 @@ thread_local! {
 /// `simd = false`: the portable path only ([`crate::compress_scalar`]). `col`: the
 /// frame's column table and the block's first input byte. `prev_phi`: the phase of
 /// the frame's last block coded as mode 2..=4 before this one (FORMAT.md §V2.7 step 3).
+/// `fast`: [`crate::Effort::Fast`]'s rules (FORMAT.md §V2.11).
 pub(crate) fn encode_block_v2(
     dtype: Dtype,
     blk: &[u8],
@@ -418,15 +419,16 @@ pub(crate) fn encode_block_v2(
     simd: bool,
     col: Option<(&ColTab, usize)>,
     prev_phi: Option<usize>,
+    fast: bool,
 ) -> Option<(usize, BlockKind)> {
     crate::encode::encode_block_in(blk, out, |o, cap| match dtype {
-        Dtype::Bf16 => encode_coded::<Bf16>(blk, o, cap, simd, col, prev_phi),
+        Dtype::Bf16 => encode_coded::<Bf16>(blk, o, cap, simd, col, prev_phi, fast),
         // fp16 blocks mostly of subnormals code as FP16N (FORMAT.md §V2.10)
         Dtype::Fp16 => match crate::v2_byte::f16n_phase(blk) {
             Some(phi) => crate::v2_byte::encode_f16n(blk, phi, &mut o[..cap]),
-            None => encode_coded::<Fp16>(blk, o, cap, simd, col, prev_phi),
+            None => encode_coded::<Fp16>(blk, o, cap, simd, col, prev_phi, fast),
         },
-        Dtype::Fp32 => encode_coded::<Fp32>(blk, o, cap, simd, col, prev_phi),
+        Dtype::Fp32 => encode_coded::<Fp32>(blk, o, cap, simd, col, prev_phi, fast),
         Dtype::Fp8E4m3 | Dtype::Fp8E5m2 => crate::v2_byte::encode_fp8(dtype, blk, &mut o[..cap]),
         Dtype::Raw => None,
     })
@@ -999,18 +1001,19 @@ fn encode_coded<T: V2>(
     simd: bool,
     col: Option<(&ColTab, usize)>,
     prev_phi: Option<usize>,
+    fast: bool,
 ) -> Option<usize> {
     SCRATCH.with(|s| {
         let s = &mut *s.borrow_mut();
         let room = blk.len() + 64;
         if out.len() >= room {
-            return encode_coded_in::<T>(blk, out, cap, simd, s, col, prev_phi);
+            return encode_coded_in::<T>(blk, out, cap, simd, s, col, prev_phi, fast);
         }
         let mut buf = std::mem::take(&mut s.spill);
         if buf.len() < room {
             buf.resize(room, 0);
         }
-        let r = encode_coded_in::<T>(blk, &mut buf, cap, simd, s, col, prev_phi);
+        let r = encode_coded_in::<T>(blk, &mut buf, cap, simd, s, col, prev_phi, fast);
         if let Some(n) = r {
             out[..n].copy_from_slice(&buf[..n]);
         }
@@ -1019,6 +1022,7 @@ fn encode_coded<T: V2>(
     })
 }
 
+#[allow(clippy::too_many_arguments)]
 fn encode_coded_in<T: V2>(
     blk: &[u8],
     out: &mut [u8],
@@ -1027,6 +1031,7 @@ fn encode_coded_in<T: V2>(
     s: &mut Scratch,
     col: Option<(&ColTab, usize)>,
     prev_phi: Option<usize>,
+    fast: bool,
 ) -> Option<usize> {
     #[cfg(target_arch = "x86_64")]
     {
@@ -1036,17 +1041,18 @@ fn encode_coded_in<T: V2>(
             && std::is_x86_feature_detected!("popcnt")
         {
             // SAFETY: the CPU has the features the function is compiled for.
-            return unsafe { encode_coded_avx2::<T>(blk, out, cap, s, col, prev_phi) };
+            return unsafe { encode_coded_avx2::<T>(blk, out, cap, s, col, prev_phi, fast) };
         }
     }
     let _ = simd;
-    encode_coded_body::<T, false>(blk, out, cap, s, col, prev_phi)
+    encode_coded_body::<T, false>(blk, out, cap, s, col, prev_phi, fast)
 }
 
 /// # Safety
 /// The CPU must support AVX2, BMI2 and POPCNT (the Z masks' counts).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,bmi1,bmi2,popcnt")]
+#[allow(clippy::too_many_arguments)]
 unsafe fn encode_coded_avx2<T: V2>(
     blk: &[u8],
     out: &mut [u8],
@@ -1054,13 +1060,17 @@ unsafe fn encode_coded_avx2<T: V2>(
     s: &mut Scratch,
     col: Option<(&ColTab, usize)>,
     prev_phi: Option<usize>,
+    fast: bool,
 ) -> Option<usize> {
-    encode_coded_body::<T, true>(blk, out, cap, s, col, prev_phi)
+    encode_coded_body::<T, true>(blk, out, cap, s, col, prev_phi, fast)
 }
 
 /// The coded-block encoder (FORMAT.md §V2.7). `V`: compiled for AVX2+BMI2, so full
 /// runs of 32 keys may go through version 1's vector packer (`avx2::code_keys`).
+/// `fast`: [`crate::Effort::Fast`] (FORMAT.md §V2.11): zero lines are looked for
+/// only when the phase's sample has an exact zero, and codes are static.
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 fn encode_coded_body<T: V2, const V: bool>(
     blk: &[u8],
     out: &mut [u8],
@@ -1068,6 +1078,7 @@ fn encode_coded_body<T: V2, const V: bool>(
     s: &mut Scratch,
     col: Option<(&ColTab, usize)>,
     prev_phi: Option<usize>,
+    fast: bool,
 ) -> Option<usize> {
     let l = blk.len();
     let w = T::W;
@@ -1097,8 +1108,10 @@ fn encode_coded_body<T: V2, const V: bool>(
         let t = (l - phi) % w;
         let gbytes = m * w;
         let grid = &blk[phi..phi + gbytes];
-        // zero lines
+        // zero lines (Fast: only where the phase's sample has an exact zero; a
+        // block with none is coded whole)
         let nl = gbytes.div_ceil(LINE);
+        let find_lines = !fast || phase_st.nzero != 0;
         // whole lines (`chunks_exact`: no per-line length clamp), then the short one;
         // runs counted only when a line is elided
         let full = grid.chunks_exact(LINE);
@@ -1106,11 +1119,15 @@ fn encode_coded_body<T: V2, const V: bool>(
         let short = (!last.is_empty()).then(|| last.iter().fold(0u8, |a, &b| a | b) == 0);
         // every entry is written below: no clear
         s.elided.resize(nl, false);
-        for (z, c) in s.elided.iter_mut().zip(full) {
-            *z = zero_line::<V>(c);
-        }
-        if let Some(z) = short {
-            s.elided[nl - 1] = z;
+        if find_lines {
+            for (z, c) in s.elided.iter_mut().zip(full) {
+                *z = zero_line::<V>(c);
+            }
+            if let Some(z) = short {
+                s.elided[nl - 1] = z;
+            }
+        } else {
+            s.elided.fill(false);
         }
         let n_elided = s.elided.iter().map(|&z| z as usize).sum::<usize>();
         let mut runs = 0;
@@ -1137,8 +1154,10 @@ fn encode_coded_body<T: V2, const V: bool>(
         // without lines the kept elements are the grid: the phase's sample
         let (st, ch) = if lines {
             let st = Stats::sample::<T>(kept, k_elems);
-            let ch = choose::<T>(&st, true);
+            let ch = choose::<T>(&st, !fast);
             (st, ch)
+        } else if fast {
+            (phase_st, phase_static.best)
         } else {
             let ch = choose_explicit::<T>(&phase_st, &phase_static);
             (phase_st, ch)

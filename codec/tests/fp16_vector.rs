@@ -22,6 +22,7 @@ fn same_and_decodes(src: &[u8], opts: &EncodeOptions) {
 
 fn fp16_opts(block_log2: u8) -> EncodeOptions {
     EncodeOptions {
+        effort: Effort::Full,
         dtype: DtypeHint::Fp16,
         checksum: false,
         block_log2,

@@ -96,6 +96,7 @@ fn sweep_sizes_contents_options() {
             ] {
                 for (block_log2, checksum) in [(16, false), (12, true), (20, false)] {
                     let opts = EncodeOptions {
+                        effort: Effort::Full,
                         dtype,
                         checksum,
                         block_log2,
@@ -285,7 +286,7 @@ proptest! {
     #[test]
     fn prop_arbitrary_bytes(data in proptest::collection::vec(any::<u8>(), 0..20_000),
                             dtype in hint(), checksum in any::<bool>(), bl in 12u8..=20) {
-        check(&data, &EncodeOptions { dtype, checksum, block_log2: bl, format: 1 });
+        check(&data, &EncodeOptions { effort: Effort::Full, dtype, checksum, block_log2: bl, format: 1 });
     }
 
     #[test]
@@ -300,7 +301,7 @@ proptest! {
         let bytes = encode(ty, vals.into_iter());
         let end = (off + n).min(bytes.len());
         let src = &bytes[off.min(end)..end];
-        check(src, &EncodeOptions { dtype, checksum: seed % 2 == 0, block_log2: bl, format: 1 });
+        check(src, &EncodeOptions { effort: Effort::Full, dtype, checksum: seed % 2 == 0, block_log2: bl, format: 1 });
     }
 
     #[test]
@@ -356,6 +357,7 @@ fn vector_encoder_matches_scalar() {
             ] {
                 for block_log2 in [12, 16] {
                     let opts = EncodeOptions {
+                        effort: Effort::Full,
                         dtype,
                         checksum: false,
                         block_log2,
@@ -397,6 +399,7 @@ fn vector_encoder_matches_scalar_on_long_codes() {
                 let src = encode(ty, vals)[..n].to_vec();
                 for block_log2 in [12, 16] {
                     let opts = EncodeOptions {
+                        effort: Effort::Full,
                         dtype: DtypeHint::Auto,
                         checksum: false,
                         block_log2,
@@ -415,6 +418,6 @@ proptest! {
     fn prop_vector_encoder_matches_scalar(data in proptest::collection::vec(any::<u8>(), 0..40_000),
                                           hint in 0usize..3) {
         let dtype = [DtypeHint::Bf16, DtypeHint::Fp16, DtypeHint::Fp32][hint];
-        same_as_scalar(&data, &EncodeOptions { dtype, checksum: false, block_log2: 12, format: 1 });
+        same_as_scalar(&data, &EncodeOptions { effort: Effort::Full, dtype, checksum: false, block_log2: 12, format: 1 });
     }
 }

@@ -161,6 +161,7 @@ fn spec_decoder_agrees_on_vectors_and_fresh_frames() {
                 d,
                 &mut f,
                 &EncodeOptions {
+                    effort: Effort::Full,
                     dtype: hint,
                     checksum: false,
                     block_log2: 14,

@@ -8,10 +8,28 @@ use proptest::prelude::*;
 
 fn v2(dtype: DtypeHint, checksum: bool, block_log2: u8) -> EncodeOptions {
     EncodeOptions {
+        effort: Effort::Full,
         dtype,
         checksum,
         block_log2,
         format: 2,
+    }
+}
+
+/// `o` with the fast encoder (FORMAT.md §V2.11).
+fn fast(o: EncodeOptions) -> EncodeOptions {
+    EncodeOptions {
+        effort: Effort::Fast,
+        ..o
+    }
+}
+
+/// The effort a property case runs under: Fast for one seed in three.
+fn effort_of(seed: u64, o: EncodeOptions) -> EncodeOptions {
+    if seed.is_multiple_of(3) {
+        fast(o)
+    } else {
+        o
     }
 }
 
@@ -129,6 +147,7 @@ fn sweep_sizes_contents_alignments() {
                         for bl in [12u8, 16] {
                             check(src, &v2(dtype, seed == 1, bl));
                         }
+                        check(src, &fast(v2(dtype, seed == 0, 12 + 4 * seed as u8)));
                     }
                 }
             }
@@ -160,6 +179,66 @@ fn sparse_mechanisms_engage() {
     // dense data no worse than v1 by more than the index
     let (r1, r2) = ratio(&gaussian(Ty::Bf16, n, 0.01, 4));
     assert!(r2 >= r1 * 0.998, "dense bf16: v1 {r1:.4} v2 {r2:.4}");
+}
+
+/// The fast encoder (FORMAT.md §V2.11) keeps the sparse mechanisms (zero lines, Z,
+/// omitted fp32 planes), writes no column table and no explicit code lengths, and
+/// codes dense data no worse than version 1 by more than the index.
+#[test]
+fn fast_effort_keeps_the_sparse_mechanisms() {
+    let n = 256 << 10;
+    let o = fast(v2(DtypeHint::Auto, false, 16));
+    let frame = |d: &[u8], o: &EncodeOptions| {
+        let mut f = vec![0u8; max_compressed_size(d.len())];
+        let k = compress(d, &mut f, o).unwrap();
+        f.truncate(k);
+        f
+    };
+    let ratio = |d: &[u8]| {
+        let v1 = frame(d, &EncodeOptions::default()).len();
+        let st = check(d, &o);
+        (
+            d.len() as f64 / v1 as f64,
+            d.len() as f64 / st.frame_len as f64,
+        )
+    };
+    let (r1, r2) = ratio(&embedding_grad(n, 4096, 0.92, 21));
+    assert!(r2 > 2.0 * r1, "zero lines: v1 {r1:.3} fast {r2:.3}");
+    let (r1, r2) = ratio(&bf16_in_fp32(&gaussian(Ty::Bf16, n / 2, 0.02, 3)));
+    assert!(r2 > 2.9, "fp32 holding bf16: v1 {r1:.3} fast {r2:.3}");
+    let (r1, r2) = ratio(&relu_like(Ty::Bf16, n, 8));
+    assert!(r2 > 1.3 * r1, "relu: v1 {r1:.3} fast {r2:.3}");
+    for (ty, sigma) in [(Ty::Bf16, 0.01), (Ty::Fp16, 0.5), (Ty::Fp32, 1e-3)] {
+        let (r1, r2) = ratio(&gaussian(ty, n, sigma, 4));
+        assert!(
+            r2 >= r1 * 0.998,
+            "dense {}: v1 {r1:.4} fast {r2:.4}",
+            ty.name()
+        );
+    }
+    // channel data: Full writes a column table (header byte 5, bit 2), Fast none;
+    // Fast's coded blocks (byte 0 >= 2) have no explicit lengths (byte 1, bit 3)
+    for ty in [Ty::Bf16, Ty::Fp16, Ty::Fp32] {
+        let d = channels(ty, n, 384, 0.02, 11);
+        let full = frame(&d, &v2(DtypeHint::Auto, false, 16));
+        let f = frame(&d, &o);
+        assert_eq!(full[5] & 4, 4, "{ty:?}: Full has a table");
+        assert_eq!(f[5] & 4, 0, "{ty:?}: Fast writes a table");
+        check(&d, &o);
+        let nb = n >> 16;
+        let mut pos = 24 + 4 * nb;
+        for i in 0..nb {
+            let sz = u32::from_le_bytes(f[24 + 4 * i..28 + 4 * i].try_into().unwrap()) as usize;
+            assert!(f[pos] >= 2, "{ty:?}: block {i} coded");
+            assert_eq!(
+                f[pos + 1] & (8 | 4),
+                0,
+                "{ty:?}: explicit lengths or COL in block {i}"
+            );
+            pos += sz;
+        }
+        assert_eq!(pos, f.len());
+    }
 }
 
 /// Detection over (type, phase): a small non-float prefix, or a start misaligned by
@@ -224,7 +303,7 @@ proptest! {
         }
         let src = &b[off.min(b.len())..(off + n).min(b.len())];
         let dtype = [DtypeHint::Auto, DtypeHint::Bf16, DtypeHint::Fp16, DtypeHint::Fp32][hint];
-        check(src, &v2(dtype, seed % 2 == 0, 12 + (seed % 5) as u8));
+        check(src, &effort_of(seed, v2(dtype, seed % 2 == 0, 12 + (seed % 5) as u8)));
     }
 
     #[test]
@@ -245,7 +324,7 @@ proptest! {
         }
         let src = &b[off.min(b.len())..(off + n).min(b.len())];
         let dtype = [DtypeHint::Auto, DtypeHint::Bf16, DtypeHint::Fp16, DtypeHint::Fp32][hint];
-        check(src, &v2(dtype, seed % 2 == 0, 12 + (seed % 5) as u8));
+        check(src, &effort_of(seed, v2(dtype, seed % 2 == 0, 12 + (seed % 5) as u8)));
     }
 
     #[test]
@@ -254,7 +333,7 @@ proptest! {
         let mut src = src;
         for c in src.chunks_mut(640).step_by(3) { c.fill(0); }
         let mut f = vec![0u8; max_compressed_size(src.len())];
-        let n = compress(&src, &mut f, &v2(DtypeHint::Auto, seed % 2 == 0, 12)).unwrap();
+        let n = compress(&src, &mut f, &effort_of(seed, v2(DtypeHint::Auto, seed % 2 == 0, 12))).unwrap();
         f.truncate(n);
         let mut r = Rng::new(seed);
         for _ in 0..flips {

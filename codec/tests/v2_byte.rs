@@ -9,6 +9,7 @@ use proptest::prelude::*;
 
 fn v2(dtype: DtypeHint, checksum: bool, block_log2: u8) -> EncodeOptions {
     EncodeOptions {
+        effort: Effort::Full,
         dtype,
         checksum,
         block_log2,

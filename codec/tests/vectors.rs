@@ -18,6 +18,7 @@ struct Case {
 
 fn opts(dtype: DtypeHint, checksum: bool, block_log2: u8) -> EncodeOptions {
     EncodeOptions {
+        effort: Effort::Full,
         dtype,
         checksum,
         block_log2,

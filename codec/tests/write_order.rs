@@ -163,6 +163,7 @@ fn race(
 fn frame(input: &[u8], dtype: DtypeHint, format: u8) -> Vec<u8> {
     let mut f = vec![0u8; max_compressed_size(input.len())];
     let opts = EncodeOptions {
+        effort: nccl_zip_codec::Effort::Full,
         dtype,
         checksum: false,
         block_log2: 16,

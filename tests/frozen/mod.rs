@@ -5,7 +5,7 @@
 //! `env!("CARGO_MANIFEST_DIR")` does not exist.
 #![allow(dead_code)]
 
-use nccl_zip_codec::{DtypeHint, EncodeOptions};
+use nccl_zip_codec::{DtypeHint, Effort, EncodeOptions};
 
 /// One frozen vector: `input` compresses to exactly `frame` with the MANIFEST's options.
 pub struct Vector {
@@ -157,7 +157,7 @@ fn manifest_of(
                 "Fp8E5m2" => DtypeHint::Fp8E5m2,
                 d => panic!("unknown dtype {d} in MANIFEST"),
             };
-            let opts = EncodeOptions {
+            let opts = EncodeOptions { effort: Effort::Full,
                 dtype,
                 checksum: kv("checksum=") == "true",
                 block_log2: kv("block_log2=").parse().unwrap(),

@@ -10,7 +10,7 @@ mod probe;
 
 use clap::{Parser, Subcommand};
 use nccl_net_zip::codec::{
-    compress_parallel, decompress_parallel, frame_info, max_compressed_size, DtypeHint,
+    compress_parallel, decompress_parallel, frame_info, max_compressed_size, DtypeHint, Effort,
     EncodeOptions,
 };
 use std::path::{Path, PathBuf};
@@ -63,6 +63,10 @@ enum Cmd {
         /// reads both.
         #[arg(long, value_name = "V", default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=2))]
         format: u8,
+        /// Format 2's encoder effort: full (default: column table, explicit codes) or
+        /// fast (about format 1's encode speed; docs/FORMAT.md V2.11).
+        #[arg(long, value_name = "E", default_value = "full", value_parser = parse_effort)]
+        effort: Effort,
     },
     /// Decompress IN into OUT; fails on a corrupt or truncated file.
     Decompress { input: PathBuf, output: PathBuf },
@@ -79,6 +83,10 @@ enum Cmd {
 
 fn parse_dtype(s: &str) -> Result<DtypeHint, String> {
     DtypeHint::parse(s).ok_or_else(|| format!("unknown dtype {s:?}: expected {DTYPES}"))
+}
+
+fn parse_effort(s: &str) -> Result<Effort, String> {
+    Effort::parse(s).ok_or_else(|| format!("unknown effort {s:?}: expected full or fast"))
 }
 
 fn threads() -> usize {
@@ -111,8 +119,10 @@ fn run(cmd: Cmd) -> Result<(), String> {
             checksum: _,
             block_log2,
             format,
+            effort,
         } => {
             let opts = EncodeOptions {
+                effort,
                 dtype,
                 checksum: !no_checksum,
                 block_log2,

@@ -58,6 +58,8 @@ pub struct IbConfig {
     pub compress: CompressMode,
     pub dtype: DtypeHint,
     pub checksum: bool,
+    /// `NCCL_ZIP_EFFORT`: the version-2 encoder's effort.
+    pub effort: crate::codec::Effort,
     /// The link speed the user gave (`NCCL_ZIP_LINK_MBPS`) for the adaptive
     /// policy's static model; the port's nominal speed is not used (see
     /// [`crate::adapt`]).
@@ -91,6 +93,7 @@ impl IbConfig {
             compress: c.compress,
             dtype: c.dtype,
             checksum: c.checksum,
+            effort: c.effort,
             link_mbps: c.link_mbps,
             handshake_timeout: c.handshake_timeout,
             io_threads: c.io_threads,
@@ -108,6 +111,7 @@ impl IbConfig {
                 dtype: self.dtype,
                 checksum: self.checksum,
                 format,
+                effort: self.effort,
                 ..EncodeOptions::default()
             },
         };

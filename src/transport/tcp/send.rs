@@ -97,6 +97,7 @@ impl SendComm {
             dtype: cfg.dtype,
             checksum: cfg.checksum,
             format: target.format,
+            effort: cfg.effort,
             ..EncodeOptions::default()
         };
         // Host and device chunks run at different codec speeds: one policy each.
