@@ -61,10 +61,14 @@ fn compress_impl(
         let b = 1usize << opts.block_log2;
         let nb = n.div_ceil(b);
         let limit = HEADER_LEN + n;
-        // version 2: the column table (FORMAT.md §V2.9) sits between header and block table
         let fast = opts.effort == crate::Effort::Fast;
-        let ct = if opts.format == VERSION_2 && !fast {
+        if opts.format == VERSION_2 {
+            // a phase choice left by an earlier frame's table search is not this one's
             crate::v2::clear_phase_memo();
+        }
+        // version 2: the column table (FORMAT.md §V2.9) sits between header and block
+        // table (not written by the fast effort, §V2.11)
+        let ct = if opts.format == VERSION_2 && !fast {
             crate::coltab::encoder_table(dtype, src, b)
         } else {
             None

@@ -168,6 +168,7 @@ impl Effort {
         }
     }
 
+    /// The name [`Effort::parse`] reads.
     pub fn name(self) -> &'static str {
         match self {
             Effort::Full => "full",

@@ -155,30 +155,39 @@ fn sweep_sizes_contents_alignments() {
     }
 }
 
+/// Input over frame bytes of version 1 (defaults) and of `o`, whose frame every
+/// decoder entry point checks.
+fn v1_and(d: &[u8], o: &EncodeOptions) -> (f64, f64) {
+    let mut f = vec![0u8; max_compressed_size(d.len())];
+    let v1 = compress(d, &mut f, &EncodeOptions::default()).unwrap();
+    let st = check(d, o);
+    (
+        d.len() as f64 / v1 as f64,
+        d.len() as f64 / st.frame_len as f64,
+    )
+}
+
+/// Zero lines, omitted fp32 planes and Z engage under `o` (`what`: its name in
+/// messages), and dense bf16 codes no worse than v1 by more than the index.
+fn sparse_mechanisms(o: &EncodeOptions, what: &str) {
+    let n = 256 << 10;
+    // zero rows
+    let (r1, r2) = v1_and(&embedding_grad(n, 4096, 0.92, 21), o);
+    assert!(r2 > 2.0 * r1, "zero lines: v1 {r1:.3} {what} {r2:.3}");
+    // fp32 holding bf16: both low planes omitted
+    let (r1, r2) = v1_and(&bf16_in_fp32(&gaussian(Ty::Bf16, n / 2, 0.02, 3)), o);
+    assert!(r2 > 2.9, "fp32 holding bf16: v1 {r1:.3} {what} {r2:.3}");
+    // scattered exact zeros (Z)
+    let (r1, r2) = v1_and(&relu_like(Ty::Bf16, n, 8), o);
+    assert!(r2 > 1.3 * r1, "relu: v1 {r1:.3} {what} {r2:.3}");
+    // dense data no worse than v1 by more than the index
+    let (r1, r2) = v1_and(&gaussian(Ty::Bf16, n, 0.01, 4), o);
+    assert!(r2 >= r1 * 0.998, "dense bf16: v1 {r1:.4} {what} {r2:.4}");
+}
+
 #[test]
 fn sparse_mechanisms_engage() {
-    let n = 256 << 10;
-    let ratio = |d: &[u8]| {
-        let mut f = vec![0u8; max_compressed_size(d.len())];
-        let v1 = compress(d, &mut f, &EncodeOptions::default()).unwrap();
-        let st = check(d, &v2(DtypeHint::Auto, false, 16));
-        (
-            d.len() as f64 / v1 as f64,
-            d.len() as f64 / st.frame_len as f64,
-        )
-    };
-    // zero rows
-    let (r1, r2) = ratio(&embedding_grad(n, 4096, 0.92, 21));
-    assert!(r2 > 2.0 * r1, "zero lines: v1 {r1:.3} v2 {r2:.3}");
-    // fp32 holding bf16: both low planes omitted
-    let (r1, r2) = ratio(&bf16_in_fp32(&gaussian(Ty::Bf16, n / 2, 0.02, 3)));
-    assert!(r2 > 2.9, "fp32 holding bf16: v1 {r1:.3} v2 {r2:.3}");
-    // scattered exact zeros (Z)
-    let (r1, r2) = ratio(&relu_like(Ty::Bf16, n, 8));
-    assert!(r2 > 1.3 * r1, "relu: v1 {r1:.3} v2 {r2:.3}");
-    // dense data no worse than v1 by more than the index
-    let (r1, r2) = ratio(&gaussian(Ty::Bf16, n, 0.01, 4));
-    assert!(r2 >= r1 * 0.998, "dense bf16: v1 {r1:.4} v2 {r2:.4}");
+    sparse_mechanisms(&v2(DtypeHint::Auto, false, 16), "v2");
 }
 
 /// The fast encoder (FORMAT.md §V2.11) keeps the sparse mechanisms (zero lines, Z,
@@ -188,28 +197,15 @@ fn sparse_mechanisms_engage() {
 fn fast_effort_keeps_the_sparse_mechanisms() {
     let n = 256 << 10;
     let o = fast(v2(DtypeHint::Auto, false, 16));
+    sparse_mechanisms(&o, "fast");
     let frame = |d: &[u8], o: &EncodeOptions| {
         let mut f = vec![0u8; max_compressed_size(d.len())];
         let k = compress(d, &mut f, o).unwrap();
         f.truncate(k);
         f
     };
-    let ratio = |d: &[u8]| {
-        let v1 = frame(d, &EncodeOptions::default()).len();
-        let st = check(d, &o);
-        (
-            d.len() as f64 / v1 as f64,
-            d.len() as f64 / st.frame_len as f64,
-        )
-    };
-    let (r1, r2) = ratio(&embedding_grad(n, 4096, 0.92, 21));
-    assert!(r2 > 2.0 * r1, "zero lines: v1 {r1:.3} fast {r2:.3}");
-    let (r1, r2) = ratio(&bf16_in_fp32(&gaussian(Ty::Bf16, n / 2, 0.02, 3)));
-    assert!(r2 > 2.9, "fp32 holding bf16: v1 {r1:.3} fast {r2:.3}");
-    let (r1, r2) = ratio(&relu_like(Ty::Bf16, n, 8));
-    assert!(r2 > 1.3 * r1, "relu: v1 {r1:.3} fast {r2:.3}");
     for (ty, sigma) in [(Ty::Bf16, 0.01), (Ty::Fp16, 0.5), (Ty::Fp32, 1e-3)] {
-        let (r1, r2) = ratio(&gaussian(ty, n, sigma, 4));
+        let (r1, r2) = v1_and(&gaussian(ty, n, sigma, 4), &o);
         assert!(
             r2 >= r1 * 0.998,
             "dense {}: v1 {r1:.4} fast {r2:.4}",
