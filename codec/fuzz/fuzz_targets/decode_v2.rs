@@ -27,6 +27,8 @@ fuzz_target!(|data: &[u8]| {
         checksum: sel & 4 != 0,
         block_log2: 12 + ((sel >> 3) & 3),
         format: 2,
+        // bit 5: the fast encoder (FORMAT.md §V2.11)
+        effort: if sel & 0x20 != 0 { Effort::Fast } else { Effort::Full },
     };
     let mut frame = vec![0u8; max_compressed_size(src.len())];
     let n = compress(src, &mut frame, &opts).unwrap();

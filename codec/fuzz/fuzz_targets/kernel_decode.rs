@@ -83,6 +83,9 @@ fn mutated_v2(sel: u8, data: &[u8]) {
         checksum: sel & 4 != 0,
         block_log2: 12 + ((sel >> 3) & 3),
         format: 2,
+        // the fast encoder (FORMAT.md §V2.11) when the last flip byte is odd (every
+        // bit of `sel` is taken; that byte only moves the fourth flip by one bit)
+        effort: if flips[7] & 1 != 0 { Effort::Fast } else { Effort::Full },
     };
     let mut frame = vec![0u8; max_compressed_size(src.len())];
     let n = compress(src, &mut frame, &opts).unwrap();
