@@ -142,13 +142,8 @@ fn paired(total: usize, secs: f64, mut f1: impl FnMut(), mut f2: impl FnMut()) -
     (g(b1), g(b2), ratios[ratios.len() / 2])
 }
 
-/// One frame format's frames of every message: (frames, lengths, detected types).
-fn frames_of(format: u8, effort: Effort, msgs: &[&[u8]]) -> (Vec<Vec<u8>>, Vec<usize>, String) {
-    let opts = EncodeOptions {
-        format,
-        effort,
-        ..EncodeOptions::default()
-    };
+/// Every message's frame under `opts`: (frames, lengths, detected types).
+fn frames_of(opts: &EncodeOptions, msgs: &[&[u8]]) -> (Vec<Vec<u8>>, Vec<usize>, String) {
     let mut frames: Vec<Vec<u8>> = msgs
         .iter()
         .map(|m| vec![0u8; max_compressed_size(m.len())])
@@ -156,7 +151,7 @@ fn frames_of(format: u8, effort: Effort, msgs: &[&[u8]]) -> (Vec<Vec<u8>>, Vec<u
     let mut lens = vec![0usize; msgs.len()];
     let mut detected = std::collections::BTreeMap::new();
     for (i, m) in msgs.iter().enumerate() {
-        let st = compress_with_stats(m, &mut frames[i], &opts).unwrap();
+        let st = compress_with_stats(m, &mut frames[i], opts).unwrap();
         lens[i] = st.frame_len;
         *detected
             .entry(st.dtype.map_or("raw", |d| d.name()))
@@ -176,7 +171,13 @@ fn ours(
     a: &Args,
     name: &str,
 ) -> ([(f64, f64, f64, String); 2], f64, f64) {
-    let mut f = [frames_of(1, a.effort, msgs), frames_of(2, a.effort, msgs)];
+    let opts = |format| EncodeOptions {
+        format,
+        effort: a.effort,
+        ..EncodeOptions::default()
+    };
+    let (o1, o2) = (opts(1), opts(2));
+    let mut f = [frames_of(&o1, msgs), frames_of(&o2, msgs)];
     let mut out = vec![0u8; a.msg];
     for (k, (frames, lens, _)) in f.iter().enumerate() {
         for (i, m) in msgs.iter().enumerate() {
@@ -184,12 +185,6 @@ fn ours(
             assert!(&out[..n] == *m, "{name}: v{} round trip failed", k + 1);
         }
     }
-    let opts = |format| EncodeOptions {
-        format,
-        effort: a.effort,
-        ..EncodeOptions::default()
-    };
-    let (o1, o2) = (opts(1), opts(2));
     let [(f1, l1, d1), (f2, l2, d2)] = &mut f;
     let enc = |frames: &mut Vec<Vec<u8>>, o: &EncodeOptions| {
         for (i, m) in msgs.iter().enumerate() {
