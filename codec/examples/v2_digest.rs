@@ -4,13 +4,21 @@
 //! kept every frame byte-identical (FORMAT.md V2.5–V2.7 are normative). With
 //! `bench/data` (scripts/make_tensors.sh) the real tensors' first MiB is a case too.
 //!
-//! `cargo run --release -p nccl-zip-codec --example v2_digest > digests.txt`
+//! `cargo run --release -p nccl-zip-codec --example v2_digest [-- --effort fast] > digests.txt`
+//! (`--effort fast`: the fast encoder's frames, FORMAT.md §V2.11, which follow their
+//! own rules: compare them with another run of the same effort)
 #[path = "../tests/common/mod.rs"]
 mod common;
 use common::*;
 use nccl_zip_codec::*;
 
 fn main() {
+    let v: Vec<String> = std::env::args().skip(1).collect();
+    let effort = match v.as_slice() {
+        [] => Effort::Full,
+        [f, e] if f == "--effort" => Effort::parse(e).expect("--effort fast|full"),
+        _ => panic!("usage: v2_digest [--effort fast|full]"),
+    };
     let mut cases: Vec<(String, Vec<u8>)> = Vec::new();
     let n = 1 << 18;
     for ty in [Ty::Bf16, Ty::Fp16, Ty::Fp32] {
@@ -129,6 +137,7 @@ fn main() {
                         format: 2,
                         dtype: hint,
                         block_log2,
+                        effort,
                         ..EncodeOptions::default()
                     };
                     let mut dst = vec![0u8; max_compressed_size(src.len())];

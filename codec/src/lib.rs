@@ -54,6 +54,7 @@ mod v2;
 mod v2_byte;
 
 pub use decode::{decompress, frame_info, Decoder};
+pub use encode::detect as detect_v1;
 pub use encode::{compress, compress_scalar, compress_with_stats};
 pub use parallel::{compress_parallel, decompress_parallel};
 pub use v2::detect_v2;

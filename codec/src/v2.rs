@@ -16,7 +16,7 @@ use crate::decode::{
     Lane as DLane, TableSource, KEY_SLACK,
 };
 use crate::elem::{Bf16, Elem, Fp16, Fp32};
-use crate::encode::{all_equal, BlockKind, LENGTHS_BY_SYMBOL, SAMPLE_STRIDE};
+use crate::encode::{BlockKind, LENGTHS_BY_SYMBOL, SAMPLE_STRIDE};
 use crate::format::*;
 use crate::{CodecError, Dtype};
 
@@ -2517,12 +2517,11 @@ unsafe fn detect_v2_avx2(src: &[u8]) -> Dtype {
 /// Detection's exponent histograms, kept in four interleaved copies (element `i` of
 /// a run goes to copy `i mod 4`) and summed by [`GroupHists::finish`]: a group's
 /// fields mostly fall in a few bins, and one histogram would chain each increment on
-/// the store of the one before.
+/// the store of the one before. fp16 has none of its own: its exponent field (bits
+/// 10..15) is the top five bits of bf16's (bits 7..15) in the same 16-bit word.
 pub(crate) struct GroupHists {
     /// bf16 fields: `[copy][φ][parity]` (u16 counts: at most 64 groups of 32 words)
     hb: [[[[u16; 256]; 2]; 2]; 4],
-    /// fp16 fields: `[copy][φ]`
-    hf: [[[u16; 256]; 2]; 4],
     /// bf16 field of each group's element 0 at φ (fp32 at φ + 2 does not hold it)
     first: [[u16; 256]; 2],
 }
@@ -2531,14 +2530,14 @@ impl GroupHists {
     pub(crate) fn new() -> GroupHists {
         GroupHists {
             hb: [[[[0; 256]; 2]; 2]; 4],
-            hf: [[[0; 256]; 2]; 4],
             first: [[0; 256]; 2],
         }
     }
 
-    /// The candidates' histograms into `st`: bf16 at φ from both parities, fp16 at
-    /// φ, and fp32, whose exponent field is the bf16 one of its high half: fp32 φ
-    /// (φ + 2) is bf16 φ's odd (even, but the first) elements.
+    /// The candidates' histograms into `st`: bf16 at φ from both parities; fp16 at
+    /// φ, the same words, from bf16's by its field's top five bits; and fp32, whose
+    /// exponent field is the bf16 one of its high half: fp32 φ (φ + 2) is bf16 φ's
+    /// odd (even, but the first) elements.
     #[inline(always)]
     pub(crate) fn finish(&self, st: &mut [Stats; 8]) {
         for phi in 0..2 {
@@ -2546,9 +2545,12 @@ impl GroupHists {
                 let ev: u32 = (0..4).map(|k| self.hb[k][phi][0][e] as u32).sum();
                 let od: u32 = (0..4).map(|k| self.hb[k][phi][1][e] as u32).sum();
                 st[phi].hc[e] = ev + od;
-                st[2 + phi].hc[e] = (0..4).map(|k| self.hf[k][phi][e] as u32).sum();
                 st[4 + phi].hc[e] = od;
                 st[6 + phi].hc[e] = ev - self.first[phi][e] as u32;
+            }
+            let (b, f) = st.split_at_mut(2);
+            for (e5, c) in f[phi].hc[..32].iter_mut().enumerate() {
+                *c = b[phi].hc[8 * e5..8 * e5 + 8].iter().sum();
             }
         }
     }
@@ -2573,12 +2575,11 @@ fn group_stats(s: &[u8], st: &mut [Stats; 8], h: &mut GroupHists, sub: &mut [u64
         for (w, b) in wd.iter_mut().zip(bytes.chunks_exact(2)) {
             *w = u16::from_le_bytes([b[0], b[1]]);
         }
-        let (mut eb, mut ef) = ([0u8; 32], [0u8; 32]);
+        let mut eb = [0u8; 32];
         let mut nsub = 0u32;
         for i in 0..32 {
             let x = wd[i];
             eb[i] = (x >> 7) as u8;
-            ef[i] = (x >> 10) as u8 & 0x1F;
             // (word 31 at φ = 1 is 0: not a subnormal)
             nsub += (x & 0x7C00 == 0 && x & 0x7FFF != 0) as u32;
         }
@@ -2588,9 +2589,6 @@ fn group_stats(s: &[u8], st: &mut [Stats; 8], h: &mut GroupHists, sub: &mut [u64
         }
         for i in 0..n / 2 {
             h.hb[i & 3][phi][1][eb[2 * i + 1] as usize] += 1;
-        }
-        for (i, &e) in ef[..n].iter().enumerate() {
-            h.hf[i & 3][phi][e as usize] += 1;
         }
         // zero words as a bit mask (bit i: word i is 0), the OR of the even and of
         // the odd words; word 31 at φ = 1 is 0 (not a word): it counts as a zero
@@ -2644,6 +2642,17 @@ fn group_stats(s: &[u8], st: &mut [Stats; 8], h: &mut GroupHists, sub: &mut [u64
     }
 }
 
+/// Whether the 64 bytes of a detection group are all equal ([`all_equal`] for one
+/// group, in eight 8-byte words: no call).
+#[inline(always)]
+pub(crate) fn group_equal(s: &[u8]) -> bool {
+    let v = u64::from_ne_bytes([s[0]; 8]);
+    let s: &[u8; 64] = s.try_into().expect("a group is 64 bytes");
+    s.chunks_exact(8).fold(0u64, |d, c| {
+        d | (u64::from_ne_bytes(c.try_into().unwrap()) ^ v)
+    }) == 0
+}
+
 #[inline(always)]
 fn detect_v2_body(src: &[u8]) -> Dtype {
     let n = src.len();
@@ -2660,7 +2669,7 @@ fn detect_v2_body(src: &[u8]) -> Dtype {
     for j in 0..g {
         let off = 64 * (j * units / g);
         let s = &src[off..off + 64];
-        if all_equal(s) {
+        if group_equal(s) {
             continue;
         }
         used += 1;
