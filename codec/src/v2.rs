@@ -2514,24 +2514,51 @@ unsafe fn detect_v2_avx2(src: &[u8]) -> Dtype {
     detect_v2_body(src)
 }
 
-/// Detection's exponent histograms, kept in four interleaved copies (element `i` of
-/// a run goes to copy `i mod 4`) and summed by [`GroupHists::finish`]: a group's
-/// fields mostly fall in a few bins, and one histogram would chain each increment on
-/// the store of the one before. fp16 has none of its own: its exponent field (bits
-/// 10..15) is the top five bits of bf16's (bits 7..15) in the same 16-bit word.
+/// Detection's histograms, kept in four interleaved copies (element `i` of a run
+/// goes to copy `i mod 4`) and summed by [`GroupHists::finish`]: a group's fields
+/// mostly fall in a few bins, and one histogram would chain each increment on the
+/// store of the one before. Each 16-bit word at φ is counted once, by its bits
+/// 7..16 (`x >> 7`: the sign and bf16's exponent field), which hold every
+/// candidate's field: bf16's (the low 8), fp16's (bits 10..15, its top five) and
+/// fp32's (bf16's of its high half); and the word's high byte (`x >> 8`), so that
+/// the fp8 candidates' byte histogram ([`GroupHists::bytes`]) needs no pass of its
+/// own: the words at φ = 0 hold the odd bytes of a group, those at φ = 1 the even
+/// ones but byte 0 (`byte0`).
 pub(crate) struct GroupHists {
-    /// bf16 fields: `[copy][φ][parity]` (u16 counts: at most 64 groups of 32 words)
-    hb: [[[[u16; 256]; 2]; 2]; 4],
+    /// `x >> 7` of the words: `[copy][φ][parity]` (u16 counts: at most 64 groups
+    /// of 32 words)
+    hb: [[[[u16; 512]; 2]; 2]; 4],
     /// bf16 field of each group's element 0 at φ (fp32 at φ + 2 does not hold it)
     first: [[u16; 256]; 2],
+    /// byte 0 of each group
+    byte0: [u16; 256],
 }
 
 impl GroupHists {
     pub(crate) fn new() -> GroupHists {
         GroupHists {
-            hb: [[[[0; 256]; 2]; 2]; 4],
+            hb: [[[[0; 512]; 2]; 2]; 4],
             first: [[0; 256]; 2],
+            byte0: [0; 256],
         }
+    }
+
+    /// The histogram of the groups' bytes (fp8's candidates, FORMAT.md §V2.10
+    /// "Detection"): a byte `b` is the high byte of the words with `x >> 7` equal to
+    /// `2b` or `2b + 1`.
+    #[inline(always)]
+    pub(crate) fn bytes(&self) -> [u64; 256] {
+        let mut hw = [0u32; 512];
+        for c in self.hb.iter().flatten().flatten() {
+            for (a, &x) in hw.iter_mut().zip(c.iter()) {
+                *a += x as u32;
+            }
+        }
+        let mut h = [0u64; 256];
+        for (b, x) in h.iter_mut().enumerate() {
+            *x = (hw[2 * b] + hw[2 * b + 1] + self.byte0[b] as u32) as u64;
+        }
+        h
     }
 
     /// The candidates' histograms into `st`: bf16 at φ from both parities; fp16 at
@@ -2542,8 +2569,14 @@ impl GroupHists {
     pub(crate) fn finish(&self, st: &mut [Stats; 8]) {
         for phi in 0..2 {
             for e in 0..256 {
-                let ev: u32 = (0..4).map(|k| self.hb[k][phi][0][e] as u32).sum();
-                let od: u32 = (0..4).map(|k| self.hb[k][phi][1][e] as u32).sum();
+                let sum = |par: usize| -> u32 {
+                    (0..4)
+                        .map(|k| {
+                            self.hb[k][phi][par][e] as u32 + self.hb[k][phi][par][256 + e] as u32
+                        })
+                        .sum()
+                };
+                let (ev, od) = (sum(0), sum(1));
                 st[phi].hc[e] = ev + od;
                 st[4 + phi].hc[e] = od;
                 st[6 + phi].hc[e] = ev - self.first[phi][e] as u32;
@@ -2564,6 +2597,7 @@ impl GroupHists {
 /// (`e = 0`, `x & 0x7FFF != 0`) at φ, for V2.10's FP16N candidate.
 #[inline(always)]
 fn group_stats(s: &[u8], st: &mut [Stats; 8], h: &mut GroupHists, sub: &mut [u64; 2]) {
+    h.byte0[s[0] as usize] += 1;
     for phi in 0..2 {
         // 16-bit words at bytes phi + 2i: 32 at φ = 0, 31 at φ = 1 (word 31 is 0);
         // copied as bytes, then every per-word field computed over all 32 words in
@@ -2575,11 +2609,11 @@ fn group_stats(s: &[u8], st: &mut [Stats; 8], h: &mut GroupHists, sub: &mut [u64
         for (w, b) in wd.iter_mut().zip(bytes.chunks_exact(2)) {
             *w = u16::from_le_bytes([b[0], b[1]]);
         }
-        let mut eb = [0u8; 32];
+        let mut eb = [0u16; 32];
         let mut nsub = 0u32;
         for i in 0..32 {
             let x = wd[i];
-            eb[i] = (x >> 7) as u8;
+            eb[i] = x >> 7;
             // (word 31 at φ = 1 is 0: not a subnormal)
             nsub += (x & 0x7C00 == 0 && x & 0x7FFF != 0) as u32;
         }
@@ -2603,7 +2637,7 @@ fn group_stats(s: &[u8], st: &mut [Stats; 8], h: &mut GroupHists, sub: &mut [u64
         let (or_e, or_o) = (or_eo & 0xFFFF, or_eo >> 16);
         let nz16 = (zm.count_ones() - (32 - n) as u32) as u64;
         let or16 = or_e | or_o;
-        h.first[phi][eb[0] as usize] += 1;
+        h.first[phi][eb[0] as usize & 0xFF] += 1;
         for c in [phi, 2 + phi] {
             st[c].nzero += nz16;
             st[c].lo_or |= or16;
@@ -2712,7 +2746,7 @@ fn detect_v2_body(src: &[u8]) -> Dtype {
         }
     }
     // fp8 byte codes and FP16N (FORMAT.md §V2.10)
-    let best = crate::v2_byte::detect_more(src, best, &st, sub);
+    let best = crate::v2_byte::detect_more(src, best, &st, sub, &h.bytes(), used, g as u64 - used);
     // raw unless the estimate saves more than 1/32 of the sampled bits
     if best.0 * 32 >= 31 * 8 * SAMPLE_STRIDE as u64 * best.1 {
         Dtype::Raw

@@ -1230,44 +1230,24 @@ fn hlog2h() -> &'static [f64; HB_MAX + 1] {
 
 /// The candidates of §V2.10 "Detection", after version 2's float candidates: `best`
 /// is (value, bytes, type) of the cheapest float candidate; `sub[φ]` the fp16
-/// subnormals at φ in the groups (counted by the float candidates' pass); returns
-/// the new best.
+/// subnormals at φ in the groups, `hb` the histogram of their bytes, `used` and
+/// `skipped` how many groups were and were not all one byte (all counted by the
+/// float candidates' pass); returns the new best.
 pub(crate) fn detect_more(
     src: &[u8],
     best: (u64, u64, Dtype),
     fst: &[crate::v2::Stats; 8],
     sub: [u64; 2],
+    hb: &[u64; 256],
+    used: u64,
+    skipped: u64,
 ) -> (u64, u64, Dtype) {
     let n = src.len();
     let g = (n / 1024).clamp(1, 64);
     let units = n / 64;
     let mut hv = [[0u64; 256]; 2];
     let mut raw = [0u64; 2];
-    let (mut bytes, mut skipped) = (0u64, 0u64);
-    // the byte histogram in four interleaved copies (byte `i` of a group to copy
-    // `i mod 4`; u16 counts: at most 64 groups × 64 bytes), summed after: the
-    // bytes of sparse data fall mostly in bin 0, and one histogram would chain
-    // each increment on the store of the one before
-    let mut hq = [[0u16; 256]; 4];
-    for j in 0..g {
-        let off = 64 * (j * units / g);
-        let s = &src[off..off + 64];
-        if crate::v2::group_equal(s) {
-            skipped += 1;
-            continue;
-        }
-        for q in s.chunks_exact(4) {
-            hq[0][q[0] as usize] += 1;
-            hq[1][q[1] as usize] += 1;
-            hq[2][q[2] as usize] += 1;
-            hq[3][q[3] as usize] += 1;
-        }
-        bytes += 64;
-    }
-    let mut hb = [0u64; 256];
-    for (x, h) in hb.iter_mut().enumerate() {
-        *h = (0..4).map(|k| hq[k][x] as u64).sum();
-    }
+    let bytes = 64 * used;
     // fp16 elements at φ per group: floor((64 − φ) / 2)
     let count = [bytes / 2, bytes / 64 * 31];
     let mut best = best;
@@ -1376,7 +1356,7 @@ pub(crate) fn detect_more(
     // fp8: more than 1/16 below every other candidate
     // a skipped (all-equal) group costs a byte code at least 1 bit per byte, and
     // the float modes' zero lines nothing
-    let v = stride * (cost(&hb, 256) + 64 * skipped) + 8 * 128;
+    let v = stride * (cost(hb, 256) + 64 * skipped) + 8 * 128;
     // (or, when the others would leave the frame raw, at all)
     let raw = best.0 * 32 >= 31 * 8 * stride * best.1;
     if (raw || better(16 * v, 15 * bytes, &bar)) && better(v, bytes, &best) {
