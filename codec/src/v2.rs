@@ -7,7 +7,7 @@
 //! Every encoder decision is an integer function of the block's bytes (FORMAT.md
 //! §V2.6), so a GPU encoder can reproduce the frames byte for byte.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 
 use crate::codes::{symbol_of, CODE_LENGTHS, ESC, MAXLEN, NCODES, ND, NSYM, ZERO};
 use crate::coltab::ColTab;
@@ -442,15 +442,26 @@ pub(crate) fn choose_phase<T: V2>(blk: &[u8]) -> (usize, Stats, Static) {
     let mut best: Option<(usize, Stats, Static)> = None;
     for phi in 0..T::W {
         let m = (blk.len() - phi) / T::W;
-        let st = Stats::sample::<T>(&blk[phi..], m);
+        let b = &blk[phi..];
         // a phase whose lower bound is no smaller than the best value cannot
-        // replace it (strictly smaller only): not evaluated
-        if best
-            .as_ref()
-            .is_some_and(|b| static_lb::<T>(&st) >= b.2.best.value)
-        {
-            continue;
-        }
+        // replace it (strictly smaller only): not evaluated. The bound is first
+        // taken with every `e = 0` sample counted as a zero (`nzero` at most
+        // `h[0]`: a lower bound still), so that a phase it rules out (a misaligned
+        // one: its fields hold mantissa bits, often 0) is not read again for zeros
+        let st = match &best {
+            None => Stats::sample::<T>(b, m),
+            Some(bst) => {
+                let st = Stats::sample_hist::<T>(b, m);
+                if static_lb::<T>(&st) >= bst.2.best.value {
+                    continue;
+                }
+                let st = st.count_zeros::<T>(b, m, SAMPLE_STRIDE);
+                if static_lb::<T>(&st) >= bst.2.best.value {
+                    continue;
+                }
+                st
+            }
+        };
         let c = choose_static::<T>(&st);
         if best.as_ref().is_none_or(|b| c.best.value < b.2.best.value) {
             best = Some((phi, st, c));
@@ -613,8 +624,24 @@ impl Stats {
 
     /// Statistics of elements `0, 13, 26, ... < m` of `b` (a block's sample): the
     /// histogram is version 1's sample histogram (same elements, same counts).
+    /// Where the last sample on this thread had no element 0 (dense data), the
+    /// zeros are counted only where the histogram has `e = 0`
+    /// ([`Stats::count_zeros`]), else in the same loop ([`Stats::sample_counting`]):
+    /// the same statistics either way.
     #[inline(always)]
     pub(crate) fn sample<T: V2>(b: &[u8], m: usize) -> Stats {
+        let st = if ZEROS_SEEN.get() {
+            Self::sample_counting::<T>(b, m)
+        } else {
+            Self::sample_hist::<T>(b, m).count_zeros::<T>(b, m, SAMPLE_STRIDE)
+        };
+        ZEROS_SEEN.set(st.nzero != 0);
+        st
+    }
+
+    /// [`Stats::sample`] with the zeros counted in the sampling loop.
+    #[inline(always)]
+    pub(crate) fn sample_counting<T: V2>(b: &[u8], m: usize) -> Stats {
         // one read of each sampled element for the histogram, zeros and `lo_or`;
         // four interleaved sub-histograms as `sample_histogram` (same counts; at
         // most 2^20 / 2 / 13 + 1 < 2^16 samples per block: u16 counts suffice)
@@ -642,17 +669,78 @@ impl Stats {
                 lo_or |= x;
             }
         }
-        let mut h = [0u32; 256];
-        for (e, x) in h.iter_mut().enumerate() {
-            *x = hs[0][e] as u32 + hs[1][e] as u32 + hs[2][e] as u32 + hs[3][e] as u32;
-        }
         Stats {
-            hc: h,
+            hc: Self::sum4(&hs),
             nzero: nzero as u64,
             count: m.div_ceil(SAMPLE_STRIDE) as u64,
             lo_or,
         }
     }
+
+    /// [`Stats::sample`]'s histogram, count and `lo_or`, without reading for zeros:
+    /// `nzero` is `h[0]`, an upper bound ([`Stats::count_zeros`] makes it exact).
+    #[inline(always)]
+    pub(crate) fn sample_hist<T: V2>(b: &[u8], m: usize) -> Stats {
+        let mut hs = [[0u16; 256]; 4];
+        let mut lo_or = 0u32;
+        let stride = SAMPLE_STRIDE * T::W;
+        let mut chunks = b[..m * T::W].chunks_exact(4 * stride);
+        for c in &mut chunks {
+            for (k, hk) in hs.iter_mut().enumerate() {
+                let x = T::load(c, k * SAMPLE_STRIDE);
+                hk[T::exp(x) as usize] += 1;
+                if T::W == 4 {
+                    lo_or |= x;
+                }
+            }
+        }
+        let done = (m * T::W - chunks.remainder().len()) / T::W;
+        for i in (done..m).step_by(SAMPLE_STRIDE) {
+            let x = T::load(b, i);
+            hs[0][T::exp(x) as usize] += 1;
+            if T::W == 4 {
+                lo_or |= x;
+            }
+        }
+        let hc = Self::sum4(&hs);
+        Stats {
+            nzero: hc[0] as u64,
+            hc,
+            count: m.div_ceil(SAMPLE_STRIDE) as u64,
+            lo_or,
+        }
+    }
+
+    /// The sample's exact `nzero`: the elements `x == 0` among `0, stride, ... < m`
+    /// of `b`, read only where the histogram has `e = 0` (an element 0 has).
+    #[inline(always)]
+    pub(crate) fn count_zeros<T: V2>(mut self, b: &[u8], m: usize, stride: usize) -> Stats {
+        self.nzero = if self.hc[0] == 0 {
+            0
+        } else {
+            (0..m)
+                .step_by(stride)
+                .filter(|&i| T::load(b, i) == 0)
+                .count() as u64
+        };
+        self
+    }
+
+    /// The four interleaved sub-histograms' sum.
+    #[inline(always)]
+    fn sum4(hs: &[[u16; 256]; 4]) -> [u32; 256] {
+        let mut h = [0u32; 256];
+        for (e, x) in h.iter_mut().enumerate() {
+            *x = hs[0][e] as u32 + hs[1][e] as u32 + hs[2][e] as u32 + hs[3][e] as u32;
+        }
+        h
+    }
+}
+
+thread_local! {
+    /// Whether the last [`Stats::sample`] on this thread had an element 0: which of
+    /// its two loops the next one takes (speed only).
+    static ZEROS_SEEN: Cell<bool> = const { Cell::new(false) };
 }
 
 /// The anchor search centre: the largest `e >= 1` such that more than 1/64 of the
