@@ -54,7 +54,7 @@ fn compress_impl(
     } else {
         0
     };
-    let dtype = resolve_dtype_for(src, opts);
+    let (dtype, det_phi) = resolve_dtype_phase(src, opts);
     if dtype != Dtype::Raw
         || (opts.dtype == DtypeHint::Auto && has_fill_block(src, opts.block_log2))
     {
@@ -83,8 +83,9 @@ fn compress_impl(
         };
         let mut ok = pos < limit;
         // version 2: the phase of the last block coded as mode 2..=4 (its byte 4's low
-        // nibble), carried to the next block (FORMAT.md §V2.7 step 3)
-        let mut prev_phi: Option<usize> = None;
+        // nibble), carried to the next block (FORMAT.md §V2.7 step 3); the fast
+        // effort carries detection's phase into the first (§V2.11)
+        let mut prev_phi: Option<usize> = if fast { det_phi } else { None };
         if ok {
             for (i, blk) in src.chunks(b).enumerate() {
                 let coded = if opts.format == VERSION_2 {
@@ -219,11 +220,14 @@ impl FrameStats {
     }
 }
 
-/// The frame's element type for `opts.format`: version 2 detects over (type, phase).
-pub(crate) fn resolve_dtype_for(src: &[u8], opts: &EncodeOptions) -> Dtype {
+/// The frame's element type for `opts.format` (version 2 detects over (type,
+/// phase)) and, where version 2's detection chose a float type, the phase of its
+/// winning candidate.
+fn resolve_dtype_phase(src: &[u8], opts: &EncodeOptions) -> (Dtype, Option<usize>) {
     if opts.format == VERSION_2 && opts.dtype == DtypeHint::Auto && src.len() >= MIN_CODED_INPUT {
-        crate::v2::detect_v2(src)
-    } else if opts.format == VERSION_2
+        return crate::v2::detect_v2_phase(src);
+    }
+    let dt = if opts.format == VERSION_2
         && src.len() >= MIN_CODED_INPUT
         && opts.dtype == DtypeHint::Fp8E4m3
     {
@@ -235,7 +239,8 @@ pub(crate) fn resolve_dtype_for(src: &[u8], opts: &EncodeOptions) -> Dtype {
         Dtype::Fp8E5m2
     } else {
         resolve_dtype(src, opts.dtype)
-    }
+    };
+    (dt, None)
 }
 
 /// The element type for the frame: the hint, or detection for `Auto`.

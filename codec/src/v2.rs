@@ -2584,6 +2584,12 @@ fn decode_coded_body<T: V2, S: TableSource, const V: bool>(
 
 /// Frame type detection over (type, phase) (FORMAT.md §V2.6 "Detection").
 pub fn detect_v2(src: &[u8]) -> Dtype {
+    detect_v2_phase(src).0
+}
+
+/// [`detect_v2`] and, for a float type, the phase of its winning candidate (the
+/// fast encoder's first carried phase, FORMAT.md §V2.11).
+pub(crate) fn detect_v2_phase(src: &[u8]) -> (Dtype, Option<usize>) {
     #[cfg(target_arch = "x86_64")]
     {
         if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("popcnt") {
@@ -2598,7 +2604,7 @@ pub fn detect_v2(src: &[u8]) -> Dtype {
 /// The CPU must support AVX2 and POPCNT.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,popcnt")]
-unsafe fn detect_v2_avx2(src: &[u8]) -> Dtype {
+unsafe fn detect_v2_avx2(src: &[u8]) -> (Dtype, Option<usize>) {
     detect_v2_body(src)
 }
 
@@ -2776,10 +2782,10 @@ pub(crate) fn group_equal(s: &[u8]) -> bool {
 }
 
 #[inline(always)]
-fn detect_v2_body(src: &[u8]) -> Dtype {
+fn detect_v2_body(src: &[u8]) -> (Dtype, Option<usize>) {
     let n = src.len();
     if n < MIN_CODED_INPUT {
-        return Dtype::Raw;
+        return (Dtype::Raw, None);
     }
     let g = (n / 1024).clamp(1, 64);
     let units = n / 64;
@@ -2798,11 +2804,12 @@ fn detect_v2_body(src: &[u8]) -> Dtype {
         group_stats(s, &mut st, &mut h, &mut sub);
     }
     if used == 0 {
-        return Dtype::Raw;
+        return (Dtype::Raw, None);
     }
     h.finish(&mut st);
-    // (value, bytes covered): compare value / bytes
+    // (value, bytes covered): compare value / bytes; and the best's phase
     let mut best = (u64::MAX, 1u64, Dtype::Raw);
+    let mut best_phi = 0;
     for (c, stc) in st.iter().enumerate() {
         let (dt, w) = match c {
             0 | 1 => (Dtype::Bf16, 2u64),
@@ -2831,15 +2838,18 @@ fn detect_v2_body(src: &[u8]) -> Dtype {
             || (value as u128) * (best.1 as u128) < (best.0 as u128) * (bytes as u128)
         {
             best = (value, bytes, dt);
+            // candidates: bf16 φ 0, 1; fp16 φ 0, 1; fp32 φ 0, 1, 2, 3
+            best_phi = [0, 1, 0, 1, 0, 1, 2, 3][c];
         }
     }
+    let float = best.2;
     // fp8 byte codes and FP16N (FORMAT.md §V2.10)
     let best = crate::v2_byte::detect_more(src, best, &st, sub, &h.bytes(), used, g as u64 - used);
     // raw unless the estimate saves more than 1/32 of the sampled bits
     if best.0 * 32 >= 31 * 8 * SAMPLE_STRIDE as u64 * best.1 {
-        Dtype::Raw
+        (Dtype::Raw, None)
     } else {
-        best.2
+        (best.2, (best.2 == float).then_some(best_phi))
     }
 }
 
@@ -3212,6 +3222,49 @@ mod tests {
                     (want[c].nzero, want[c].count, want[c].lo_or),
                     "case {case} candidate {c}"
                 );
+            }
+            // the fp8 candidates' byte histogram, from the same pass
+            let mut want_bytes = [0u64; 256];
+            for &b in g.iter().chain(g2.iter()) {
+                want_bytes[b as usize] += 1;
+            }
+            assert_eq!(h.bytes(), want_bytes, "case {case} bytes");
+        }
+    }
+
+    /// Detection's phase (the fast encoder's first carried phase, FORMAT.md §V2.11)
+    /// is where the floats start: bf16 after 0 or 1 bytes of prefix, fp32 after 0..=3.
+    #[test]
+    fn detection_phase_is_the_floats_offset() {
+        let mut x = 0x9E37_79B9_7F4A_7C15u64;
+        let mut gauss = move || {
+            // a sum of four uniforms: near-Gaussian, σ about 0.03
+            (0..4)
+                .map(|_| {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    (x >> 11) as f64 / (1u64 << 53) as f64 - 0.5
+                })
+                .sum::<f64>()
+                * 0.05
+        };
+        let n = 1 << 16;
+        let f32s: Vec<f32> = (0..n).map(|_| gauss() as f32).collect();
+        let bf16: Vec<u8> = f32s
+            .iter()
+            .flat_map(|v| ((v.to_bits() >> 16) as u16).to_le_bytes())
+            .collect();
+        let fp32: Vec<u8> = f32s
+            .iter()
+            .flat_map(|v| v.to_bits().to_le_bytes())
+            .collect();
+        for (data, dt, w) in [(&bf16, Dtype::Bf16, 2), (&fp32, Dtype::Fp32, 4)] {
+            for k in 0..w {
+                let mut v = vec![0x5Au8; k];
+                v.extend_from_slice(data);
+                v.truncate(1 << 17);
+                assert_eq!(detect_v2_phase(&v), (dt, Some(k)), "{dt:?} after {k} bytes");
             }
         }
     }
