@@ -642,69 +642,48 @@ impl Stats {
     /// [`Stats::sample`] with the zeros counted in the sampling loop.
     #[inline(always)]
     pub(crate) fn sample_counting<T: V2>(b: &[u8], m: usize) -> Stats {
-        // one read of each sampled element for the histogram, zeros and `lo_or`;
-        // four interleaved sub-histograms as `sample_histogram` (same counts; at
-        // most 2^20 / 2 / 13 + 1 < 2^16 samples per block: u16 counts suffice)
-        // (`lo_or` only where `choose` reads it: fp32; 16-bit samples leave it 0)
-        let mut hs = [[0u16; 256]; 4];
-        let (mut nzero, mut lo_or) = (0u32, 0u32);
-        let stride = SAMPLE_STRIDE * T::W;
-        let mut chunks = b[..m * T::W].chunks_exact(4 * stride);
-        for c in &mut chunks {
-            for (k, hk) in hs.iter_mut().enumerate() {
-                let x = T::load(c, k * SAMPLE_STRIDE);
-                hk[T::exp(x) as usize] += 1;
-                nzero += (x == 0) as u32;
-                if T::W == 4 {
-                    lo_or |= x;
-                }
-            }
-        }
-        let done = (m * T::W - chunks.remainder().len()) / T::W;
-        for i in (done..m).step_by(SAMPLE_STRIDE) {
-            let x = T::load(b, i);
-            hs[0][T::exp(x) as usize] += 1;
-            nzero += (x == 0) as u32;
-            if T::W == 4 {
-                lo_or |= x;
-            }
-        }
-        Stats {
-            hc: Self::sum4(&hs),
-            nzero: nzero as u64,
-            count: m.div_ceil(SAMPLE_STRIDE) as u64,
-            lo_or,
-        }
+        Self::sample_loop::<T, true>(b, m)
     }
 
     /// [`Stats::sample`]'s histogram, count and `lo_or`, without reading for zeros:
     /// `nzero` is `h[0]`, an upper bound ([`Stats::count_zeros`] makes it exact).
     #[inline(always)]
     pub(crate) fn sample_hist<T: V2>(b: &[u8], m: usize) -> Stats {
+        Self::sample_loop::<T, false>(b, m)
+    }
+
+    /// The sampling loop: one read of each sampled element for the histogram,
+    /// `lo_or` and (`ZEROS`) the zeros, else `nzero = h[0]`; four interleaved
+    /// sub-histograms as `sample_histogram` (same counts; at most 2^20 / 2 / 13 + 1
+    /// < 2^16 samples per block: u16 counts suffice) (`lo_or` only where `choose`
+    /// reads it: fp32; 16-bit samples leave it 0).
+    #[inline(always)]
+    fn sample_loop<T: V2, const ZEROS: bool>(b: &[u8], m: usize) -> Stats {
         let mut hs = [[0u16; 256]; 4];
-        let mut lo_or = 0u32;
+        let (mut nzero, mut lo_or) = (0u32, 0u32);
+        let mut add = |h: &mut [u16; 256], x: u32| {
+            h[T::exp(x) as usize] += 1;
+            if ZEROS {
+                nzero += (x == 0) as u32;
+            }
+            if T::W == 4 {
+                lo_or |= x;
+            }
+        };
         let stride = SAMPLE_STRIDE * T::W;
         let mut chunks = b[..m * T::W].chunks_exact(4 * stride);
         for c in &mut chunks {
             for (k, hk) in hs.iter_mut().enumerate() {
-                let x = T::load(c, k * SAMPLE_STRIDE);
-                hk[T::exp(x) as usize] += 1;
-                if T::W == 4 {
-                    lo_or |= x;
-                }
+                add(hk, T::load(c, k * SAMPLE_STRIDE));
             }
         }
         let done = (m * T::W - chunks.remainder().len()) / T::W;
         for i in (done..m).step_by(SAMPLE_STRIDE) {
-            let x = T::load(b, i);
-            hs[0][T::exp(x) as usize] += 1;
-            if T::W == 4 {
-                lo_or |= x;
-            }
+            add(&mut hs[0], T::load(b, i));
         }
         let hc = Self::sum4(&hs);
         Stats {
-            nzero: hc[0] as u64,
+            nzero: if ZEROS { nzero as u64 } else { hc[0] as u64 },
             hc,
             count: m.div_ceil(SAMPLE_STRIDE) as u64,
             lo_or,
