@@ -2930,16 +2930,33 @@ mod tests {
     fn sample_stats_match_add() {
         fn check<T: V2>(b: &[u8]) {
             for m in [b.len() / T::W, b.len() / T::W - 1, 53, 52, 1] {
-                let got = Stats::sample::<T>(b, m);
                 let mut want = Stats::default();
                 for i in (0..m).step_by(SAMPLE_STRIDE) {
                     want.add::<T>(&b[i * T::W..], 1);
                 }
-                assert_eq!(got.hc, want.hc, "m {m}");
-                assert_eq!((got.nzero, got.count), (want.nzero, want.count), "m {m}");
-                // 16-bit samples leave `lo_or` 0 (only fp32's `choose` reads it)
-                let want_or = if T::W == 4 { want.lo_or } else { 0 };
-                assert_eq!(got.lo_or, want_or, "m {m}");
+                // both sampling loops: zeros counted in the loop, and counted after
+                // (`sample` takes either by the thread's last sample)
+                for (how, got) in [
+                    ("sample", Stats::sample::<T>(b, m)),
+                    ("counting", Stats::sample_counting::<T>(b, m)),
+                    (
+                        "hist",
+                        Stats::sample_hist::<T>(b, m).count_zeros::<T>(b, m, SAMPLE_STRIDE),
+                    ),
+                ] {
+                    assert_eq!(got.hc, want.hc, "{how} m {m}");
+                    let got_nc = (got.nzero, got.count);
+                    assert_eq!(got_nc, (want.nzero, want.count), "{how} m {m}");
+                    // 16-bit samples leave `lo_or` 0 (only fp32's `choose` reads it)
+                    let want_or = if T::W == 4 { want.lo_or } else { 0 };
+                    assert_eq!(got.lo_or, want_or, "{how} m {m}");
+                }
+                // without the zeros read, `nzero` is the histogram's e = 0 count
+                assert_eq!(
+                    Stats::sample_hist::<T>(b, m).nzero,
+                    want.hc[0] as u64,
+                    "m {m}"
+                );
             }
         }
         let mut x = 0x2545_F491_4F6C_DD1Du64;
