@@ -43,6 +43,7 @@
 //!
 //! All functions are thread-safe and use no global mutable state.
 
+mod avx512;
 pub mod codes;
 pub mod coltab;
 mod decode;
@@ -53,6 +54,7 @@ mod parallel;
 mod v2;
 mod v2_byte;
 
+pub use avx512::set_enabled as set_avx512;
 pub use decode::{decompress, frame_info, Decoder};
 pub use encode::detect as detect_v1;
 pub use encode::{compress, compress_scalar, compress_with_stats};

@@ -1287,7 +1287,14 @@ fn encode_coded_body<T: V2, const V: bool>(
         let (p1, rest) = out[pa..].split_at_mut(k_elems);
         let (lo1, rest) = rest.split_at_mut(lo_len);
         let lo0 = &mut rest[..lo_len];
-        {
+        // bf16 and fp32 under Z with AVX-512: the split and the Z compaction below
+        // are one pass (`avx512::split_z_*`)
+        let fused = V
+            && ch.z
+            && T::MODE != MODE_FP16
+            && cfg!(target_arch = "x86_64")
+            && crate::avx512::enabled();
+        if !fused {
             let keys = &mut s.keys[..k_elems];
             #[cfg(target_arch = "x86_64")]
             if V && T::MODE == MODE_BF16 {
@@ -1298,10 +1305,6 @@ fn encode_coded_body<T: V2, const V: bool>(
             }
             #[cfg(not(target_arch = "x86_64"))]
             T::split_v2(kept, keys, p1, lo1, lo0);
-            if let (Some((ct, col0)), true) = (use_col, keys_rot) {
-                let el = lines.then_some(&s.elided[..]);
-                crate::coltab::rotate_kept_keys::<T>(keys, el, m, col0, ct);
-            }
         }
         // Under Z, drop the planes' bytes of ZERO elements (x == 0) and count them
         // per sub-segment.
@@ -1334,6 +1337,37 @@ fn encode_coded_body<T: V2, const V: bool>(
                     }
                     *q += m.count_ones() as usize;
                 };
+                #[cfg(target_arch = "x86_64")]
+                if fused {
+                    let nv = (i1 - i0) / 32 * 32;
+                    let xs = &kept[i0 * w..];
+                    let keys = &mut s.keys[i0..];
+                    // SAFETY: `fused`: the CPU has AVX-512 F, BW, VBMI2 (`enabled`).
+                    let (q1, z, e) = unsafe {
+                        if T::W == 2 {
+                            crate::avx512::split_z_bf16(xs, nv, keys, p1, q)
+                        } else {
+                            crate::avx512::split_z_fp32(xs, nv, keys, [p1, lo1, lo0], q)
+                        }
+                    };
+                    (q, zc, e0) = (q1, z, e);
+                    for i in i0 + nv..i1 {
+                        let x = T::load(kept, i);
+                        s.keys[i] = T::exp(x) as u8;
+                        p1[q] = T::p1(x);
+                        if T::W == 4 {
+                            lo1[q] = (x >> 8) as u8;
+                            lo0[q] = x as u8;
+                        }
+                        q += (x != 0) as usize;
+                        zc += (x == 0) as u32;
+                        e0 |= x != 0 && T::exp(x) == 0;
+                    }
+                    s.seg_zeros.push(zc);
+                    s.esc0.push(e0);
+                    zsum += zc as usize;
+                    continue;
+                }
                 let n32 = i0 + (i1 - i0) / 32 * 32;
                 let n8 = i0 + (i1 - i0) / 8 * 8;
                 for (c, xs) in kept[i0 * w..n32 * w].chunks_exact(32 * w).enumerate() {
@@ -1373,6 +1407,10 @@ fn encode_coded_body<T: V2, const V: bool>(
         } else {
             s.seg_zeros.resize(ns, 0);
             s.esc0.resize(ns, false);
+        }
+        if let (Some((ct, col0)), true) = (use_col, keys_rot) {
+            let el = lines.then_some(&s.elided[..]);
+            crate::coltab::rotate_kept_keys::<T>(&mut s.keys[..k_elems], el, m, col0, ct);
         }
         let p_elems = k_elems - zsum;
         let lo_or = if T::W == 4 {
@@ -1434,6 +1472,9 @@ fn encode_coded_body<T: V2, const V: bool>(
                 crate::encode::enc_table_for::<T>(&ch.lens, &words, ch.a),
                 fp16,
                 ch.code_bits * 4 > 13 * st.count,
+                // SAFETY: `enabled`: the CPU has the AVX-512 features.
+                (!fp16 && crate::avx512::enabled())
+                    .then(|| unsafe { crate::avx512::Tables::for_code(&ch.lens, &words, ch.a) }),
             )
         });
         // The stream is written in place behind the planes while `out` has room for
@@ -1459,19 +1500,26 @@ fn encode_coded_body<T: V2, const V: bool>(
             let bit0 = 8 * wr.pos as u64 + wr.nb as u64;
             let mut i = i0;
             #[cfg(target_arch = "x86_64")]
-            if let Some((vt, lut, fp16, wide)) = &vec {
+            if let Some((vt, lut, fp16, wide, t512)) = &vec {
                 if !(ch.z && (*fp16 || s.esc0[j])) {
                     let n32 = (i1 - i0) / 32 * 32;
                     let keys = &s.keys[i0..i0 + n32];
-                    // SAFETY: V: AVX2 and BMI2; the writer has 3 bytes per element
-                    // + 64 of room, more than 20 bits per element and the 8-byte
-                    // stores.
+                    // SAFETY: V: AVX2 and BMI2 (`t512`: and the AVX-512 features);
+                    // the writer has 3 bytes per element + 64 of room, more than
+                    // 20 bits per element and the 8-byte stores.
                     unsafe {
+                        use crate::avx512::code_keys as code_keys512;
                         use crate::encode::avx2::{code_keys, code_keys_fp16};
-                        match (fp16, wide) {
-                            (true, _) => code_keys_fp16(vt, lut, keys, &mut wr),
-                            (false, true) => code_keys::<true>(vt, lut, keys, &mut wr),
-                            (false, false) => code_keys::<false>(vt, lut, keys, &mut wr),
+                        match (fp16, wide, t512) {
+                            (true, _, _) => code_keys_fp16(vt, lut, keys, &mut wr),
+                            (false, true, Some(t)) => {
+                                code_keys512::<true>(t, vt, lut, keys, &mut wr)
+                            }
+                            (false, false, Some(t)) => {
+                                code_keys512::<false>(t, vt, lut, keys, &mut wr)
+                            }
+                            (false, true, None) => code_keys::<true>(vt, lut, keys, &mut wr),
+                            (false, false, None) => code_keys::<false>(vt, lut, keys, &mut wr),
                         }
                     }
                     i += n32;

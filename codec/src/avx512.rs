@@ -1,0 +1,308 @@
+//! AVX-512 pieces of version 2's encoder (AVX-512 F, BW, VL and VBMI2: 32-lane masks
+//! and byte compression). Same bytes as the AVX2 and scalar paths, by construction
+//! and by test (`tests/v2_avx512.rs` codes every case both ways).
+//!
+//! They run where the CPU has the features and `NCCL_ZIP_CODEC_AVX512` is not `0`
+//! ([`enabled`]); [`set_enabled`] switches them for tests and benchmarks.
+
+use std::sync::atomic::{AtomicU8, Ordering};
+
+/// 0: not yet known; 1: off; 2: on.
+static STATE: AtomicU8 = AtomicU8::new(0);
+
+fn cpu_has() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::is_x86_feature_detected!("avx512f")
+            && std::is_x86_feature_detected!("avx512bw")
+            && std::is_x86_feature_detected!("avx512vl")
+            && std::is_x86_feature_detected!("avx512vbmi2")
+            && std::is_x86_feature_detected!("popcnt")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+/// Whether the encoder takes its AVX-512 paths: the CPU has AVX-512 F, BW, VL and VBMI2,
+/// and `NCCL_ZIP_CODEC_AVX512` is not `0` (read once).
+#[inline]
+pub(crate) fn enabled() -> bool {
+    match STATE.load(Ordering::Relaxed) {
+        0 => {
+            let off = std::env::var("NCCL_ZIP_CODEC_AVX512").is_ok_and(|v| v.trim() == "0");
+            let on = cpu_has() && !off;
+            STATE.store(if on { 2 } else { 1 }, Ordering::Relaxed);
+            on
+        }
+        s => s == 2,
+    }
+}
+
+/// Turns the AVX-512 paths on (where the CPU has them) or off, for the whole
+/// process; returns whether they are on. For tests and benchmarks that compare the
+/// paths: frames are the same bytes either way.
+pub fn set_enabled(on: bool) -> bool {
+    let on = on && cpu_has();
+    STATE.store(if on { 2 } else { 1 }, Ordering::Relaxed);
+    on
+}
+
+/// bf16 under `Z` (FORMAT.md §V2.7): for elements `0 .. n` of `src` (`n` a multiple
+/// of 32), `keys[i]` is element `i`'s exponent field, and the plane byte (sign,
+/// mantissa) of each element that is not 0 is appended to `p1` at `q`. Returns the
+/// new `q`, the number of elements equal to 0, and whether an element that is not 0
+/// has exponent field 0 (an escaped `e = 0`).
+///
+/// # Safety
+/// The CPU must support AVX-512 F, BW, VL, VBMI2 and POPCNT ([`enabled`]).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi2,popcnt")]
+pub(crate) unsafe fn split_z_bf16(
+    src: &[u8],
+    n: usize,
+    keys: &mut [u8],
+    p1: &mut [u8],
+    mut q: usize,
+) -> (usize, u32, bool) {
+    use std::arch::x86_64::*;
+    // every store below (32 bytes at q <= q0 + 32·g) stays inside p1
+    assert!(n.is_multiple_of(32) && src.len() >= 2 * n && keys.len() >= n && p1.len() >= q + n);
+    let m7f = _mm512_set1_epi16(0x7F);
+    let m80 = _mm512_set1_epi16(0x80);
+    let fexp = _mm512_set1_epi16(0x7F80);
+    let (mut nzs, mut e0) = (0u32, 0u32);
+    for g in 0..n / 32 {
+        let x = _mm512_loadu_si512(src.as_ptr().add(64 * g) as *const _);
+        let nz = _mm512_test_epi16_mask(x, x);
+        e0 |= _mm512_mask_testn_epi16_mask(nz, x, fexp);
+        let k = _mm512_cvtepi16_epi8(_mm512_srli_epi16::<7>(x));
+        _mm256_storeu_si256(keys.as_mut_ptr().add(32 * g) as *mut __m256i, k);
+        let pb = _mm512_or_si512(
+            _mm512_and_si512(x, m7f),
+            _mm512_and_si512(_mm512_srli_epi16::<8>(x), m80),
+        );
+        let c = _mm256_maskz_compress_epi8(nz, _mm512_cvtepi16_epi8(pb));
+        _mm256_storeu_si256(p1.as_mut_ptr().add(q) as *mut __m256i, c);
+        let cnt = nz.count_ones();
+        q += cnt as usize;
+        nzs += cnt;
+    }
+    (q, n as u32 - nzs, e0 != 0)
+}
+
+/// fp32 under `Z`, as [`split_z_bf16`]: keys, and the bytes of the three planes
+/// (sign and mantissa top, mantissa middle, mantissa low) of each element that is
+/// not 0 appended to `p1`, `lo1`, `lo0` at `q`; `n` a multiple of 16.
+///
+/// # Safety
+/// As [`split_z_bf16`].
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi2,popcnt")]
+pub(crate) unsafe fn split_z_fp32(
+    src: &[u8],
+    n: usize,
+    keys: &mut [u8],
+    planes: [&mut [u8]; 3],
+    mut q: usize,
+) -> (usize, u32, bool) {
+    use std::arch::x86_64::*;
+    assert!(
+        n.is_multiple_of(16)
+            && src.len() >= 4 * n
+            && keys.len() >= n
+            && planes.iter().all(|p| p.len() >= q + n)
+    );
+    let [p1, lo1, lo0] = planes;
+    let m7f = _mm512_set1_epi32(0x7F);
+    let m80 = _mm512_set1_epi32(0x80);
+    let fexp = _mm512_set1_epi32(0x7F80_0000);
+    let (mut nzs, mut e0) = (0u32, 0u32);
+    for g in 0..n / 16 {
+        let x = _mm512_loadu_si512(src.as_ptr().add(64 * g) as *const _);
+        let nz = _mm512_test_epi32_mask(x, x);
+        e0 |= _mm512_mask_testn_epi32_mask(nz, x, fexp) as u32;
+        let k = _mm512_cvtepi32_epi8(_mm512_srli_epi32::<23>(x));
+        _mm_storeu_si128(keys.as_mut_ptr().add(16 * g) as *mut __m128i, k);
+        let pb = _mm512_or_si512(
+            _mm512_and_si512(_mm512_srli_epi32::<16>(x), m7f),
+            _mm512_and_si512(_mm512_srli_epi32::<24>(x), m80),
+        );
+        for (p, v) in [
+            (&mut *p1, pb),
+            (&mut *lo1, _mm512_srli_epi32::<8>(x)),
+            (&mut *lo0, x),
+        ] {
+            let c = _mm_maskz_compress_epi8(nz, _mm512_cvtepi32_epi8(v));
+            _mm_storeu_si128(p.as_mut_ptr().add(q) as *mut __m128i, c);
+        }
+        let cnt = nz.count_ones();
+        q += cnt as usize;
+        nzs += cnt;
+    }
+    (q, n as u32 - nzs, e0 != 0)
+}
+
+/// Per-block symbol tables for [`code_keys`]: code word and code length of each
+/// symbol (16-bit lanes, entries `0 .. NSYM`), and the anchor in every byte.
+#[cfg(target_arch = "x86_64")]
+pub(crate) struct Tables {
+    words: std::arch::x86_64::__m512i,
+    lens: std::arch::x86_64::__m512i,
+    anchor: std::arch::x86_64::__m512i,
+}
+
+#[cfg(target_arch = "x86_64")]
+impl Tables {
+    /// The tables of a code (`lens`, canonical `words`) anchored at `a`.
+    ///
+    /// # Safety
+    /// As [`split_z_bf16`].
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi2,popcnt")]
+    pub(crate) unsafe fn for_code(
+        lens: &[u8; crate::codes::NSYM],
+        words: &[u16; crate::codes::NSYM],
+        a: u32,
+    ) -> Tables {
+        use std::arch::x86_64::*;
+        let (mut wv, mut lv) = ([0u16; 32], [0u16; 32]);
+        for s in 0..crate::codes::NSYM {
+            wv[s] = words[s];
+            lv[s] = lens[s] as u16;
+        }
+        Tables {
+            words: _mm512_loadu_si512(wv.as_ptr() as *const _),
+            lens: _mm512_loadu_si512(lv.as_ptr() as *const _),
+            anchor: _mm512_set1_epi8(a as u8 as i8),
+        }
+    }
+}
+
+/// Appends the codes of `keys` (exponent fields, a multiple of 32 of them) to `w`:
+/// the same bits as [`crate::encode::avx2::code_keys`], which codes any 64 keys
+/// that hold an escape (`t2`, `lut`: its tables for the same code) and a last
+/// 32. 64 keys per step: symbols by byte masks, code words and lengths by
+/// `vpermw`, merged by variable shifts into 4-, 8- and 16-element chunks; each
+/// 16-element chunk of at most 56 bits is one append (else its 8- or 4-element
+/// chunks). `WIDE`: 8-element chunks (blocks with long codes; same bits).
+///
+/// # Safety
+/// As [`split_z_bf16`], and as [`crate::encode::Bits::put`] for every 8 bytes of
+/// at most 20 bits per key appended.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi2,popcnt,avx2,bmi1,bmi2")]
+pub(crate) unsafe fn code_keys<const WIDE: bool>(
+    t: &Tables,
+    t2: &crate::encode::avx2::VecTables,
+    lut: &[u32; 256],
+    keys: &[u8],
+    w: &mut crate::encode::Bits,
+) {
+    use std::arch::x86_64::*;
+    debug_assert_eq!(keys.len() % 32, 0);
+    let n64 = keys.len() / 64 * 64;
+    let c23 = _mm512_set1_epi8(23);
+    let czero = _mm512_set1_epi8(crate::codes::ZERO as i8);
+    let m16 = _mm512_set1_epi32(0xFFFF);
+    let m32 = _mm512_set1_epi64(0xFFFF_FFFF);
+    let ones = _mm512_set1_epi16(1);
+    let c56 = _mm512_set1_epi64(56);
+    // octet lanes 0, 2, 4, 6 of one vector interleaved with those of another
+    let idx_ol = _mm512_setr_epi64(0, 8, 2, 10, 4, 12, 6, 14);
+    // a copy whose address never escapes (its fields stay in registers)
+    let mut lw = *w;
+    for g in 0..n64 / 64 {
+        let kb = &keys[64 * g..64 * g + 64];
+        let kv = _mm512_loadu_si512(kb.as_ptr() as *const _);
+        let d = _mm512_sub_epi8(t.anchor, kv);
+        // as the AVX2 coder: an escape is a key e != 0 with e > A or A - e > 23
+        let far = _mm512_or_si512(_mm512_subs_epu8(kv, t.anchor), _mm512_subs_epu8(d, c23));
+        let nz = _mm512_test_epi8_mask(kv, kv);
+        if _mm512_mask_test_epi8_mask(nz, far, far) != 0 {
+            crate::encode::avx2::code_keys::<WIDE>(t2, lut, kb, &mut lw);
+            continue;
+        }
+        let sym = _mm512_mask_mov_epi8(czero, nz, d);
+        for h in 0..2 {
+            let sh = if h == 0 {
+                _mm512_castsi512_si256(sym)
+            } else {
+                _mm512_extracti64x4_epi64::<1>(sym)
+            };
+            let sw = _mm512_cvtepu8_epi16(sh);
+            let cw = _mm512_permutexvar_epi16(sw, t.words);
+            let ln = _mm512_permutexvar_epi16(sw, t.lens);
+            // pairs: w0 | w1 << l0 (32-bit lanes), l0 + l1
+            let pv = _mm512_or_si512(
+                _mm512_and_si512(cw, m16),
+                _mm512_sllv_epi32(_mm512_srli_epi32::<16>(cw), _mm512_and_si512(ln, m16)),
+            );
+            let pl = _mm512_madd_epi16(ln, ones);
+            // quads (64-bit lanes: elements 4k .. 4k + 4, at most 48 bits)
+            let q = _mm512_or_si512(
+                _mm512_and_si512(pv, m32),
+                _mm512_sllv_epi64(_mm512_srli_epi64::<32>(pv), _mm512_and_si512(pl, m32)),
+            );
+            let lq = _mm512_and_si512(_mm512_add_epi32(pl, _mm512_srli_epi64::<32>(pl)), m32);
+            // octets in the even lanes (exact when at most 64 bits)
+            let o = _mm512_or_si512(q, _mm512_sllv_epi64(_mm512_bsrli_epi128::<8>(q), lq));
+            let l8 = _mm512_add_epi64(lq, _mm512_bsrli_epi128::<8>(lq));
+            // 16-element chunks in lanes 0 and 4 (exact when at most 64 bits)
+            let s16 = _mm512_or_si512(o, _mm512_sllv_epi64(_mm512_alignr_epi64::<2>(o, o), l8));
+            let l16 = _mm512_add_epi64(l8, _mm512_alignr_epi64::<2>(l8, l8));
+            macro_rules! lane0 {
+                ($v:expr) => {
+                    _mm_cvtsi128_si64(_mm512_castsi512_si128($v)) as u64
+                };
+            }
+            macro_rules! lane4 {
+                ($v:expr) => {
+                    _mm_cvtsi128_si64(_mm512_extracti32x4_epi32::<2>($v)) as u64
+                };
+            }
+            if WIDE {
+                // the four octets and their lengths, interleaved, when each is at
+                // most 56 bits: one store, four appends
+                if _mm512_mask_cmple_epu64_mask(0x55, l8, c56) == 0x55 {
+                    let mut ol = [0u64; 8];
+                    let il = _mm512_permutex2var_epi64(o, idx_ol, l8);
+                    _mm512_storeu_si512(ol.as_mut_ptr() as *mut _, il);
+                    for j in 0..4 {
+                        lw.put(ol[2 * j], ol[2 * j + 1] as u32);
+                    }
+                    continue;
+                }
+            }
+            let ls = [lane0!(l16), lane4!(l16)];
+            if !WIDE && ls[0] <= 56 && ls[1] <= 56 {
+                lw.put(lane0!(s16), ls[0] as u32);
+                lw.put(lane4!(s16), ls[1] as u32);
+                continue;
+            }
+            let (mut qv, mut ql, mut ov, mut ol, mut sv) =
+                ([0u64; 8], [0u64; 8], [0u64; 8], [0u64; 8], [0u64; 8]);
+            _mm512_storeu_si512(qv.as_mut_ptr() as *mut _, q);
+            _mm512_storeu_si512(ql.as_mut_ptr() as *mut _, lq);
+            _mm512_storeu_si512(ov.as_mut_ptr() as *mut _, o);
+            _mm512_storeu_si512(ol.as_mut_ptr() as *mut _, l8);
+            _mm512_storeu_si512(sv.as_mut_ptr() as *mut _, s16);
+            for c in 0..2 {
+                if !WIDE && ls[c] <= 56 {
+                    lw.put(sv[4 * c], ls[c] as u32);
+                    continue;
+                }
+                for j in [4 * c, 4 * c + 2] {
+                    if ol[j] <= 56 {
+                        lw.put(ov[j], ol[j] as u32);
+                    } else {
+                        lw.put(qv[j], ql[j] as u32);
+                        lw.put(qv[j + 1], ql[j + 1] as u32);
+                    }
+                }
+            }
+        }
+    }
+    *w = lw;
+    if n64 < keys.len() {
+        crate::encode::avx2::code_keys::<WIDE>(t2, lut, &keys[n64..], w);
+    }
+}

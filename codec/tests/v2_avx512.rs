@@ -1,0 +1,126 @@
+//! The AVX-512 encoder paths (bf16 and fp32 split with Z's compaction; the 64-key
+//! packer) write the same frames as the AVX2 paths and the portable encoder, on
+//! data made to reach each of their branches: escapes in one half of a 64-key step,
+//! long codes (16- and 8-element chunks over 56 bits), escaped `e = 0` under Z,
+//! sub-segments whose length is not a multiple of 64 or 32, and misaligned starts.
+//! One test: the switch (`set_avx512`) is process-wide.
+mod common;
+use common::{Rng, *};
+use nccl_zip_codec::*;
+
+fn frame(src: &[u8], o: &EncodeOptions) -> Vec<u8> {
+    let mut f = vec![0u8; max_compressed_size(src.len())];
+    let n = compress(src, &mut f, o).unwrap();
+    f.truncate(n);
+    f
+}
+
+/// Elements whose exponents spread over `span` values around 127 (bf16 and fp32
+/// bit patterns; fp16's field is narrower: `span` is clamped by the field).
+fn spread(ty: Ty, nbytes: usize, span: u32, seed: u64) -> Vec<u8> {
+    let mut r = Rng::new(seed);
+    let w = ty.width();
+    let mut v = vec![0u8; nbytes / w * w];
+    for x in v.chunks_exact_mut(w) {
+        let e = 127 - span / 2 + (r.next_u64() % span as u64) as u32;
+        let m = r.next_u64();
+        match ty {
+            Ty::Fp32 => x.copy_from_slice(&(((m as u32) & 0x807F_FFFF) | (e << 23)).to_le_bytes()),
+            Ty::Bf16 => {
+                x.copy_from_slice(&((((m as u32) & 0x807F) | (e << 7)) as u16).to_le_bytes())
+            }
+            Ty::Fp16 => {
+                let e = 15 - 15.min(span / 2) + (e % 30.min(span));
+                x.copy_from_slice(&((((m as u32) & 0x83FF) | (e << 10)) as u16).to_le_bytes())
+            }
+        }
+    }
+    v
+}
+
+#[test]
+fn avx512_paths_write_the_avx2_frames() {
+    if !set_avx512(true) {
+        println!("skipped: this CPU lacks AVX-512 F, BW, VL or VBMI2 (or NCCL_ZIP_CODEC_AVX512=0)");
+        return;
+    }
+    let n = 1 << 17;
+    let mut cases: Vec<(String, Vec<u8>)> = Vec::new();
+    for ty in [Ty::Bf16, Ty::Fp16, Ty::Fp32] {
+        cases.push((format!("gauss {}", ty.name()), gaussian(ty, n, 0.05, 1)));
+        cases.push((format!("relu {}", ty.name()), relu_like(ty, n, 2)));
+        cases.push((format!("grad {}", ty.name()), gradient_like(ty, n, 3)));
+        // escapes now and then: one half of some 64-key steps
+        let mut g = gaussian(ty, n, 0.05, 4);
+        let w = ty.width();
+        let mut r = Rng::new(5);
+        for _ in 0..n / w / 200 {
+            let i = (r.next_u64() as usize % (n / w)) * w;
+            g[i + w - 1] ^= 0x40;
+        }
+        cases.push((format!("outliers {}", ty.name()), g));
+        // long codes (wide blocks: 8-element chunks, some over 56 bits)
+        for span in [12, 24, 40] {
+            cases.push((
+                format!("spread {span} {}", ty.name()),
+                spread(ty, n, span, 6 + span as u64),
+            ));
+        }
+        // zeros with subnormals: an escaped e = 0 under Z in some sub-segments
+        let mut z = relu_like(ty, n, 7);
+        for c in z.chunks_exact_mut(w).step_by(1500) {
+            c.fill(0);
+            c[0] = 1;
+        }
+        cases.push((format!("relu+subnormal {}", ty.name()), z));
+        // zero lines among ReLU's zeros
+        let mut l = relu_like(ty, n, 8);
+        for c in l.chunks_mut(4096).step_by(3) {
+            c[..1024].fill(0);
+        }
+        cases.push((format!("relu+lines {}", ty.name()), l));
+    }
+    cases.push(("emb 92".into(), embedding_grad(n, 4096, 0.92, 9)));
+    cases.push(("moe".into(), moe_dispatch(4, 8, 4096, 0.7, 10)));
+    cases.push((
+        "bf16 in fp32".into(),
+        bf16_in_fp32(&gaussian(Ty::Bf16, n / 2, 0.02, 11)),
+    ));
+    let mut compared = 0;
+    for (name, data) in &cases {
+        for (k, len) in [
+            (0usize, data.len()),
+            (1, 100_001),
+            (3, 65_536 + 4 * 37),
+            (2, 8191),
+        ] {
+            let src = &data[k.min(data.len())..(k + len).min(data.len())];
+            for effort in [Effort::Full, Effort::Fast] {
+                for dtype in [DtypeHint::Auto, DtypeHint::Bf16, DtypeHint::Fp32] {
+                    let o = EncodeOptions {
+                        format: 2,
+                        effort,
+                        dtype,
+                        ..EncodeOptions::default()
+                    };
+                    assert!(set_avx512(true));
+                    let a = frame(src, &o);
+                    set_avx512(false);
+                    let b = frame(src, &o);
+                    assert!(
+                        a == b,
+                        "AVX-512 and AVX2 frames differ: {name}, +{k}, {o:?}"
+                    );
+                    // and the portable encoder's
+                    assert!(set_avx512(true));
+                    same_as_scalar(src, &o);
+                    let mut out = vec![0u8; src.len()];
+                    decompress(&a, &mut out).unwrap();
+                    assert!(out == src, "round trip: {name}, +{k}, {o:?}");
+                    compared += 1;
+                }
+            }
+        }
+    }
+    println!("{compared} encodings compared");
+}
