@@ -306,3 +306,115 @@ pub(crate) unsafe fn code_keys<const WIDE: bool>(
         crate::encode::avx2::code_keys::<WIDE>(t2, lut, &keys[n64..], w);
     }
 }
+
+/// The plane bytes `p[j ..]` of the elements whose keys are not 0 (`nz`), spread
+/// one per element (0 under a key 0): the inverse of the encoder's compaction. Reads
+/// `p[j .. j + nz.count_ones()]` only (a masked load), or nothing and `None` where
+/// `p` is shorter.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi2,popcnt,bmi2")]
+unsafe fn expand32(p: &[u8], j: usize, nz: u32) -> Option<std::arch::x86_64::__m256i> {
+    use std::arch::x86_64::*;
+    let c = nz.count_ones();
+    if j + c as usize > p.len() {
+        return None;
+    }
+    let v = _mm256_maskz_loadu_epi8(_bzhi_u32(!0, c), p.as_ptr().add(j) as *const i8);
+    Some(_mm256_maskz_expand_epi8(nz, v))
+}
+
+/// bf16 under `Z`, the inverse of [`split_z_bf16`]: element `i` of `out` from
+/// `keys[i]` and, where that key is not 0, the next byte of `p1` (elements whose
+/// key is 0 are 0; the caller refused escaped `e = 0`). Writes `out[.. 2·keys.len()]`;
+/// returns whether `p1` holds exactly one byte per key that is not 0 (if not, what
+/// was written is not the block's: the caller decodes it another way).
+///
+/// # Safety
+/// As [`split_z_bf16`].
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi2,popcnt,bmi2")]
+pub(crate) unsafe fn join_z_bf16(keys: &[u8], p1: &[u8], out: &mut [u8]) -> bool {
+    use std::arch::x86_64::*;
+    let n = keys.len();
+    assert!(out.len() >= 2 * n);
+    let m7f = _mm512_set1_epi16(0x7F);
+    let m80 = _mm512_set1_epi16(0x80);
+    let (mut i, mut j) = (0, 0);
+    while i < n {
+        let lm = _bzhi_u32(!0, (n - i).min(32) as u32);
+        let kv = _mm256_maskz_loadu_epi8(lm, keys.as_ptr().add(i) as *const i8);
+        let nz = _mm256_test_epi8_mask(kv, kv);
+        let Some(pe) = expand32(p1, j, nz) else {
+            return false;
+        };
+        let pw = _mm512_cvtepu8_epi16(pe);
+        let x = _mm512_or_si512(
+            _mm512_or_si512(
+                _mm512_slli_epi16::<8>(_mm512_and_si512(pw, m80)),
+                _mm512_slli_epi16::<7>(_mm512_cvtepu8_epi16(kv)),
+            ),
+            _mm512_and_si512(pw, m7f),
+        );
+        _mm512_mask_storeu_epi16(out.as_mut_ptr().add(2 * i) as *mut i16, lm, x);
+        j += nz.count_ones() as usize;
+        i += 32;
+    }
+    j == p1.len()
+}
+
+/// fp32 under `Z`, the inverse of [`split_z_fp32`]: as [`join_z_bf16`] with three
+/// planes (an empty `lo1` or `lo0`: an omitted plane, all 0). Writes
+/// `out[.. 4·keys.len()]`; returns as [`join_z_bf16`] (each plane that is not
+/// empty holds one byte per key that is not 0).
+///
+/// # Safety
+/// As [`split_z_bf16`].
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi2,popcnt,bmi2")]
+pub(crate) unsafe fn join_z_fp32(
+    keys: &[u8],
+    p1: &[u8],
+    lo1: &[u8],
+    lo0: &[u8],
+    out: &mut [u8],
+) -> bool {
+    use std::arch::x86_64::*;
+    let n = keys.len();
+    assert!(out.len() >= 4 * n);
+    let m7f = _mm512_set1_epi32(0x7F);
+    let m80 = _mm512_set1_epi32(0x80);
+    let (mut i, mut j) = (0, 0);
+    while i < n {
+        let lm = _bzhi_u32(!0, (n - i).min(16) as u32) as u16;
+        let kv = _mm_maskz_loadu_epi8(lm, keys.as_ptr().add(i) as *const i8);
+        let nz = _mm_test_epi8_mask(kv, kv);
+        macro_rules! plane {
+            ($p:expr) => {
+                if $p.is_empty() {
+                    _mm512_setzero_si512()
+                } else {
+                    let Some(v) = expand32($p, j, nz as u32) else {
+                        return false;
+                    };
+                    _mm512_cvtepu8_epi32(_mm256_castsi256_si128(v))
+                }
+            };
+        }
+        let pw = plane!(p1);
+        let x = _mm512_or_si512(
+            _mm512_or_si512(
+                _mm512_slli_epi32::<24>(_mm512_and_si512(pw, m80)),
+                _mm512_slli_epi32::<23>(_mm512_cvtepu8_epi32(kv)),
+            ),
+            _mm512_or_si512(
+                _mm512_slli_epi32::<16>(_mm512_and_si512(pw, m7f)),
+                _mm512_or_si512(_mm512_slli_epi32::<8>(plane!(lo1)), plane!(lo0)),
+            ),
+        );
+        _mm512_mask_storeu_epi32(out.as_mut_ptr().add(4 * i) as *mut i32, lm, x);
+        j += nz.count_ones() as usize;
+        i += 16;
+    }
+    j == p1.len() && [lo1, lo0].iter().all(|p| p.is_empty() || p.len() == j)
+}

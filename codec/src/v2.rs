@@ -2095,13 +2095,20 @@ fn key_group<T: V2, const V: bool>(
             lane_finish::<T>(set, stream, &mut keys[q], lanes[q].n, &mut kl[q]);
         }
     }
+    // bf16 and fp32 under Z with AVX-512: spread and join in one pass, which also
+    // checks the plane lengths (`avx512::join_z_*`)
+    let z512 = pl.z
+        && V
+        && T::MODE != MODE_FP16
+        && cfg!(target_arch = "x86_64")
+        && crate::avx512::enabled();
     let mut zm = [[0u8; SEG_ELEMS / 8]; LANES];
     for q in 0..g {
         let (k, l) = (&kl[q], &lanes[q]);
         if k.bad != 0 || 8 * k.base as u64 + k.bp != l.end {
             return false;
         }
-        if pl.z {
+        if pl.z && !z512 {
             // one bit per key, set for a non-ZERO key, 8 keys a byte (the spread's
             // masks), and their count; 32 keys at a time (`l.n <= SEG_ELEMS`, itself a
             // multiple of 32: whole words stay inside the keys and the masks)
@@ -2142,6 +2149,21 @@ fn key_group<T: V2, const V: bool>(
         let (p1, lo1, lo0) = (&pl.p1[pp..pe], lo(pl.lo1, pp, pe), lo(pl.lo0, pp, pe));
         if !pl.z {
             T::join_v2(ks, p1, lo1, lo0, o);
+        } else if z512 {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `z512`: the CPU has the AVX-512 features (`enabled`).
+            let exact = unsafe {
+                if T::W == 2 {
+                    crate::avx512::join_z_bf16(ks, p1, o)
+                } else {
+                    crate::avx512::join_z_fp32(ks, p1, lo1, lo0, o)
+                }
+            };
+            #[cfg(not(target_arch = "x86_64"))]
+            let exact = false;
+            if !exact {
+                return false;
+            }
         } else {
             // ZERO keys (0: an escaped e = 0 was refused above) take no plane byte:
             // spread the planes to one byte per element, 0 under a ZERO (whose

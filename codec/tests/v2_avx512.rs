@@ -1,5 +1,7 @@
 //! The AVX-512 encoder paths (bf16 and fp32 split with Z's compaction; the 64-key
-//! packer) write the same frames as the AVX2 paths and the portable encoder, on
+//! packer) write the same frames as the AVX2 paths and the portable encoder, and
+//! the AVX-512 decoder path (Z's spread and join) reads every frame, intact or
+//! with bits flipped, as the AVX2 decoder does, on
 //! data made to reach each of their branches: escapes in one half of a 64-key step,
 //! long codes (16- and 8-element chunks over 56 bits), escaped `e = 0` under Z,
 //! sub-segments whose length is not a multiple of 64 or 32, and misaligned starts.
@@ -117,6 +119,30 @@ fn avx512_paths_write_the_avx2_frames() {
                     let mut out = vec![0u8; src.len()];
                     decompress(&a, &mut out).unwrap();
                     assert!(out == src, "round trip: {name}, +{k}, {o:?}");
+                    // the AVX-512 decoder (Z's spread and join) and the AVX2 one
+                    // agree on corrupt frames too: the same bytes or both an error
+                    let mut r = Rng::new(compared as u64);
+                    for t in 0..4 {
+                        let mut f = a.clone();
+                        if t > 0 {
+                            let fl = f.len();
+                            for _ in 0..t {
+                                let i = 24 + r.next_u64() as usize % (fl - 24);
+                                f[i] ^= 1 << (r.next_u64() % 8);
+                            }
+                        }
+                        let mut o1 = vec![0u8; src.len()];
+                        let mut o2 = vec![0u8; src.len()];
+                        assert!(set_avx512(true));
+                        let r1 = decompress(&f, &mut o1);
+                        set_avx512(false);
+                        let r2 = decompress(&f, &mut o2);
+                        assert!(
+                            r1.is_ok() == r2.is_ok() && (r1.is_err() || o1 == o2),
+                            "AVX-512 and AVX2 decoders differ: {name}, +{k}, {o:?}, {t} flips"
+                        );
+                    }
+                    assert!(set_avx512(true));
                     compared += 1;
                 }
             }
