@@ -925,10 +925,13 @@ pub(crate) mod avx2 {
         /// The CPU must support AVX2.
         #[target_feature(enable = "avx2")]
         pub(super) unsafe fn new(k: usize, a: u32, by_exp: bool) -> VecTables {
-            VecTables::for_code(&CODE_LENGTHS[k], &CODE_WORDS[k], a, by_exp)
+            VecTables::for_code(&CODE_LENGTHS[k], &CODE_WORDS[k], a, by_exp, false)
         }
 
-        /// [`VecTables::new`] for any code (`lens`, canonical `words`).
+        /// [`VecTables::new`] for any code (`lens`, canonical `words`). `z` (with
+        /// `by_exp`: fp16 under version 2's `Z`, where key 0 is an element 0 and
+        /// codes as ZERO without extra bits): exponent field 0 has ZERO's code
+        /// length alone.
         ///
         /// # Safety
         /// The CPU must support AVX2.
@@ -938,6 +941,7 @@ pub(crate) mod avx2 {
             words: &[u16; NSYM],
             a: u32,
             by_exp: bool,
+            z: bool,
         ) -> VecTables {
             let mut len = [0u8; 32];
             let mut lo = [0u8; 32];
@@ -948,7 +952,7 @@ pub(crate) mod avx2 {
                     if s == ESC {
                         len[e] = 0x80;
                     } else {
-                        len[e] = lens[s] + 3;
+                        len[e] = lens[s] + if z && e == 0 { 0 } else { 3 };
                         lo[e] = words[s] as u8;
                         hi[e] = (words[s] >> 8) as u8;
                     }

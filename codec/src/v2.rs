@@ -1461,15 +1461,26 @@ fn encode_coded_body<T: V2, const V: bool>(
         let mut enc_cell: Option<[(u64, u32, u32); 257]> = None;
         let zsel = ch.z as u32;
         // Version 1's vector packer codes runs of 32 keys whose symbols are version
-        // 1's: everywhere without Z; under Z (x == 0 is key 0, ZERO) in bf16 and
-        // fp32 sub-segments with no escaped e = 0 (fp16's ZERO drops its 3 bits).
+        // 1's: everywhere without Z; under Z (x == 0 is key 0, ZERO) in
+        // sub-segments with no escaped e = 0 (fp16's ZERO drops its 3 extra bits:
+        // its tables give exponent field 0 ZERO's length alone).
         #[cfg(target_arch = "x86_64")]
         let vec = V.then(|| {
             let fp16 = T::MODE == MODE_FP16;
             (
                 // SAFETY: V means the CPU has AVX2.
-                unsafe { crate::encode::avx2::VecTables::for_code(&ch.lens, &words, ch.a, fp16) },
-                crate::encode::enc_table_for::<T>(&ch.lens, &words, ch.a),
+                unsafe {
+                    crate::encode::avx2::VecTables::for_code(&ch.lens, &words, ch.a, fp16, ch.z)
+                },
+                {
+                    let mut lut = crate::encode::enc_table_for::<T>(&ch.lens, &words, ch.a);
+                    if fp16 && ch.z {
+                        // key 0 is an element 0 (sub-segments without an escaped
+                        // e = 0): ZERO without extra bits
+                        lut[0] = words[ZERO] as u32 | ((ch.lens[ZERO] as u32) << 24);
+                    }
+                    lut
+                },
                 fp16,
                 ch.code_bits * 4 > 13 * st.count,
                 // SAFETY: `enabled`: the CPU has the AVX-512 features.
@@ -1501,7 +1512,7 @@ fn encode_coded_body<T: V2, const V: bool>(
             let mut i = i0;
             #[cfg(target_arch = "x86_64")]
             if let Some((vt, lut, fp16, wide, t512)) = &vec {
-                if !(ch.z && (*fp16 || s.esc0[j])) {
+                if !(ch.z && s.esc0[j]) {
                     let n32 = (i1 - i0) / 32 * 32;
                     let keys = &s.keys[i0..i0 + n32];
                     // SAFETY: V: AVX2 and BMI2 (`t512`: and the AVX-512 features);
