@@ -624,8 +624,8 @@ impl Stats {
 
     /// Statistics of elements `0, 13, 26, ... < m` of `b` (a block's sample): the
     /// histogram is version 1's sample histogram (same elements, same counts).
-    /// Where the last sample on this thread had no element 0 (dense data), the
-    /// zeros are counted only where the histogram has `e = 0`
+    /// Where the last sample on this thread had no element with `e = 0` (dense
+    /// data), the zeros are counted only where the histogram has `e = 0`
     /// ([`Stats::count_zeros`]), else in the same loop ([`Stats::sample_counting`]):
     /// the same statistics either way.
     #[inline(always)]
@@ -635,7 +635,7 @@ impl Stats {
         } else {
             Self::sample_hist::<T>(b, m).count_zeros::<T>(b, m, SAMPLE_STRIDE)
         };
-        ZEROS_SEEN.set(st.nzero != 0);
+        ZEROS_SEEN.set(st.hc[0] != 0);
         st
     }
 
@@ -717,8 +717,9 @@ impl Stats {
 }
 
 thread_local! {
-    /// Whether the last [`Stats::sample`] on this thread had an element 0: which of
-    /// its two loops the next one takes (speed only).
+    /// Whether the last [`Stats::sample`] on this thread had an element with `e = 0`
+    /// (a zero or a subnormal): which of its two loops the next one takes (speed
+    /// only).
     static ZEROS_SEEN: Cell<bool> = const { Cell::new(false) };
 }
 

@@ -287,6 +287,46 @@ fn canonical(lens: &[u8; 256], n: usize) -> [u16; 256] {
 // ---------------------------------------------------------------------------------
 // Encoder
 
+/// [`f16n_phase`]'s first test: the phase whose 1/13 sample has more subnormals
+/// (ties: 0), if they are more than half of that sample.
+fn f16n_sub_phase(blk: &[u8]) -> Option<usize> {
+    // both phases in one pass (phase 1's element i is bytes 2i + 1, 2i + 2, beside
+    // phase 0's), stopped once neither phase can reach more than half
+    let st = crate::encode::SAMPLE_STRIDE;
+    let m = [blk.len() / 2, (blk.len() - 1) / 2];
+    let count = [m[0].div_ceil(st) as u64, m[1].div_ceil(st) as u64];
+    let is_sub = |x: u32| (x & 0x7C00 == 0 && x & 0x7FFF != 0) as u64;
+    let mut sub = [0u64; 2];
+    let mut i = 0;
+    let mut k = 0u32;
+    while i < m[1] {
+        let x0 = u16::from_le_bytes([blk[2 * i], blk[2 * i + 1]]) as u32;
+        let x1 = u16::from_le_bytes([blk[2 * i + 1], blk[2 * i + 2]]) as u32;
+        sub[0] += is_sub(x0);
+        sub[1] += is_sub(x1);
+        i += st;
+        k += 1;
+        if k % 256 == 0 {
+            // samples left: at most (m[0] - i) / st + 1 in either phase
+            let left = ((m[0].saturating_sub(i)) / st + 1) as u64;
+            if (0..2).all(|p| 2 * (sub[p] + left) <= count[p]) {
+                return None;
+            }
+        }
+    }
+    if i < m[0] {
+        sub[0] += is_sub(F16n::load(blk, i));
+    }
+    // phase 0 unless phase 1 has more
+    let best = if sub[1] > sub[0] {
+        (sub[1], count[1], 1)
+    } else {
+        (sub[0], count[0], 0)
+    };
+    let (sub, count, phi) = best;
+    (2 * sub > count).then_some(phi)
+}
+
 /// FP16N's phase for an fp16 block, or None when the block codes as FP16 (§V2.10
 /// "FP16N block encoding"): on the 1/13 sample of each phase, the number of
 /// subnormals (`e = 0`, `x & 0x7FFF != 0`); the phase with more (ties: 0) if they are
@@ -296,25 +336,7 @@ pub(crate) fn f16n_phase(blk: &[u8]) -> Option<usize> {
     if blk.len() < 2 * MIN_CODED_ELEMS + 1 {
         return None;
     }
-    let mut best = (0u64, 0u64, 0usize);
-    for phi in 0..2 {
-        let m = (blk.len() - phi) / 2;
-        let (mut sub, mut count) = (0u64, 0u64);
-        let mut i = 0;
-        while i < m {
-            let x = F16n::load(&blk[phi..], i);
-            sub += (x & 0x7C00 == 0 && x & 0x7FFF != 0) as u64;
-            count += 1;
-            i += crate::encode::SAMPLE_STRIDE;
-        }
-        if phi == 0 || sub > best.0 {
-            best = (sub, count, phi);
-        }
-    }
-    let (sub, count, phi) = best;
-    if 2 * sub <= count {
-        return None;
-    }
+    let phi = f16n_sub_phase(blk)?;
     // the two estimates on the same sample, in V2.6's units (13 x sample bits + side bits)
     let g = &blk[phi..];
     let m = g.len() / 2;
@@ -1406,6 +1428,55 @@ mod tests {
 
     /// The branch-free FP16N split equals the rule as written (normal, zero,
     /// subnormal) for every 16-bit pattern, and `join` undoes it.
+    /// `f16n_sub_phase` (both phases in one pass, stopped early) equals the rule
+    /// taken phase by phase, around the one-half threshold and at every length
+    /// parity.
+    #[test]
+    fn f16n_sub_phase_matches_the_rule() {
+        fn reference(blk: &[u8]) -> Option<usize> {
+            let mut best = (0u64, 0u64, 0usize);
+            for phi in 0..2 {
+                let m = (blk.len() - phi) / 2;
+                let (mut sub, mut count) = (0u64, 0u64);
+                for i in (0..m).step_by(crate::encode::SAMPLE_STRIDE) {
+                    let x = F16n::load(&blk[phi..], i);
+                    sub += (x & 0x7C00 == 0 && x & 0x7FFF != 0) as u64;
+                    count += 1;
+                }
+                if phi == 0 || sub > best.0 {
+                    best = (sub, count, phi);
+                }
+            }
+            (2 * best.0 > best.1).then_some(best.2)
+        }
+        let mut x = 0x2545_F491_4F6C_DD1Du64;
+        let mut some = 0;
+        for case in 0..600 {
+            let n = 2 * MIN_CODED_ELEMS + 1 + case * 97 % 20000;
+            // subnormals (e = 0, not ±0) at a rate around one half
+            let rate = 40 + case % 21;
+            let mut blk = vec![0u8; n];
+            for c in blk.chunks_exact_mut(2) {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                let v: u16 = if (x % 100) < rate as u64 {
+                    (x >> 20) as u16 & 0x83FF | 1
+                } else {
+                    (x >> 20) as u16 | 0x0400
+                };
+                c.copy_from_slice(&v.to_le_bytes());
+            }
+            if case % 3 == 1 {
+                blk.rotate_left(1);
+            }
+            let want = reference(&blk);
+            some += want.is_some() as usize;
+            assert_eq!(f16n_sub_phase(&blk), want, "case {case}, n {n}");
+        }
+        assert!(some > 100 && some < 500, "both outcomes reached: {some}");
+    }
+
     #[test]
     fn f16n_split_matches_the_rule() {
         for x in 0..=0xFFFFu32 {
