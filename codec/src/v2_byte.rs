@@ -306,7 +306,7 @@ fn f16n_sub_phase(blk: &[u8]) -> Option<usize> {
         sub[1] += is_sub(x1);
         i += st;
         k += 1;
-        if k % 256 == 0 {
+        if k.is_multiple_of(256) {
             // samples left: at most (m[0] - i) / st + 1 in either phase
             let left = ((m[0].saturating_sub(i)) / st + 1) as u64;
             if (0..2).all(|p| 2 * (sub[p] + left) <= count[p]) {
