@@ -1,4 +1,4 @@
-//! AVX-512 pieces of version 2's encoder (AVX-512 F, BW, VL and VBMI2: 32-lane masks
+//! AVX-512 pieces of version 2's encoder (AVX-512 F, BW, VL, VBMI and VBMI2: 32-lane masks
 //! and byte compression). Same bytes as the AVX2 and scalar paths, by construction
 //! and by test (`tests/v2_avx512.rs` codes every case both ways).
 //!
@@ -16,14 +16,18 @@ fn cpu_has() -> bool {
         std::is_x86_feature_detected!("avx512f")
             && std::is_x86_feature_detected!("avx512bw")
             && std::is_x86_feature_detected!("avx512vl")
+            && std::is_x86_feature_detected!("avx512vbmi")
             && std::is_x86_feature_detected!("avx512vbmi2")
+            && std::is_x86_feature_detected!("bmi1")
+            && std::is_x86_feature_detected!("bmi2")
+            && std::is_x86_feature_detected!("avx2")
             && std::is_x86_feature_detected!("popcnt")
     }
     #[cfg(not(target_arch = "x86_64"))]
     false
 }
 
-/// Whether the encoder takes its AVX-512 paths: the CPU has AVX-512 F, BW, VL and VBMI2,
+/// Whether the encoder takes its AVX-512 paths: the CPU has AVX-512 F, BW, VL, VBMI and VBMI2,
 /// and `NCCL_ZIP_CODEC_AVX512` is not `0` (read once).
 #[inline]
 pub(crate) fn enabled() -> bool {
@@ -54,9 +58,9 @@ pub fn set_enabled(on: bool) -> bool {
 /// has exponent field 0 (an escaped `e = 0`).
 ///
 /// # Safety
-/// The CPU must support AVX-512 F, BW, VL, VBMI2 and POPCNT ([`enabled`]).
+/// The CPU must support AVX-512 F, BW, VL, VBMI, VBMI2, AVX2, BMI1, BMI2 and POPCNT ([`enabled`]).
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi2,popcnt")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vbmi2,popcnt,avx2,bmi1,bmi2")]
 pub(crate) unsafe fn split_z_bf16(
     src: &[u8],
     n: usize,
@@ -97,7 +101,7 @@ pub(crate) unsafe fn split_z_bf16(
 /// # Safety
 /// As [`split_z_bf16`].
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi2,popcnt")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vbmi2,popcnt,avx2,bmi1,bmi2")]
 pub(crate) unsafe fn split_z_fp32(
     src: &[u8],
     n: usize,
@@ -157,7 +161,9 @@ impl Tables {
     ///
     /// # Safety
     /// As [`split_z_bf16`].
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi2,popcnt")]
+    #[target_feature(
+        enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vbmi2,popcnt,avx2,bmi1,bmi2"
+    )]
     pub(crate) unsafe fn for_code(
         lens: &[u8; crate::codes::NSYM],
         words: &[u16; crate::codes::NSYM],
@@ -189,7 +195,7 @@ impl Tables {
 /// As [`split_z_bf16`], and as [`crate::encode::Bits::put`] for every 8 bytes of
 /// at most 20 bits per key appended.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi2,popcnt,avx2,bmi1,bmi2")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vbmi2,popcnt,avx2,bmi1,bmi2")]
 pub(crate) unsafe fn code_keys<const WIDE: bool>(
     t: &Tables,
     t2: &crate::encode::avx2::VecTables,
@@ -307,21 +313,44 @@ pub(crate) unsafe fn code_keys<const WIDE: bool>(
     }
 }
 
-/// The plane bytes `p[j ..]` of the elements whose keys are not 0 (`nz`), spread
-/// one per element (0 under a key 0): the inverse of the encoder's compaction. Reads
-/// `p[j .. j + nz.count_ones()]` only (a masked load), or nothing and `None` where
-/// `p` is shorter.
+/// The plane bytes `p[j ..]` of the elements whose keys are not 0 (`nz`: up to 32
+/// keys), spread one per element (0 under a key 0): the inverse of the encoder's
+/// compaction. Reads `p[j .. j + nz.count_ones()]` only, or nothing and `None`
+/// where `p` is shorter.
 #[cfg(target_arch = "x86_64")]
 #[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi2,popcnt,bmi2")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vbmi2,popcnt,avx2,bmi1,bmi2")]
 unsafe fn expand32(p: &[u8], j: usize, nz: u32) -> Option<std::arch::x86_64::__m256i> {
     use std::arch::x86_64::*;
     let c = nz.count_ones();
     if j + c as usize > p.len() {
         return None;
     }
-    let v = _mm256_maskz_loadu_epi8(_bzhi_u32(!0, c), p.as_ptr().add(j) as *const i8);
+    let v = if j + 32 <= p.len() {
+        _mm256_loadu_si256(p.as_ptr().add(j) as *const __m256i)
+    } else {
+        _mm256_maskz_loadu_epi8(_bzhi_u32(!0, c), p.as_ptr().add(j) as *const i8)
+    };
     Some(_mm256_maskz_expand_epi8(nz, v))
+}
+
+/// The low and high bytes of elements whose exponent field is `k` and whose byte
+/// plane 1 (sign, top mantissa bits) is `p`, per byte: `(p & 0x7F) | (k << 7)`
+/// and `(p & 0x80) | (k >> 1)` (bf16's two bytes; fp32's top two).
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vbmi2,popcnt,avx2,bmi1,bmi2")]
+unsafe fn top_bytes(
+    k: std::arch::x86_64::__m256i,
+    p: std::arch::x86_64::__m256i,
+) -> [std::arch::x86_64::__m256i; 2] {
+    use std::arch::x86_64::*;
+    let m80 = _mm256_set1_epi8(0x80u8 as i8);
+    // 16-bit shifts: the bits they move across a byte are the ones masked off
+    [
+        _mm256_ternarylogic_epi32::<0xCA>(m80, _mm256_slli_epi16::<7>(k), p),
+        _mm256_ternarylogic_epi32::<0xCA>(m80, p, _mm256_srli_epi16::<1>(k)),
+    ]
 }
 
 /// bf16 under `Z`, the inverse of [`split_z_bf16`]: element `i` of `out` from
@@ -333,13 +362,17 @@ unsafe fn expand32(p: &[u8], j: usize, nz: u32) -> Option<std::arch::x86_64::__m
 /// # Safety
 /// As [`split_z_bf16`].
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi2,popcnt,bmi2")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vbmi2,popcnt,avx2,bmi1,bmi2")]
 pub(crate) unsafe fn join_z_bf16(keys: &[u8], p1: &[u8], out: &mut [u8]) -> bool {
     use std::arch::x86_64::*;
     let n = keys.len();
     assert!(out.len() >= 2 * n);
-    let m7f = _mm512_set1_epi16(0x7F);
-    let m80 = _mm512_set1_epi16(0x80);
+    // byte 2k + t of the output: byte k of part t (low bytes, high bytes)
+    let mut ix = [0u8; 64];
+    for (b, v) in ix.iter_mut().enumerate() {
+        *v = (32 * (b % 2) + b / 2) as u8;
+    }
+    let ix = _mm512_loadu_si512(ix.as_ptr() as *const _);
     let (mut i, mut j) = (0, 0);
     while i < n {
         let lm = _bzhi_u32(!0, (n - i).min(32) as u32);
@@ -348,14 +381,9 @@ pub(crate) unsafe fn join_z_bf16(keys: &[u8], p1: &[u8], out: &mut [u8]) -> bool
         let Some(pe) = expand32(p1, j, nz) else {
             return false;
         };
-        let pw = _mm512_cvtepu8_epi16(pe);
-        let x = _mm512_or_si512(
-            _mm512_or_si512(
-                _mm512_slli_epi16::<8>(_mm512_and_si512(pw, m80)),
-                _mm512_slli_epi16::<7>(_mm512_cvtepu8_epi16(kv)),
-            ),
-            _mm512_and_si512(pw, m7f),
-        );
+        let [b0, b1] = top_bytes(kv, pe);
+        let x =
+            _mm512_permutexvar_epi8(ix, _mm512_inserti64x4::<1>(_mm512_castsi256_si512(b0), b1));
         _mm512_mask_storeu_epi16(out.as_mut_ptr().add(2 * i) as *mut i16, lm, x);
         j += nz.count_ones() as usize;
         i += 32;
@@ -369,9 +397,9 @@ pub(crate) unsafe fn join_z_bf16(keys: &[u8], p1: &[u8], out: &mut [u8]) -> bool
 /// empty holds one byte per key that is not 0).
 ///
 /// # Safety
-/// As [`split_z_bf16`].
+/// As [`join_z_bf16`].
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi2,popcnt,bmi2")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vbmi2,popcnt,avx2,bmi1,bmi2")]
 pub(crate) unsafe fn join_z_fp32(
     keys: &[u8],
     p1: &[u8],
@@ -382,37 +410,35 @@ pub(crate) unsafe fn join_z_fp32(
     use std::arch::x86_64::*;
     let n = keys.len();
     assert!(out.len() >= 4 * n);
-    let m7f = _mm512_set1_epi32(0x7F);
-    let m80 = _mm512_set1_epi32(0x80);
+    // byte 4k + t of the output: byte k of part t (lo0, lo1, then the top bytes)
+    let mut ix = [0u8; 64];
+    for (b, v) in ix.iter_mut().enumerate() {
+        *v = (16 * (b % 4) + b / 4) as u8;
+    }
+    let ix = _mm512_loadu_si512(ix.as_ptr() as *const _);
     let (mut i, mut j) = (0, 0);
     while i < n {
-        let lm = _bzhi_u32(!0, (n - i).min(16) as u32) as u16;
-        let kv = _mm_maskz_loadu_epi8(lm, keys.as_ptr().add(i) as *const i8);
-        let nz = _mm_test_epi8_mask(kv, kv);
+        let lm = _bzhi_u32(!0, (n - i).min(16) as u32);
+        let kv = _mm256_maskz_loadu_epi8(lm, keys.as_ptr().add(i) as *const i8);
+        let nz = _mm256_test_epi8_mask(kv, kv);
         macro_rules! plane {
             ($p:expr) => {
                 if $p.is_empty() {
-                    _mm512_setzero_si512()
+                    _mm256_setzero_si256()
                 } else {
-                    let Some(v) = expand32($p, j, nz as u32) else {
+                    let Some(v) = expand32($p, j, nz) else {
                         return false;
                     };
-                    _mm512_cvtepu8_epi32(_mm256_castsi256_si128(v))
+                    v
                 }
             };
         }
-        let pw = plane!(p1);
-        let x = _mm512_or_si512(
-            _mm512_or_si512(
-                _mm512_slli_epi32::<24>(_mm512_and_si512(pw, m80)),
-                _mm512_slli_epi32::<23>(_mm512_cvtepu8_epi32(kv)),
-            ),
-            _mm512_or_si512(
-                _mm512_slli_epi32::<16>(_mm512_and_si512(pw, m7f)),
-                _mm512_or_si512(_mm512_slli_epi32::<8>(plane!(lo1)), plane!(lo0)),
-            ),
-        );
-        _mm512_mask_storeu_epi32(out.as_mut_ptr().add(4 * i) as *mut i32, lm, x);
+        let [b2, b3] = top_bytes(kv, plane!(p1));
+        let lo = _mm256_inserti128_si256::<1>(plane!(lo0), _mm256_castsi256_si128(plane!(lo1)));
+        let hi = _mm256_inserti128_si256::<1>(b2, _mm256_castsi256_si128(b3));
+        let x =
+            _mm512_permutexvar_epi8(ix, _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi));
+        _mm512_mask_storeu_epi32(out.as_mut_ptr().add(4 * i) as *mut i32, lm as u16, x);
         j += nz.count_ones() as usize;
         i += 16;
     }

@@ -43,7 +43,9 @@ fn spread(ty: Ty, nbytes: usize, span: u32, seed: u64) -> Vec<u8> {
 #[test]
 fn avx512_paths_write_the_avx2_frames() {
     if !set_avx512(true) {
-        println!("skipped: this CPU lacks AVX-512 F, BW, VL or VBMI2 (or NCCL_ZIP_CODEC_AVX512=0)");
+        println!(
+            "skipped: this CPU lacks AVX-512 F, BW, VL, VBMI or VBMI2 (or NCCL_ZIP_CODEC_AVX512=0)"
+        );
         return;
     }
     let n = 1 << 17;
