@@ -54,8 +54,9 @@ pub fn set_enabled(on: bool) -> bool {
 /// bf16 under `Z` (FORMAT.md §V2.7): for elements `0 .. n` of `src` (`n` a multiple
 /// of 32), `keys[i]` is element `i`'s exponent field, and the plane byte (sign,
 /// mantissa) of each element that is not 0 is appended to `p1` at `q`. Returns the
-/// new `q`, the number of elements equal to 0, and whether an element that is not 0
-/// has exponent field 0 (an escaped `e = 0`).
+/// new `q`, the number of elements equal to 0, whether an element that is not 0
+/// has exponent field 0 (an escaped `e = 0`), and whether a step of 64 source bytes
+/// was all zero (a zero line, where `src` starts on one).
 ///
 /// # Safety
 /// The CPU must support AVX-512 F, BW, VL, VBMI, VBMI2, AVX2, BMI1, BMI2 and POPCNT ([`enabled`]).
@@ -67,14 +68,14 @@ pub(crate) unsafe fn split_z_bf16(
     keys: &mut [u8],
     p1: &mut [u8],
     mut q: usize,
-) -> (usize, u32, bool) {
+) -> (usize, u32, bool, bool) {
     use std::arch::x86_64::*;
     // every store below (32 bytes at q <= q0 + 32·g) stays inside p1
     assert!(n.is_multiple_of(32) && src.len() >= 2 * n && keys.len() >= n && p1.len() >= q + n);
     let m7f = _mm512_set1_epi16(0x7F);
     let m80 = _mm512_set1_epi16(0x80);
     let fexp = _mm512_set1_epi16(0x7F80);
-    let (mut nzs, mut e0) = (0u32, 0u32);
+    let (mut nzs, mut e0, mut zl) = (0u32, 0u32, false);
     for g in 0..n / 32 {
         let x = _mm512_loadu_si512(src.as_ptr().add(64 * g) as *const _);
         let nz = _mm512_test_epi16_mask(x, x);
@@ -85,13 +86,14 @@ pub(crate) unsafe fn split_z_bf16(
             _mm512_and_si512(x, m7f),
             _mm512_and_si512(_mm512_srli_epi16::<8>(x), m80),
         );
+        zl |= nz == 0;
         let c = _mm256_maskz_compress_epi8(nz, _mm512_cvtepi16_epi8(pb));
         _mm256_storeu_si256(p1.as_mut_ptr().add(q) as *mut __m256i, c);
         let cnt = nz.count_ones();
         q += cnt as usize;
         nzs += cnt;
     }
-    (q, n as u32 - nzs, e0 != 0)
+    (q, n as u32 - nzs, e0 != 0, zl)
 }
 
 /// fp32 under `Z`, as [`split_z_bf16`]: keys, and the bytes of the three planes
@@ -108,7 +110,7 @@ pub(crate) unsafe fn split_z_fp32(
     keys: &mut [u8],
     planes: [&mut [u8]; 3],
     mut q: usize,
-) -> (usize, u32, bool) {
+) -> (usize, u32, bool, bool) {
     use std::arch::x86_64::*;
     assert!(
         n.is_multiple_of(16)
@@ -120,11 +122,12 @@ pub(crate) unsafe fn split_z_fp32(
     let m7f = _mm512_set1_epi32(0x7F);
     let m80 = _mm512_set1_epi32(0x80);
     let fexp = _mm512_set1_epi32(0x7F80_0000);
-    let (mut nzs, mut e0) = (0u32, 0u32);
+    let (mut nzs, mut e0, mut zl) = (0u32, 0u32, false);
     for g in 0..n / 16 {
         let x = _mm512_loadu_si512(src.as_ptr().add(64 * g) as *const _);
         let nz = _mm512_test_epi32_mask(x, x);
         e0 |= _mm512_mask_testn_epi32_mask(nz, x, fexp) as u32;
+        zl |= nz == 0;
         let k = _mm512_cvtepi32_epi8(_mm512_srli_epi32::<23>(x));
         _mm_storeu_si128(keys.as_mut_ptr().add(16 * g) as *mut __m128i, k);
         let pb = _mm512_or_si512(
@@ -143,7 +146,7 @@ pub(crate) unsafe fn split_z_fp32(
         q += cnt as usize;
         nzs += cnt;
     }
-    (q, n as u32 - nzs, e0 != 0)
+    (q, n as u32 - nzs, e0 != 0, zl)
 }
 
 /// Per-block symbol tables for [`code_keys`]: code word and code length of each

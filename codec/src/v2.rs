@@ -522,8 +522,13 @@ fn choose_phase_carried<T: V2>(blk: &[u8], pp: usize) -> (usize, Stats, Static) 
 #[inline(always)]
 fn choose_phase_carried_from<T: V2>(blk: &[u8], pp: usize, st: Stats) -> (usize, Stats, Static) {
     let c = choose_static::<T>(&st);
+    // fp32's three other phases read in one pass (the same bytes)
+    let subs = (T::W == 4).then(|| Stats::sample_sparse_fp32_phases(blk, pp, CHECK_STRIDE));
     for phi in (0..T::W).filter(|&p| p != pp) {
-        let sub = Stats::sample_sparse::<T>(&blk[phi..], (blk.len() - phi) / T::W, CHECK_STRIDE);
+        let sub = match &subs {
+            Some(s) => Stats { ..s[phi] },
+            None => Stats::sample_sparse::<T>(&blk[phi..], (blk.len() - phi) / T::W, CHECK_STRIDE),
+        };
         // lb / sub.count < value / st.count: phi might code cheaper
         if (static_lb::<T>(&sub) as u128) * (st.count as u128)
             < (c.best.value as u128) * (sub.count as u128)
@@ -551,6 +556,7 @@ pub(crate) struct Choice {
 /// Sample statistics of a block or a detection sample (FORMAT.md §V2.6). Its `hz`
 /// is `hc` on `e >= 1` (an element with `e != 0` is not 0) and 0 at `e = 0`, and
 /// `nesc0 = hc[0] - nzero`: both are derived, not counted.
+#[derive(Clone, Copy)]
 pub(crate) struct Stats {
     /// exponent histogram, all sampled elements
     hc: [u32; 256],
@@ -620,6 +626,49 @@ impl Stats {
             count: m.div_ceil(stride) as u64,
             lo_or,
         }
+    }
+
+    /// [`Stats::sample_sparse`] of fp32 elements at every phase of `blk` but `pp`
+    /// (entry `pp` is left empty), in one pass: phase `phi`'s element `i` is bytes
+    /// `4i + phi ..` of one 8-byte load.
+    pub(crate) fn sample_sparse_fp32_phases(blk: &[u8], pp: usize, stride: usize) -> [Stats; 4] {
+        let l = blk.len();
+        let mut h = [[0u32; 256]; 4];
+        let (mut nzero, mut lo_or) = ([0u64; 4], [0u32; 4]);
+        let mut add = |phi: usize, x: u32| {
+            h[phi][((x >> 23) & 0xFF) as usize] += 1;
+            nzero[phi] += (x == 0) as u64;
+            lo_or[phi] |= x;
+        };
+        let mut i = 0;
+        while 4 * i + 8 <= l {
+            let v = u64::from_le_bytes(blk[4 * i..4 * i + 8].try_into().unwrap());
+            for phi in (0..4).filter(|&p| p != pp) {
+                add(phi, (v >> (8 * phi)) as u32);
+            }
+            i += stride;
+        }
+        // the last sample, where the 8 bytes run past the block
+        for phi in (0..4).filter(|&p| p != pp) {
+            let mut k = i;
+            while 4 * k + phi + 4 <= l {
+                add(
+                    phi,
+                    u32::from_le_bytes(blk[4 * k + phi..4 * k + phi + 4].try_into().unwrap()),
+                );
+                k += stride;
+            }
+        }
+        std::array::from_fn(|phi| Stats {
+            hc: h[phi],
+            nzero: nzero[phi],
+            count: if phi == pp || l < phi {
+                0
+            } else {
+                ((l - phi) / 4).div_ceil(stride) as u64
+            },
+            lo_or: lo_or[phi],
+        })
     }
 
     /// Statistics of elements `0, 13, 26, ... < m` of `b` (a block's sample): the
@@ -717,6 +766,9 @@ impl Stats {
 }
 
 thread_local! {
+    /// Whether the last block this thread scanned for zero lines had one: the next
+    /// fast block scans again rather than leave it to the AVX-512 split (speed only).
+    static LINES_SEEN: Cell<bool> = const { Cell::new(false) };
     /// Whether the last [`Stats::sample`] on this thread had an element with `e = 0`
     /// (a zero or a subnormal): which of its two loops the next one takes (speed
     /// only).
@@ -743,6 +795,7 @@ const NANCHORS: usize = 8;
 
 /// The static part of [`choose`]: the best static candidate and what the explicit
 /// candidates need (per Z: the anchor of its best static code).
+#[derive(Clone, Copy)]
 pub(crate) struct Static {
     best: Choice,
     /// per Z (clear, set): the index of the anchor of this Z's first cheapest
@@ -1180,185 +1233,243 @@ fn encode_coded_body<T: V2, const V: bool>(
         // block with none is coded whole)
         let nl = gbytes.div_ceil(LINE);
         let find_lines = !fast || phase_st.nzero != 0;
-        // whole lines (`chunks_exact`: no per-line length clamp), then the short one;
-        // runs counted only when a line is elided
-        let full = grid.chunks_exact(LINE);
-        let last = full.remainder();
-        let short = (!last.is_empty()).then(|| last.iter().fold(0u8, |a, &b| a | b) == 0);
-        // every entry is written below: no clear
-        s.elided.resize(nl, false);
-        if find_lines {
-            for (z, c) in s.elided.iter_mut().zip(full) {
-                *z = zero_line::<V>(c);
-            }
-            if let Some(z) = short {
-                s.elided[nl - 1] = z;
-            }
-        } else {
-            s.elided.fill(false);
-        }
-        let n_elided = s.elided.iter().map(|&z| z as usize).sum::<usize>();
-        let mut runs = 0;
-        if n_elided > 0 {
-            let mut prev = false;
-            for &z in s.elided.iter() {
-                runs += (z && !prev) as usize;
-                prev = z;
-            }
-        }
-        let lines = n_elided > 0;
-        let kept: &[u8] = if lines {
-            s.kept.clear();
-            for (c, &z) in grid.chunks(LINE).zip(s.elided.iter()) {
-                if !z {
-                    s.kept.extend_from_slice(c);
+        // Fast, Z, AVX-512 split (bf16, fp32): the split finds zero lines itself
+        // (each of its 64-byte steps is a line) in place of the scan; a block that
+        // has one is coded again with the scan. Tried where the last block this
+        // thread scanned had none (same frames either way).
+        let avx512 =
+            V && T::MODE != MODE_FP16 && cfg!(target_arch = "x86_64") && crate::avx512::enabled();
+        let mut split_lines =
+            fast && find_lines && avx512 && phase_static.best.z && !LINES_SEEN.get();
+        loop {
+            // whole lines (`chunks_exact`: no per-line length clamp), then the short one;
+            // runs counted only when a line is elided
+            let full = grid.chunks_exact(LINE);
+            let last = full.remainder();
+            let short = (!last.is_empty()).then(|| last.iter().fold(0u8, |a, &b| a | b) == 0);
+            // every entry is written below: no clear
+            s.elided.resize(nl, false);
+            if find_lines && !split_lines {
+                for (z, c) in s.elided.iter_mut().zip(full) {
+                    *z = zero_line::<V>(c);
                 }
-            }
-            &s.kept
-        } else {
-            grid
-        };
-        let k_elems = kept.len() / w;
-        // without lines the kept elements are the grid: the phase's sample
-        let (st, ch) = if lines {
-            let st = Stats::sample::<T>(kept, k_elems);
-            let ch = choose::<T>(&st, !fast);
-            (st, ch)
-        } else if fast {
-            (phase_st, phase_static.best)
-        } else {
-            let ch = choose_explicit::<T>(&phase_st, &phase_static);
-            (phase_st, ch)
-        };
-        // column table (FORMAT.md §V2.9): the kept elements with their exponents
-        // rotated by their columns' offsets, when that sample codes cheaper
-        // (bf16, fp32: the keys are the exponent fields, rotated after the split
-        // below; fp16's keys hold more than the field: its elements are rotated)
-        let keys_rot = T::MODE != MODE_FP16;
-        let mut use_col: Option<(&ColTab, usize)> = None;
-        let (kept, st, ch) = match col {
-            Some((ct, blk_start)) => {
-                let col0 = crate::coltab::grid_col0::<T>(blk_start, phi);
-                let el = lines.then_some(&s.elided[..]);
-                let hc = match grid_rot {
-                    Some(hr) if !lines => hr,
-                    _ => crate::coltab::sample_hist_rotated::<T>(kept, k_elems, el, col0, ct),
-                };
-                let st_c = Stats::from_parts(hc, st.nzero, st.count, st.lo_or);
-                let ch_c = choose::<T>(&st_c, true);
-                if ch_c.value < ch.value {
-                    use_col = Some((ct, col0));
-                    if keys_rot {
-                        (kept, st_c, ch_c)
-                    } else {
-                        s.rot.clear();
-                        s.rot.extend_from_slice(&kept[..k_elems * w]);
-                        crate::coltab::rotate_kept::<T, false>(&mut s.rot, el, gbytes, col0, ct);
-                        (&s.rot[..], st_c, ch_c)
-                    }
-                } else {
-                    (kept, st, ch)
+                if let Some(z) = short {
+                    s.elided[nl - 1] = z;
                 }
-            }
-            None => (kept, st, ch),
-        };
-        let words = match ch.k {
-            Some(k) => crate::codes::CODE_WORDS[k as usize],
-            None => crate::codes::canonical_words(&ch.lens),
-        };
-        let ss = 1usize << SS_LOG2;
-        let ns = k_elems.div_ceil(ss);
-        let bitmap_len = nl.div_ceil(8);
-        let runs_len = 2 + 4 * runs;
-        let list_len = if lines {
-            1 + bitmap_len.min(runs_len)
-        } else {
-            0
-        };
-        // the planes start right after the head (FORMAT.md §V2.3): version 1's split
-        // writes them in place, fp32's low planes at `k_elems` and `2·k_elems` (moved
-        // down below when ZERO elements or an omitted plane leave them short)
-        let pa =
-            FIXED + if ch.z { 3 } else { 0 } + if ch.k.is_none() { 13 } else { 0 } + list_len + phi;
-        let lo_len = if T::W == 4 { k_elems } else { 0 };
-        if s.keys.len() < k_elems + 32 {
-            s.keys.resize(k_elems + 32, 0);
-        }
-        let kept = &kept[..k_elems * w];
-        let (p1, rest) = out[pa..].split_at_mut(k_elems);
-        let (lo1, rest) = rest.split_at_mut(lo_len);
-        let lo0 = &mut rest[..lo_len];
-        // bf16 and fp32 under Z with AVX-512: the split and the Z compaction below
-        // are one pass (`avx512::split_z_*`)
-        let fused = V
-            && ch.z
-            && T::MODE != MODE_FP16
-            && cfg!(target_arch = "x86_64")
-            && crate::avx512::enabled();
-        if !fused {
-            let keys = &mut s.keys[..k_elems];
-            #[cfg(target_arch = "x86_64")]
-            if V && T::MODE == MODE_BF16 {
-                // SAFETY: V means the CPU has AVX2.
-                unsafe { crate::encode::avx2::split_bf16(kept, keys, p1) };
             } else {
+                s.elided.fill(false);
+            }
+            let n_elided = s.elided.iter().map(|&z| z as usize).sum::<usize>();
+            if find_lines && !split_lines {
+                LINES_SEEN.set(n_elided > 0);
+            }
+            let mut runs = 0;
+            if n_elided > 0 {
+                let mut prev = false;
+                for &z in s.elided.iter() {
+                    runs += (z && !prev) as usize;
+                    prev = z;
+                }
+            }
+            let lines = n_elided > 0;
+            let kept: &[u8] = if lines {
+                s.kept.clear();
+                for (c, &z) in grid.chunks(LINE).zip(s.elided.iter()) {
+                    if !z {
+                        s.kept.extend_from_slice(c);
+                    }
+                }
+                &s.kept
+            } else {
+                grid
+            };
+            let k_elems = kept.len() / w;
+            // without lines the kept elements are the grid: the phase's sample
+            let (st, ch) = if lines {
+                let st = Stats::sample::<T>(kept, k_elems);
+                let ch = choose::<T>(&st, !fast);
+                (st, ch)
+            } else if fast {
+                (phase_st, phase_static.best)
+            } else {
+                let ch = choose_explicit::<T>(&phase_st, &phase_static);
+                (phase_st, ch)
+            };
+            // column table (FORMAT.md §V2.9): the kept elements with their exponents
+            // rotated by their columns' offsets, when that sample codes cheaper
+            // (bf16, fp32: the keys are the exponent fields, rotated after the split
+            // below; fp16's keys hold more than the field: its elements are rotated)
+            let keys_rot = T::MODE != MODE_FP16;
+            let mut use_col: Option<(&ColTab, usize)> = None;
+            let (kept, st, ch) = match col {
+                Some((ct, blk_start)) => {
+                    let col0 = crate::coltab::grid_col0::<T>(blk_start, phi);
+                    let el = lines.then_some(&s.elided[..]);
+                    let hc = match grid_rot {
+                        Some(hr) if !lines => hr,
+                        _ => crate::coltab::sample_hist_rotated::<T>(kept, k_elems, el, col0, ct),
+                    };
+                    let st_c = Stats::from_parts(hc, st.nzero, st.count, st.lo_or);
+                    let ch_c = choose::<T>(&st_c, true);
+                    if ch_c.value < ch.value {
+                        use_col = Some((ct, col0));
+                        if keys_rot {
+                            (kept, st_c, ch_c)
+                        } else {
+                            s.rot.clear();
+                            s.rot.extend_from_slice(&kept[..k_elems * w]);
+                            crate::coltab::rotate_kept::<T, false>(
+                                &mut s.rot, el, gbytes, col0, ct,
+                            );
+                            (&s.rot[..], st_c, ch_c)
+                        }
+                    } else {
+                        (kept, st, ch)
+                    }
+                }
+                None => (kept, st, ch),
+            };
+            let words = match ch.k {
+                Some(k) => crate::codes::CODE_WORDS[k as usize],
+                None => crate::codes::canonical_words(&ch.lens),
+            };
+            let ss = 1usize << SS_LOG2;
+            let ns = k_elems.div_ceil(ss);
+            let bitmap_len = nl.div_ceil(8);
+            let runs_len = 2 + 4 * runs;
+            let list_len = if lines {
+                1 + bitmap_len.min(runs_len)
+            } else {
+                0
+            };
+            // the planes start right after the head (FORMAT.md §V2.3): version 1's split
+            // writes them in place, fp32's low planes at `k_elems` and `2·k_elems` (moved
+            // down below when ZERO elements or an omitted plane leave them short)
+            let pa = FIXED
+                + if ch.z { 3 } else { 0 }
+                + if ch.k.is_none() { 13 } else { 0 }
+                + list_len
+                + phi;
+            let lo_len = if T::W == 4 { k_elems } else { 0 };
+            if s.keys.len() < k_elems + 32 {
+                s.keys.resize(k_elems + 32, 0);
+            }
+            let kept = &kept[..k_elems * w];
+            let (p1, rest) = out[pa..].split_at_mut(k_elems);
+            let (lo1, rest) = rest.split_at_mut(lo_len);
+            let lo0 = &mut rest[..lo_len];
+            // bf16 and fp32 under Z with AVX-512: the split and the Z compaction below
+            // are one pass (`avx512::split_z_*`)
+            let fused = avx512 && ch.z;
+            if !fused {
+                let keys = &mut s.keys[..k_elems];
+                #[cfg(target_arch = "x86_64")]
+                if V && T::MODE == MODE_BF16 {
+                    // SAFETY: V means the CPU has AVX2.
+                    unsafe { crate::encode::avx2::split_bf16(kept, keys, p1) };
+                } else {
+                    T::split_v2(kept, keys, p1, lo1, lo0);
+                }
+                #[cfg(not(target_arch = "x86_64"))]
                 T::split_v2(kept, keys, p1, lo1, lo0);
             }
-            #[cfg(not(target_arch = "x86_64"))]
-            T::split_v2(kept, keys, p1, lo1, lo0);
-        }
-        // Under Z, drop the planes' bytes of ZERO elements (x == 0) and count them
-        // per sub-segment.
-        s.seg_zeros.clear();
-        s.esc0.clear();
-        let mut zsum = 0usize;
-        if ch.z {
-            let mut q = 0;
-            for j in 0..ns {
-                let (mut zc, mut e0) = (0u32, false);
-                let (i0, i1) = (j * ss, ((j + 1) * ss).min(k_elems));
-                // 8 elements at a time: plane bytes compacted by a byte shuffle
-                // (in place: q <= i, and the 8 bytes stored at q end by i + 8);
-                // the nonzero masks of 32 elements at a time (`nz_mask32`)
-                let planes: [*mut u8; 3] = [p1.as_mut_ptr(), lo1.as_mut_ptr(), lo0.as_mut_ptr()];
-                // every plane holds k_elems >= i1 bytes: the loads (i + 8 <= i1) and
-                // stores (q + 8 <= i + 8) below stay inside
-                assert!(p1.len() >= i1 && (T::W != 4 || (lo1.len() >= i1 && lo0.len() >= i1)));
-                let compact8 = |i: usize, m: usize, q: &mut usize| {
-                    debug_assert!(*q <= i && i + 8 <= i1);
-                    let sh = &COMPACT[m];
-                    for &pl in &planes[..if T::W == 4 { 3 } else { 1 }] {
-                        // SAFETY: asserted above: bytes i..i + 8 and q..q + 8 lie in
-                        // the plane (q <= i)
-                        unsafe {
-                            let v = std::ptr::read_unaligned(pl.add(i) as *const u64);
-                            let c = shuffle8::<V>(u64::from_le(v), sh).to_le();
-                            std::ptr::write_unaligned(pl.add(*q) as *mut u64, c);
+            // Under Z, drop the planes' bytes of ZERO elements (x == 0) and count them
+            // per sub-segment.
+            s.seg_zeros.clear();
+            s.esc0.clear();
+            let mut zsum = 0usize;
+            // a zero line seen by the AVX-512 split (`split_lines`)
+            let mut zero_line = false;
+            if ch.z {
+                let mut q = 0;
+                for j in 0..ns {
+                    let (mut zc, mut e0) = (0u32, false);
+                    let (i0, i1) = (j * ss, ((j + 1) * ss).min(k_elems));
+                    // 8 elements at a time: plane bytes compacted by a byte shuffle
+                    // (in place: q <= i, and the 8 bytes stored at q end by i + 8);
+                    // the nonzero masks of 32 elements at a time (`nz_mask32`)
+                    let planes: [*mut u8; 3] =
+                        [p1.as_mut_ptr(), lo1.as_mut_ptr(), lo0.as_mut_ptr()];
+                    // every plane holds k_elems >= i1 bytes: the loads (i + 8 <= i1) and
+                    // stores (q + 8 <= i + 8) below stay inside
+                    assert!(p1.len() >= i1 && (T::W != 4 || (lo1.len() >= i1 && lo0.len() >= i1)));
+                    let compact8 = |i: usize, m: usize, q: &mut usize| {
+                        debug_assert!(*q <= i && i + 8 <= i1);
+                        let sh = &COMPACT[m];
+                        for &pl in &planes[..if T::W == 4 { 3 } else { 1 }] {
+                            // SAFETY: asserted above: bytes i..i + 8 and q..q + 8 lie in
+                            // the plane (q <= i)
+                            unsafe {
+                                let v = std::ptr::read_unaligned(pl.add(i) as *const u64);
+                                let c = shuffle8::<V>(u64::from_le(v), sh).to_le();
+                                std::ptr::write_unaligned(pl.add(*q) as *mut u64, c);
+                            }
+                        }
+                        *q += m.count_ones() as usize;
+                    };
+                    #[cfg(target_arch = "x86_64")]
+                    if fused {
+                        // whole lines; the rest is the grid's short last line
+                        let nv = (i1 - i0) / (LINE / w) * (LINE / w);
+                        let xs = &kept[i0 * w..];
+                        let keys = &mut s.keys[i0..];
+                        // SAFETY: `fused`: the CPU has AVX-512 F, BW, VBMI2 (`enabled`).
+                        let (q1, z, e, zl) = unsafe {
+                            if T::W == 2 {
+                                crate::avx512::split_z_bf16(xs, nv, keys, p1, q)
+                            } else {
+                                crate::avx512::split_z_fp32(xs, nv, keys, [p1, lo1, lo0], q)
+                            }
+                        };
+                        (q, zc, e0) = (q1, z, e);
+                        zero_line |= zl;
+                        let mut or = 0;
+                        for i in i0 + nv..i1 {
+                            let x = T::load(kept, i);
+                            s.keys[i] = T::exp(x) as u8;
+                            p1[q] = T::p1(x);
+                            if T::W == 4 {
+                                lo1[q] = (x >> 8) as u8;
+                                lo0[q] = x as u8;
+                            }
+                            q += (x != 0) as usize;
+                            zc += (x == 0) as u32;
+                            e0 |= x != 0 && T::exp(x) == 0;
+                            or |= x;
+                        }
+                        zero_line |= i0 + nv < i1 && or == 0;
+                        s.seg_zeros.push(zc);
+                        s.esc0.push(e0);
+                        zsum += zc as usize;
+                        continue;
+                    }
+                    let n32 = i0 + (i1 - i0) / 32 * 32;
+                    let n8 = i0 + (i1 - i0) / 8 * 8;
+                    for (c, xs) in kept[i0 * w..n32 * w].chunks_exact(32 * w).enumerate() {
+                        let (nz, e) = nz_mask32::<T, V>(xs);
+                        e0 |= e;
+                        zc += 32 - nz.count_ones();
+                        for k in 0..4 {
+                            compact8(i0 + 32 * c + 8 * k, (nz >> (8 * k)) as usize & 0xFF, &mut q);
                         }
                     }
-                    *q += m.count_ones() as usize;
-                };
-                #[cfg(target_arch = "x86_64")]
-                if fused {
-                    let nv = (i1 - i0) / 32 * 32;
-                    let xs = &kept[i0 * w..];
-                    let keys = &mut s.keys[i0..];
-                    // SAFETY: `fused`: the CPU has AVX-512 F, BW, VBMI2 (`enabled`).
-                    let (q1, z, e) = unsafe {
-                        if T::W == 2 {
-                            crate::avx512::split_z_bf16(xs, nv, keys, p1, q)
-                        } else {
-                            crate::avx512::split_z_fp32(xs, nv, keys, [p1, lo1, lo0], q)
+                    for (c, xs) in kept[n32 * w..n8 * w].chunks_exact(8 * w).enumerate() {
+                        let mut m = 0usize;
+                        for (t, xb) in xs.chunks_exact(w).enumerate() {
+                            let x = T::load(xb, 0);
+                            m |= ((x != 0) as usize) << t;
+                            e0 |= x != 0 && T::exp(x) == 0;
                         }
-                    };
-                    (q, zc, e0) = (q1, z, e);
-                    for i in i0 + nv..i1 {
+                        zc += 8 - m.count_ones();
+                        compact8(n32 + 8 * c, m, &mut q);
+                    }
+                    for i in n8..i1 {
                         let x = T::load(kept, i);
-                        s.keys[i] = T::exp(x) as u8;
-                        p1[q] = T::p1(x);
+                        // in place: q <= i
+                        p1[q] = p1[i];
                         if T::W == 4 {
-                            lo1[q] = (x >> 8) as u8;
-                            lo0[q] = x as u8;
+                            lo1[q] = lo1[i];
+                            lo0[q] = lo0[i];
                         }
                         q += (x != 0) as usize;
                         zc += (x == 0) as u32;
@@ -1367,311 +1478,281 @@ fn encode_coded_body<T: V2, const V: bool>(
                     s.seg_zeros.push(zc);
                     s.esc0.push(e0);
                     zsum += zc as usize;
-                    continue;
                 }
-                let n32 = i0 + (i1 - i0) / 32 * 32;
-                let n8 = i0 + (i1 - i0) / 8 * 8;
-                for (c, xs) in kept[i0 * w..n32 * w].chunks_exact(32 * w).enumerate() {
-                    let (nz, e) = nz_mask32::<T, V>(xs);
-                    e0 |= e;
-                    zc += 32 - nz.count_ones();
-                    for k in 0..4 {
-                        compact8(i0 + 32 * c + 8 * k, (nz >> (8 * k)) as usize & 0xFF, &mut q);
-                    }
-                }
-                for (c, xs) in kept[n32 * w..n8 * w].chunks_exact(8 * w).enumerate() {
-                    let mut m = 0usize;
-                    for (t, xb) in xs.chunks_exact(w).enumerate() {
-                        let x = T::load(xb, 0);
-                        m |= ((x != 0) as usize) << t;
-                        e0 |= x != 0 && T::exp(x) == 0;
-                    }
-                    zc += 8 - m.count_ones();
-                    compact8(n32 + 8 * c, m, &mut q);
-                }
-                for i in n8..i1 {
-                    let x = T::load(kept, i);
-                    // in place: q <= i
-                    p1[q] = p1[i];
-                    if T::W == 4 {
-                        lo1[q] = lo1[i];
-                        lo0[q] = lo0[i];
-                    }
-                    q += (x != 0) as usize;
-                    zc += (x == 0) as u32;
-                    e0 |= x != 0 && T::exp(x) == 0;
-                }
-                s.seg_zeros.push(zc);
-                s.esc0.push(e0);
-                zsum += zc as usize;
-            }
-        } else {
-            s.seg_zeros.resize(ns, 0);
-            s.esc0.resize(ns, false);
-        }
-        if let (Some((ct, col0)), true) = (use_col, keys_rot) {
-            let el = lines.then_some(&s.elided[..]);
-            crate::coltab::rotate_kept_keys::<T>(&mut s.keys[..k_elems], el, m, col0, ct);
-        }
-        let p_elems = k_elems - zsum;
-        let lo_or = if T::W == 4 {
-            let or = |v: &[u8]| v.iter().fold(0u8, |a, &b| a | b) as u32;
-            (or(&lo1[..p_elems]) << 8) | or(&lo0[..p_elems])
-        } else {
-            0
-        };
-        let no_lo0 = T::W == 4 && lo_or & 0xFF == 0;
-        let no_lo1 = T::W == 4 && lo_or & 0xFF00 == 0;
-        let mut sa = pa + p_elems;
-        if T::W == 4 {
-            if !no_lo1 {
-                out.copy_within(pa + k_elems..pa + k_elems + p_elems, sa);
-                sa += p_elems;
-            }
-            if !no_lo0 {
-                out.copy_within(pa + 2 * k_elems..pa + 2 * k_elems + p_elems, sa);
-                sa += p_elems;
-            }
-        }
-        // per exponent field: (code word + escape payload, its length, extra raw bits);
-        // entry 256 is ZERO under Z (an index, not a branch: zeros are scattered)
-        // (built when the first element is coded by the scalar loop: with the
-        // vector packer, often never)
-        let build_enc = || {
-            let mut enc = [(0u64, 0u32, 0u32); 257];
-            for e in 0..=T::EMAX {
-                let sym = if e == 0 && ch.z {
-                    ESC
-                } else {
-                    symbol_of(e, ch.a)
-                };
-                let len = ch.lens[sym] as u32;
-                enc[e as usize] = if sym == ESC {
-                    (
-                        words[sym] as u64 | ((e as u64) << len),
-                        len + T::EBITS,
-                        T::XBITS,
-                    )
-                } else {
-                    (words[sym] as u64, len, T::XBITS)
-                };
-            }
-            enc[256] = (words[ZERO] as u64, ch.lens[ZERO] as u32, 0);
-            enc
-        };
-        let mut enc_cell: Option<[(u64, u32, u32); 257]> = None;
-        let zsel = ch.z as u32;
-        // Version 1's vector packer codes runs of 32 keys whose symbols are version
-        // 1's: everywhere without Z; under Z (x == 0 is key 0, ZERO) in
-        // sub-segments with no escaped e = 0 (fp16's ZERO drops its 3 extra bits:
-        // its tables give exponent field 0 ZERO's length alone).
-        #[cfg(target_arch = "x86_64")]
-        let vec = V.then(|| {
-            let fp16 = T::MODE == MODE_FP16;
-            (
-                // SAFETY: V means the CPU has AVX2.
-                unsafe {
-                    crate::encode::avx2::VecTables::for_code(&ch.lens, &words, ch.a, fp16, ch.z)
-                },
-                {
-                    let mut lut = crate::encode::enc_table_for::<T>(&ch.lens, &words, ch.a);
-                    if fp16 && ch.z {
-                        // key 0 is an element 0 (sub-segments without an escaped
-                        // e = 0): ZERO without extra bits
-                        lut[0] = words[ZERO] as u32 | ((ch.lens[ZERO] as u32) << 24);
-                    }
-                    lut
-                },
-                fp16,
-                ch.code_bits * 4 > 13 * st.count,
-                // SAFETY: `enabled`: the CPU has the AVX-512 features.
-                (!fp16 && crate::avx512::enabled())
-                    .then(|| unsafe { crate::avx512::Tables::for_code(&ch.lens, &words, ch.a) }),
-            )
-        });
-        // The stream is written in place behind the planes while `out` has room for
-        // the next sub-segment's worst case (3 bytes per element + 64: more than 20
-        // bits per element and the writer's 8-byte stores); else it goes on in
-        // scratch (`spilled`) and is copied in place once its length is known.
-        s.seg_bits.clear();
-        // SAFETY: `sa <= out.len()` (the planes were written below it).
-        let mut wr = crate::encode::Bits::new(unsafe { out.as_mut_ptr().add(sa) });
-        let mut spilled = false;
-        let mut total_bits = 0u64;
-        for j in 0..ns {
-            let (i0, i1) = (j * ss, ((j + 1) * ss).min(k_elems));
-            if !spilled && sa + wr.pos + 3 * (i1 - i0) + 64 > out.len() {
-                let need = k_elems * 3 + 64;
-                if s.stream.len() < need {
-                    s.stream.resize(need, 0);
-                }
-                s.stream[..wr.pos].copy_from_slice(&out[sa..sa + wr.pos]);
-                wr.rebase(s.stream.as_mut_ptr());
-                spilled = true;
-            }
-            let bit0 = 8 * wr.pos as u64 + wr.nb as u64;
-            let mut i = i0;
-            #[cfg(target_arch = "x86_64")]
-            if let Some((vt, lut, fp16, wide, t512)) = &vec {
-                if !(ch.z && s.esc0[j]) {
-                    let n32 = (i1 - i0) / 32 * 32;
-                    let keys = &s.keys[i0..i0 + n32];
-                    // SAFETY: V: AVX2 and BMI2 (`t512`: and the AVX-512 features);
-                    // the writer has 3 bytes per element + 64 of room, more than
-                    // 20 bits per element and the 8-byte stores.
-                    unsafe {
-                        use crate::avx512::code_keys as code_keys512;
-                        use crate::encode::avx2::{code_keys, code_keys_fp16};
-                        match (fp16, wide, t512) {
-                            (true, _, _) => code_keys_fp16(vt, lut, keys, &mut wr),
-                            (false, true, Some(t)) => {
-                                code_keys512::<true>(t, vt, lut, keys, &mut wr)
-                            }
-                            (false, false, Some(t)) => {
-                                code_keys512::<false>(t, vt, lut, keys, &mut wr)
-                            }
-                            (false, true, None) => code_keys::<true>(vt, lut, keys, &mut wr),
-                            (false, false, None) => code_keys::<false>(vt, lut, keys, &mut wr),
-                        }
-                    }
-                    i += n32;
-                }
-            }
-            let enc: &[(u64, u32, u32); 257] = if i < i1 {
-                enc_cell.get_or_insert_with(build_enc)
             } else {
-                &[(0, 0, 0); 257]
-            };
-            // a copy of the writer: `wr` itself is lent to the vector coders above,
-            // so its fields would be loaded and stored in memory every element
-            let mut lw = wr;
-            for (xb, &key) in kept[i * w..i1 * w].chunks_exact(w).zip(&s.keys[i..i1]) {
-                let x = T::load(xb, 0);
-                // x == 0 as arithmetic (x - 1 wraps to the top bit only for 0):
-                // compiled as a compare, it became a branch, mispredicted on
-                // every other element of ReLU outputs
-                let is0 = zsel & ((x as u64).wrapping_sub(1) >> 63) as u32;
-                // the (rotated) exponent field: bf16's and fp32's key
-                let e = if keys_rot { key as u32 } else { T::exp(x) };
-                let (c, len, xl) = enc[(e | (is0 << 8)) as usize];
-                let (c, len) = if T::XBITS != 0 {
-                    (c | (((T::xb(x) & 7) as u64) << len), len + xl)
-                } else {
-                    (c, len)
-                };
-                // SAFETY: as above (at most 23 bits per element).
-                unsafe { lw.put(c, len) };
+                s.seg_zeros.resize(ns, 0);
+                s.esc0.resize(ns, false);
             }
-            wr = lw;
-            let bits = (8 * wr.pos as u64 + wr.nb as u64 - bit0) as u32;
-            s.seg_bits.push(bits);
-            total_bits += bits as u64;
-        }
-        // SAFETY: as above.
-        let stream_bytes = unsafe { wr.finish() };
-        debug_assert_eq!(stream_bytes as u64, total_bits.div_ceil(8));
-        let base = s.seg_bits.iter().copied().min().unwrap_or(0);
-        let iw = bits_for(s.seg_bits.iter().copied().max().unwrap_or(0) - base);
-        let zbase = s.seg_zeros.iter().copied().min().unwrap_or(0);
-        let zw = bits_for(s.seg_zeros.iter().copied().max().unwrap_or(0) - zbase);
-        let size = sa
-            + stream_bytes
-            + (ns * iw as usize).div_ceil(8)
-            + if ch.z {
-                (ns * zw as usize).div_ceil(8)
+            if split_lines && zero_line {
+                LINES_SEEN.set(true);
+                split_lines = false;
+                continue;
+            }
+            if let (Some((ct, col0)), true) = (use_col, keys_rot) {
+                let el = lines.then_some(&s.elided[..]);
+                crate::coltab::rotate_kept_keys::<T>(&mut s.keys[..k_elems], el, m, col0, ct);
+            }
+            let p_elems = k_elems - zsum;
+            let lo_or = if T::W == 4 {
+                let or = |v: &[u8]| v.iter().fold(0u8, |a, &b| a | b) as u32;
+                (or(&lo1[..p_elems]) << 8) | or(&lo0[..p_elems])
             } else {
                 0
+            };
+            let no_lo0 = T::W == 4 && lo_or & 0xFF == 0;
+            let no_lo1 = T::W == 4 && lo_or & 0xFF00 == 0;
+            let mut sa = pa + p_elems;
+            if T::W == 4 {
+                if !no_lo1 {
+                    out.copy_within(pa + k_elems..pa + k_elems + p_elems, sa);
+                    sa += p_elems;
+                }
+                if !no_lo0 {
+                    out.copy_within(pa + 2 * k_elems..pa + 2 * k_elems + p_elems, sa);
+                    sa += p_elems;
+                }
             }
-            + t;
-        if size > cap {
-            return None;
-        }
-        if spilled {
-            out[sa..sa + stream_bytes].copy_from_slice(&s.stream[..stream_bytes]);
-        }
-        // header
-        let mut flags = 0u8;
-        if ch.z {
-            flags |= F_Z;
-        }
-        if lines {
-            flags |= F_LINES;
-        }
-        if use_col.is_some() {
-            flags |= F_COL;
-        }
-        if ch.k.is_none() {
-            flags |= F_EXPLICIT;
-        }
-        if no_lo0 {
-            flags |= F_NO_LO0;
-        }
-        if no_lo1 {
-            flags |= F_NO_LO1;
-        }
-        out[0] = T::MODE;
-        out[1] = flags;
-        out[2] = ch.k.unwrap_or(0);
-        out[3] = ch.a as u8;
-        out[4] = phi as u8 | (((SS_LOG2 - 8) as u8) << 4);
-        out[5] = iw as u8;
-        out[6..8].copy_from_slice(&(base as u16).to_le_bytes());
-        let mut p = FIXED;
-        if ch.z {
-            out[p] = zw as u8;
-            out[p + 1..p + 3].copy_from_slice(&(zbase as u16).to_le_bytes());
-            p += 3;
-        }
-        if ch.k.is_none() {
-            for i in 0..13 {
-                out[p + i] = ch.lens[2 * i] | (ch.lens[2 * i + 1] << 4);
-            }
-            p += 13;
-        }
-        if lines {
-            if bitmap_len <= runs_len {
-                out[p] = 0;
-                p += 1;
-                out[p..p + bitmap_len].fill(0);
-                for (j, &z) in s.elided.iter().enumerate() {
-                    if z {
-                        out[p + j / 8] |= 1 << (j % 8);
+            // per exponent field: (code word + escape payload, its length, extra raw bits);
+            // entry 256 is ZERO under Z (an index, not a branch: zeros are scattered)
+            // (built when the first element is coded by the scalar loop: with the
+            // vector packer, often never)
+            let build_enc = || {
+                let mut enc = [(0u64, 0u32, 0u32); 257];
+                for e in 0..=T::EMAX {
+                    let sym = if e == 0 && ch.z {
+                        ESC
+                    } else {
+                        symbol_of(e, ch.a)
+                    };
+                    let len = ch.lens[sym] as u32;
+                    enc[e as usize] = if sym == ESC {
+                        (
+                            words[sym] as u64 | ((e as u64) << len),
+                            len + T::EBITS,
+                            T::XBITS,
+                        )
+                    } else {
+                        (words[sym] as u64, len, T::XBITS)
+                    };
+                }
+                enc[256] = (words[ZERO] as u64, ch.lens[ZERO] as u32, 0);
+                enc
+            };
+            let mut enc_cell: Option<[(u64, u32, u32); 257]> = None;
+            let zsel = ch.z as u32;
+            // Version 1's vector packer codes runs of 32 keys whose symbols are version
+            // 1's: everywhere without Z; under Z (x == 0 is key 0, ZERO) in
+            // sub-segments with no escaped e = 0 (fp16's ZERO drops its 3 extra bits:
+            // its tables give exponent field 0 ZERO's length alone).
+            #[cfg(target_arch = "x86_64")]
+            let vec = V.then(|| {
+                let fp16 = T::MODE == MODE_FP16;
+                (
+                    // SAFETY: V means the CPU has AVX2.
+                    unsafe {
+                        crate::encode::avx2::VecTables::for_code(&ch.lens, &words, ch.a, fp16, ch.z)
+                    },
+                    {
+                        let mut lut = crate::encode::enc_table_for::<T>(&ch.lens, &words, ch.a);
+                        if fp16 && ch.z {
+                            // key 0 is an element 0 (sub-segments without an escaped
+                            // e = 0): ZERO without extra bits
+                            lut[0] = words[ZERO] as u32 | ((ch.lens[ZERO] as u32) << 24);
+                        }
+                        lut
+                    },
+                    fp16,
+                    ch.code_bits * 4 > 13 * st.count,
+                    // SAFETY: `enabled`: the CPU has the AVX-512 features.
+                    (!fp16 && crate::avx512::enabled()).then(|| unsafe {
+                        crate::avx512::Tables::for_code(&ch.lens, &words, ch.a)
+                    }),
+                )
+            });
+            // The stream is written in place behind the planes while `out` has room for
+            // the next sub-segment's worst case (3 bytes per element + 64: more than 20
+            // bits per element and the writer's 8-byte stores); else it goes on in
+            // scratch (`spilled`) and is copied in place once its length is known.
+            s.seg_bits.clear();
+            // SAFETY: `sa <= out.len()` (the planes were written below it).
+            let mut wr = crate::encode::Bits::new(unsafe { out.as_mut_ptr().add(sa) });
+            let mut spilled = false;
+            let mut total_bits = 0u64;
+            for j in 0..ns {
+                let (i0, i1) = (j * ss, ((j + 1) * ss).min(k_elems));
+                if !spilled && sa + wr.pos + 3 * (i1 - i0) + 64 > out.len() {
+                    let need = k_elems * 3 + 64;
+                    if s.stream.len() < need {
+                        s.stream.resize(need, 0);
+                    }
+                    s.stream[..wr.pos].copy_from_slice(&out[sa..sa + wr.pos]);
+                    wr.rebase(s.stream.as_mut_ptr());
+                    spilled = true;
+                }
+                let bit0 = 8 * wr.pos as u64 + wr.nb as u64;
+                let mut i = i0;
+                #[cfg(target_arch = "x86_64")]
+                if let Some((vt, lut, fp16, wide, t512)) = &vec {
+                    if !(ch.z && s.esc0[j]) {
+                        let n32 = (i1 - i0) / 32 * 32;
+                        let keys = &s.keys[i0..i0 + n32];
+                        // SAFETY: V: AVX2 and BMI2 (`t512`: and the AVX-512 features);
+                        // the writer has 3 bytes per element + 64 of room, more than
+                        // 20 bits per element and the 8-byte stores.
+                        unsafe {
+                            use crate::avx512::code_keys as code_keys512;
+                            use crate::encode::avx2::{code_keys, code_keys_fp16};
+                            match (fp16, wide, t512) {
+                                (true, _, _) => code_keys_fp16(vt, lut, keys, &mut wr),
+                                (false, true, Some(t)) => {
+                                    code_keys512::<true>(t, vt, lut, keys, &mut wr)
+                                }
+                                (false, false, Some(t)) => {
+                                    code_keys512::<false>(t, vt, lut, keys, &mut wr)
+                                }
+                                (false, true, None) => code_keys::<true>(vt, lut, keys, &mut wr),
+                                (false, false, None) => code_keys::<false>(vt, lut, keys, &mut wr),
+                            }
+                        }
+                        i += n32;
                     }
                 }
-                p += bitmap_len;
-            } else {
-                out[p] = 1;
-                out[p + 1..p + 3].copy_from_slice(&(runs as u16).to_le_bytes());
+                let enc: &[(u64, u32, u32); 257] = if i < i1 {
+                    enc_cell.get_or_insert_with(build_enc)
+                } else {
+                    &[(0, 0, 0); 257]
+                };
+                // a copy of the writer: `wr` itself is lent to the vector coders above,
+                // so its fields would be loaded and stored in memory every element
+                let mut lw = wr;
+                for (xb, &key) in kept[i * w..i1 * w].chunks_exact(w).zip(&s.keys[i..i1]) {
+                    let x = T::load(xb, 0);
+                    // x == 0 as arithmetic (x - 1 wraps to the top bit only for 0):
+                    // compiled as a compare, it became a branch, mispredicted on
+                    // every other element of ReLU outputs
+                    let is0 = zsel & ((x as u64).wrapping_sub(1) >> 63) as u32;
+                    // the (rotated) exponent field: bf16's and fp32's key
+                    let e = if keys_rot { key as u32 } else { T::exp(x) };
+                    let (c, len, xl) = enc[(e | (is0 << 8)) as usize];
+                    let (c, len) = if T::XBITS != 0 {
+                        (c | (((T::xb(x) & 7) as u64) << len), len + xl)
+                    } else {
+                        (c, len)
+                    };
+                    // SAFETY: as above (at most 23 bits per element).
+                    unsafe { lw.put(c, len) };
+                }
+                wr = lw;
+                let bits = (8 * wr.pos as u64 + wr.nb as u64 - bit0) as u32;
+                s.seg_bits.push(bits);
+                total_bits += bits as u64;
+            }
+            // SAFETY: as above.
+            let stream_bytes = unsafe { wr.finish() };
+            debug_assert_eq!(stream_bytes as u64, total_bits.div_ceil(8));
+            let base = s.seg_bits.iter().copied().min().unwrap_or(0);
+            let iw = bits_for(s.seg_bits.iter().copied().max().unwrap_or(0) - base);
+            let zbase = s.seg_zeros.iter().copied().min().unwrap_or(0);
+            let zw = bits_for(s.seg_zeros.iter().copied().max().unwrap_or(0) - zbase);
+            let size = sa
+                + stream_bytes
+                + (ns * iw as usize).div_ceil(8)
+                + if ch.z {
+                    (ns * zw as usize).div_ceil(8)
+                } else {
+                    0
+                }
+                + t;
+            if size > cap {
+                return None;
+            }
+            if spilled {
+                out[sa..sa + stream_bytes].copy_from_slice(&s.stream[..stream_bytes]);
+            }
+            // header
+            let mut flags = 0u8;
+            if ch.z {
+                flags |= F_Z;
+            }
+            if lines {
+                flags |= F_LINES;
+            }
+            if use_col.is_some() {
+                flags |= F_COL;
+            }
+            if ch.k.is_none() {
+                flags |= F_EXPLICIT;
+            }
+            if no_lo0 {
+                flags |= F_NO_LO0;
+            }
+            if no_lo1 {
+                flags |= F_NO_LO1;
+            }
+            out[0] = T::MODE;
+            out[1] = flags;
+            out[2] = ch.k.unwrap_or(0);
+            out[3] = ch.a as u8;
+            out[4] = phi as u8 | (((SS_LOG2 - 8) as u8) << 4);
+            out[5] = iw as u8;
+            out[6..8].copy_from_slice(&(base as u16).to_le_bytes());
+            let mut p = FIXED;
+            if ch.z {
+                out[p] = zw as u8;
+                out[p + 1..p + 3].copy_from_slice(&(zbase as u16).to_le_bytes());
                 p += 3;
-                let mut j = 0;
-                while j < nl {
-                    if s.elided[j] {
-                        let first = j;
-                        while j < nl && s.elided[j] {
+            }
+            if ch.k.is_none() {
+                for i in 0..13 {
+                    out[p + i] = ch.lens[2 * i] | (ch.lens[2 * i + 1] << 4);
+                }
+                p += 13;
+            }
+            if lines {
+                if bitmap_len <= runs_len {
+                    out[p] = 0;
+                    p += 1;
+                    out[p..p + bitmap_len].fill(0);
+                    for (j, &z) in s.elided.iter().enumerate() {
+                        if z {
+                            out[p + j / 8] |= 1 << (j % 8);
+                        }
+                    }
+                    p += bitmap_len;
+                } else {
+                    out[p] = 1;
+                    out[p + 1..p + 3].copy_from_slice(&(runs as u16).to_le_bytes());
+                    p += 3;
+                    let mut j = 0;
+                    while j < nl {
+                        if s.elided[j] {
+                            let first = j;
+                            while j < nl && s.elided[j] {
+                                j += 1;
+                            }
+                            out[p..p + 2].copy_from_slice(&(first as u16).to_le_bytes());
+                            out[p + 2..p + 4].copy_from_slice(&((j - first) as u16).to_le_bytes());
+                            p += 4;
+                        } else {
                             j += 1;
                         }
-                        out[p..p + 2].copy_from_slice(&(first as u16).to_le_bytes());
-                        out[p + 2..p + 4].copy_from_slice(&((j - first) as u16).to_le_bytes());
-                        p += 4;
-                    } else {
-                        j += 1;
                     }
                 }
             }
+            out[p..p + phi].copy_from_slice(&blk[..phi]);
+            p += phi;
+            debug_assert_eq!(p, pa);
+            // planes and stream are in place; then index, zero index, tail
+            p = sa + stream_bytes;
+            p += put_packed(&mut out[p..], s.seg_bits.iter().map(|&b| b - base), iw);
+            if ch.z {
+                p += put_packed(&mut out[p..], s.seg_zeros.iter().map(|&z| z - zbase), zw);
+            }
+            out[p..p + t].copy_from_slice(&blk[l - t..]);
+            p += t;
+            debug_assert_eq!(p, size);
+            return Some(size);
         }
-        out[p..p + phi].copy_from_slice(&blk[..phi]);
-        p += phi;
-        debug_assert_eq!(p, pa);
-        // planes and stream are in place; then index, zero index, tail
-        p = sa + stream_bytes;
-        p += put_packed(&mut out[p..], s.seg_bits.iter().map(|&b| b - base), iw);
-        if ch.z {
-            p += put_packed(&mut out[p..], s.seg_zeros.iter().map(|&z| z - zbase), zw);
-        }
-        out[p..p + t].copy_from_slice(&blk[l - t..]);
-        p += t;
-        debug_assert_eq!(p, size);
-        Some(size)
     }
 }
 

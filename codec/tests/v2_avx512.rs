@@ -83,6 +83,16 @@ fn avx512_paths_write_the_avx2_frames() {
             c[..1024].fill(0);
         }
         cases.push((format!("relu+lines {}", ty.name()), l));
+        // one zero line in the second block only, and a zero short last line only:
+        // the fast encoder's AVX-512 split meets it after a block without one
+        // (and codes the block again with the scan)
+        let mut late = relu_like(ty, n, 16);
+        late[n / 2 + 1000..n / 2 + 1256].fill(0);
+        cases.push((format!("relu, one late line {}", ty.name()), late));
+        let mut tail = relu_like(ty, n - 64 + 2 * w, 17);
+        let tl = tail.len();
+        tail[tl - 2 * w..].fill(0);
+        cases.push((format!("relu, zero tail {}", ty.name()), tail));
     }
     cases.push(("emb 92".into(), embedding_grad(n, 4096, 0.92, 9)));
     cases.push(("moe".into(), moe_dispatch(4, 8, 4096, 0.7, 10)));
