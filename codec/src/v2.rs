@@ -3089,6 +3089,50 @@ mod tests {
     /// `Stats::sample` equals `Stats::add` over the elements `0, 13, 26, … < m`
     /// (histogram, zeros, count; `lo_or` as `choose` reads it), every type, with
     /// zeros, subnormals and every remainder length.
+    /// fp32's one-pass check sample of the other phases equals `sample_sparse` at
+    /// each, for every carried phase and length remainder.
+    #[test]
+    fn fp32_phases_sample_matches_sample_sparse() {
+        let mut x = 0x9E37_79B9_7F4A_7C15u64;
+        let mut b = vec![0u8; 20_000];
+        for (i, v) in b.iter_mut().enumerate() {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            // zeros now and then (nzero), all bytes otherwise
+            *v = if i % 7 < 3 { 0 } else { x as u8 };
+        }
+        for len in [
+            20_000,
+            19_999,
+            19_998,
+            19_997,
+            4 * 104 * 3 + 5,
+            4 * 104 + 7,
+            8,
+            7,
+        ] {
+            let blk = &b[..len];
+            for pp in 0..4 {
+                let got = Stats::sample_sparse_fp32_phases(blk, pp, CHECK_STRIDE);
+                for phi in (0..4).filter(|&p| p != pp && p < len) {
+                    let want = Stats::sample_sparse::<crate::elem::Fp32>(
+                        &blk[phi..],
+                        (len - phi) / 4,
+                        CHECK_STRIDE,
+                    );
+                    let g = &got[phi];
+                    assert_eq!(g.hc, want.hc, "len {len} pp {pp} phi {phi}");
+                    assert_eq!(
+                        (g.nzero, g.count, g.lo_or),
+                        (want.nzero, want.count, want.lo_or),
+                        "len {len} pp {pp} phi {phi}"
+                    );
+                }
+            }
+        }
+    }
+
     #[test]
     fn sample_stats_match_add() {
         fn check<T: V2>(b: &[u8]) {
