@@ -36,12 +36,16 @@
 //!   per-block phase, independently decodable sub-segments; fp8 byte codes and
 //!   FP16N for mostly-subnormal fp16, §V2.10). Every decoder entry point reads both
 //!   versions; [`detect_v2`] is version 2's type detection.
+//! * Where the CPU has AVX-512 F, BW, VL, VBMI and VBMI2, version 2's encoder and
+//!   decoder take AVX-512 paths (same bytes); `NCCL_ZIP_CODEC_AVX512=0` or
+//!   [`set_avx512`] turns them off.
 //! * [`compress_parallel`] / [`decompress_parallel`] spread the blocks of large buffers
 //!   over threads (same bytes as the single-thread encoder; the parallel decoder does
 //!   not keep the ascending write order).
 //! * The `nccl-zip` command-line tool is `src/bin/nccl-zip/` in the plugin crate.
 //!
-//! All functions are thread-safe and use no global mutable state.
+//! All functions are thread-safe; the only global state is the AVX-512 switch
+//! ([`set_avx512`]), which changes speed, not bytes.
 
 mod avx512;
 pub mod codes;
