@@ -526,7 +526,7 @@ fn choose_phase_carried_from<T: V2>(blk: &[u8], pp: usize, st: Stats) -> (usize,
     let subs = (T::W == 4).then(|| Stats::sample_sparse_fp32_phases(blk, pp, CHECK_STRIDE));
     for phi in (0..T::W).filter(|&p| p != pp) {
         let sub = match &subs {
-            Some(s) => Stats { ..s[phi] },
+            Some(s) => s[phi],
             None => Stats::sample_sparse::<T>(&blk[phi..], (blk.len() - phi) / T::W, CHECK_STRIDE),
         };
         // lb / sub.count < value / st.count: phi might code cheaper
@@ -1413,7 +1413,7 @@ fn encode_coded_body<T: V2, const V: bool>(
                         let nv = (i1 - i0) / (LINE / w) * (LINE / w);
                         let xs = &kept[i0 * w..];
                         let keys = &mut s.keys[i0..];
-                        // SAFETY: `fused`: the CPU has AVX-512 F, BW, VBMI2 (`enabled`).
+                        // SAFETY: `fused`: the CPU has the AVX-512 features (`avx512::enabled`).
                         let (q1, z, e, zl) = unsafe {
                             if T::W == 2 {
                                 crate::avx512::split_z_bf16(xs, nv, keys, p1, q)
