@@ -42,6 +42,14 @@ pub(crate) fn enabled() -> bool {
     }
 }
 
+/// Whether blocks of `mode` take the AVX-512 paths of `Z` (the encoder's split with
+/// its compaction, the decoder's spread and join): bf16 and fp32 where [`enabled`].
+#[inline]
+pub(crate) fn z_paths(mode: u8) -> bool {
+    use crate::format::{MODE_BF16, MODE_FP32};
+    cfg!(target_arch = "x86_64") && (mode == MODE_BF16 || mode == MODE_FP32) && enabled()
+}
+
 /// Turns the AVX-512 paths on (where the CPU has them) or off, for the whole
 /// process; returns whether they are on. For tests and benchmarks that compare the
 /// paths: frames are the same bytes either way.

@@ -1237,30 +1237,29 @@ fn encode_coded_body<T: V2, const V: bool>(
         // (each of its 64-byte steps is a line) in place of the scan; a block that
         // has one is coded again with the scan. Tried where the last block this
         // thread scanned had none (same frames either way).
-        let avx512 =
-            V && T::MODE != MODE_FP16 && cfg!(target_arch = "x86_64") && crate::avx512::enabled();
+        let avx512 = V && crate::avx512::z_paths(T::MODE);
         let mut split_lines =
             fast && find_lines && avx512 && phase_static.best.z && !LINES_SEEN.get();
         loop {
             // whole lines (`chunks_exact`: no per-line length clamp), then the short one;
             // runs counted only when a line is elided
-            let full = grid.chunks_exact(LINE);
-            let last = full.remainder();
-            let short = (!last.is_empty()).then(|| last.iter().fold(0u8, |a, &b| a | b) == 0);
+            let scan = find_lines && !split_lines;
             // every entry is written below: no clear
             s.elided.resize(nl, false);
-            if find_lines && !split_lines {
+            if scan {
+                let full = grid.chunks_exact(LINE);
+                let last = full.remainder();
                 for (z, c) in s.elided.iter_mut().zip(full) {
                     *z = zero_line::<V>(c);
                 }
-                if let Some(z) = short {
-                    s.elided[nl - 1] = z;
+                if !last.is_empty() {
+                    s.elided[nl - 1] = last.iter().fold(0u8, |a, &b| a | b) == 0;
                 }
             } else {
                 s.elided.fill(false);
             }
             let n_elided = s.elided.iter().map(|&z| z as usize).sum::<usize>();
-            if find_lines && !split_lines {
+            if scan {
                 LINES_SEEN.set(n_elided > 0);
             }
             let mut runs = 0;
@@ -2190,11 +2189,7 @@ fn key_group<T: V2, const V: bool>(
     }
     // bf16 and fp32 under Z with AVX-512: spread and join in one pass, which also
     // checks the plane lengths (`avx512::join_z_*`)
-    let z512 = pl.z
-        && V
-        && T::MODE != MODE_FP16
-        && cfg!(target_arch = "x86_64")
-        && crate::avx512::enabled();
+    let z512 = pl.z && V && crate::avx512::z_paths(T::MODE);
     let mut zm = [[0u8; SEG_ELEMS / 8]; LANES];
     for q in 0..g {
         let (k, l) = (&kl[q], &lanes[q]);
