@@ -157,6 +157,87 @@ pub(crate) unsafe fn split_z_fp32(
     (q, n as u32 - nzs, e0 != 0, zl)
 }
 
+/// Detection's pass over its `g` groups of 64 bytes (`v2::detect_groups`): the
+/// statistics of `v2::group_stats` for each group that is not all one byte, the
+/// 16-bit words at φ = 1 by one byte permute, the per-word fields by masks, the ORs
+/// kept in vectors until the end; only the histograms are counted per word.
+/// Returns how many groups were counted.
+///
+/// # Safety
+/// As [`split_z_bf16`].
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vbmi2,popcnt,avx2,bmi1,bmi2")]
+pub(crate) unsafe fn detect_groups(
+    src: &[u8],
+    g: usize,
+    st: &mut [crate::v2::Stats; 8],
+    h: &mut crate::v2::GroupHists,
+    sub: &mut [u64; 2],
+) -> u64 {
+    use std::arch::x86_64::*;
+    let units = src.len() / 64;
+    // φ = 1: bytes 1 ..= 62 moved down one (bytes 62 and 63 zero: word 31 is none)
+    let mut ix = [0u8; 64];
+    for (i, v) in ix.iter_mut().enumerate() {
+        *v = (i as u8 + 1).min(63);
+    }
+    let ix1 = _mm512_loadu_si512(ix.as_ptr() as *const _);
+    // words moved down one: the 32-bit words at bytes 2 + 4i (fp32 at φ + 2)
+    let mut iw = [0u16; 32];
+    for (i, v) in iw.iter_mut().enumerate() {
+        *v = (i as u16 + 1).min(31);
+    }
+    let iw1 = _mm512_loadu_si512(iw.as_ptr() as *const _);
+    let (c7c00, c7fff) = (_mm512_set1_epi16(0x7C00), _mm512_set1_epi16(0x7FFF));
+    // per φ: the OR of its words; of fp32's elements at φ; at φ + 2
+    let mut or16 = [_mm512_setzero_si512(); 2];
+    let mut or32 = [_mm512_setzero_si512(); 2];
+    let mut or32s = [_mm512_setzero_si512(); 2];
+    let mut eb = [0u16; 32];
+    let mut used = 0u64;
+    for j in 0..g {
+        let off = 64 * (j * units / g);
+        let s = &src[off..off + 64];
+        let x0 = _mm512_loadu_si512(s.as_ptr() as *const _);
+        if _mm512_cmpneq_epi8_mask(x0, _mm512_set1_epi8(s[0] as i8)) == 0 {
+            continue;
+        }
+        used += 1;
+        h.byte0[s[0] as usize] += 1;
+        for phi in 0..2 {
+            let x = if phi == 0 {
+                x0
+            } else {
+                _mm512_maskz_permutexvar_epi8((1u64 << 62) - 1, ix1, x0)
+            };
+            _mm512_storeu_si512(eb.as_mut_ptr() as *mut _, _mm512_srli_epi16::<7>(x));
+            let subm = _mm512_testn_epi16_mask(x, c7c00) & _mm512_test_epi16_mask(x, c7fff);
+            sub[phi] += subm.count_ones() as u64;
+            h.add_words(phi, &eb);
+            crate::v2::group_counts(phi, _mm512_testn_epi16_mask(x, x), st);
+            or16[phi] = _mm512_or_si512(or16[phi], x);
+            // fp32 at φ: elements 0 .. (64 − φ) / 4; at φ + 2: 0 .. 15
+            let m0: u16 = if phi == 0 { 0xFFFF } else { 0x7FFF };
+            or32[phi] = _mm512_mask_or_epi32(or32[phi], m0, or32[phi], x);
+            let x2 = _mm512_permutexvar_epi16(iw1, x);
+            or32s[phi] = _mm512_mask_or_epi32(or32s[phi], 0x7FFF, or32s[phi], x2);
+        }
+    }
+    for phi in 0..2 {
+        let w = _mm512_reduce_or_epi32(or16[phi]) as u32;
+        let w = (w & 0xFFFF) | (w >> 16);
+        for (c, or) in [
+            (phi, w),
+            (2 + phi, w),
+            (4 + phi, _mm512_reduce_or_epi32(or32[phi]) as u32),
+            (6 + phi, _mm512_reduce_or_epi32(or32s[phi]) as u32),
+        ] {
+            st[c].lo_or |= or;
+        }
+    }
+    used
+}
+
 /// Per-block symbol tables for [`code_keys`]: code word and code length of each
 /// symbol (16-bit lanes, entries `0 .. NSYM`), and the anchor in every byte.
 #[cfg(target_arch = "x86_64")]

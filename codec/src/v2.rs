@@ -565,7 +565,7 @@ pub(crate) struct Stats {
     count: u64,
     /// OR of the elements (read by fp32's `choose` only: [`Stats::sample`] leaves it 0
     /// for 16-bit types)
-    lo_or: u32,
+    pub(crate) lo_or: u32,
 }
 
 impl Default for Stats {
@@ -2752,17 +2752,17 @@ unsafe fn detect_v2_avx2(src: &[u8]) -> (Dtype, Option<usize>) {
 /// 7..16 (`x >> 7`: the sign and bf16's exponent field), which hold every
 /// candidate's field: bf16's (the low 8), fp16's (bits 10..15, its top five) and
 /// fp32's (bf16's of its high half); and the word's high byte (`x >> 8`), so that
-/// the fp8 candidates' byte histogram ([`GroupHists::bytes`]) needs no pass of its
+/// the fp8 candidates' byte histogram ([`GroupHists::finish`]) needs no pass of its
 /// own: the words at φ = 0 hold the odd bytes of a group, those at φ = 1 the even
 /// ones but byte 0 (`byte0`).
 pub(crate) struct GroupHists {
     /// `x >> 7` of the words: `[copy][φ][parity]` (u16 counts: at most 64 groups
     /// of 32 words)
-    hb: [[[[u16; 512]; 2]; 2]; 4],
+    pub(crate) hb: [[[[u16; 512]; 2]; 2]; 4],
     /// bf16 field of each group's element 0 at φ (fp32 at φ + 2 does not hold it)
-    first: [[u16; 256]; 2],
+    pub(crate) first: [[u16; 256]; 2],
     /// byte 0 of each group
-    byte0: [u16; 256],
+    pub(crate) byte0: [u16; 256],
 }
 
 impl GroupHists {
@@ -2774,40 +2774,48 @@ impl GroupHists {
         }
     }
 
-    /// The histogram of the groups' bytes (fp8's candidates, FORMAT.md §V2.10
-    /// "Detection"): a byte `b` is the high byte of the words with `x >> 7` equal to
-    /// `2b` or `2b + 1`.
+    /// One group's words at φ into the histograms: `eb[i]` is word `i`'s `x >> 7`
+    /// (words `0 .. (64 − φ) / 2`; at φ = 1 word 31 is not one).
     #[inline(always)]
-    pub(crate) fn bytes(&self) -> [u64; 256] {
-        let mut hw = [0u32; 512];
-        for c in self.hb.iter().flatten().flatten() {
-            for (a, &x) in hw.iter_mut().zip(c.iter()) {
-                *a += x as u32;
-            }
+    pub(crate) fn add_words(&mut self, phi: usize, eb: &[u16; 32]) {
+        for i in 0..16 {
+            self.hb[i & 3][phi][0][eb[2 * i] as usize & 511] += 1;
         }
-        let mut h = [0u64; 256];
-        for (b, x) in h.iter_mut().enumerate() {
-            *x = (hw[2 * b] + hw[2 * b + 1] + self.byte0[b] as u32) as u64;
+        for i in 0..(64 - phi) / 4 {
+            self.hb[i & 3][phi][1][eb[2 * i + 1] as usize & 511] += 1;
         }
-        h
+        self.first[phi][eb[0] as usize & 0xFF] += 1;
     }
 
     /// The candidates' histograms into `st`: bf16 at φ from both parities; fp16 at
     /// φ, the same words, from bf16's by its field's top five bits; and fp32, whose
     /// exponent field is the bf16 one of its high half: fp32 φ (φ + 2) is bf16 φ's
-    /// odd (even, but the first) elements.
+    /// odd (even, but the first) elements. Returns the histogram of the groups'
+    /// bytes (fp8's candidates, FORMAT.md §V2.10 "Detection"): a byte `b` is the
+    /// high byte of the words with `x >> 7` equal to `2b` or `2b + 1`.
     #[inline(always)]
-    pub(crate) fn finish(&self, st: &mut [Stats; 8]) {
-        for phi in 0..2 {
+    pub(crate) fn finish(&self, st: &mut [Stats; 8]) -> [u64; 256] {
+        // the four copies summed, per (φ, parity): straight loops (vectorised)
+        let mut sum = [[[0u32; 512]; 2]; 2];
+        for (phi, sp) in sum.iter_mut().enumerate() {
+            for (par, s) in sp.iter_mut().enumerate() {
+                for c in &self.hb {
+                    for (a, &x) in s.iter_mut().zip(c[phi][par].iter()) {
+                        *a += x as u32;
+                    }
+                }
+            }
+        }
+        let mut hw = [0u32; 512];
+        for s in sum.iter().flatten() {
+            for (a, &x) in hw.iter_mut().zip(s.iter()) {
+                *a += x;
+            }
+        }
+        for (phi, sp) in sum.iter().enumerate() {
+            let (ev, od) = (&sp[0], &sp[1]);
             for e in 0..256 {
-                let sum = |par: usize| -> u32 {
-                    (0..4)
-                        .map(|k| {
-                            self.hb[k][phi][par][e] as u32 + self.hb[k][phi][par][256 + e] as u32
-                        })
-                        .sum()
-                };
-                let (ev, od) = (sum(0), sum(1));
+                let (ev, od) = (ev[e] + ev[256 + e], od[e] + od[256 + e]);
                 st[phi].hc[e] = ev + od;
                 st[4 + phi].hc[e] = od;
                 st[6 + phi].hc[e] = ev - self.first[phi][e] as u32;
@@ -2817,6 +2825,37 @@ impl GroupHists {
                 *c = b[phi].hc[8 * e5..8 * e5 + 8].iter().sum();
             }
         }
+        let mut h = [0u64; 256];
+        for (b, x) in h.iter_mut().enumerate() {
+            *x = (hw[2 * b] + hw[2 * b + 1] + self.byte0[b] as u32) as u64;
+        }
+        h
+    }
+}
+
+/// One detection group's counts at φ into the candidates' `st` (bf16 and fp16 at φ,
+/// fp32 at φ and φ + 2), from `zm`, its zero words as a bit mask (bit `i`: word `i`
+/// at φ is 0; at φ = 1 word 31, not a word, counts as one).
+#[inline(always)]
+pub(crate) fn group_counts(phi: usize, zm: u32, st: &mut [Stats; 8]) {
+    let n = (64 - phi) / 2;
+    let nz16 = (zm.count_ones() - (32 - n) as u32) as u64;
+    for c in [phi, 2 + phi] {
+        st[c].nzero += nz16;
+        st[c].count += n as u64;
+    }
+    // fp32 at φ: words (2i, 2i + 1), i < m0: zero where both words are; at φ + 2:
+    // words (2i + 1, 2i + 2), i < m1. Pairs end by word 31 (φ = 0, first) or 30
+    let both = zm & (zm >> 1);
+    for (q, c, m) in [
+        (0u32, 4 + phi, (64 - phi) / 4),
+        (1, 6 + phi, (62 - phi) / 4),
+    ] {
+        // bits q, q + 2, …, q + 2(m − 1)
+        let span = 2 * m as u32 - 1;
+        let lim = (0x5555_5555u32 << q) & (u32::MAX >> (31 - (q + span - 1)));
+        st[c].nzero += (both & lim).count_ones() as u64;
+        st[c].count += m as u64;
     }
 }
 
@@ -2825,7 +2864,8 @@ impl GroupHists {
 /// exponent fields go to `h` (the candidates' histograms once [`GroupHists::finish`]
 /// adds them up), every candidate's `nzero`, `lo_or`, `count` straight to `st`.
 /// Equals [`Stats::add`] per candidate (a test checks). `sub[φ]`: fp16 subnormals
-/// (`e = 0`, `x & 0x7FFF != 0`) at φ, for V2.10's FP16N candidate.
+/// (`e = 0`, `x & 0x7FFF != 0`) at φ, for V2.10's FP16N candidate. The AVX-512 pass
+/// (`avx512::detect_groups`) gives the same statistics (a test checks).
 #[inline(always)]
 fn group_stats(s: &[u8], st: &mut [Stats; 8], h: &mut GroupHists, sub: &mut [u64; 2]) {
     h.byte0[s[0] as usize] += 1;
@@ -2849,60 +2889,36 @@ fn group_stats(s: &[u8], st: &mut [Stats; 8], h: &mut GroupHists, sub: &mut [u64
             nsub += (x & 0x7C00 == 0 && x & 0x7FFF != 0) as u32;
         }
         sub[phi] += nsub as u64;
-        for i in 0..16 {
-            h.hb[i & 3][phi][0][eb[2 * i] as usize] += 1;
-        }
-        for i in 0..n / 2 {
-            h.hb[i & 3][phi][1][eb[2 * i + 1] as usize] += 1;
-        }
-        // zero words as a bit mask (bit i: word i is 0), the OR of the even and of
-        // the odd words; word 31 at φ = 1 is 0 (not a word): it counts as a zero
+        h.add_words(phi, &eb);
         let mut zm = 0u32;
         for (i, &x) in wd.iter().enumerate() {
             zm |= ((x == 0) as u32) << i;
         }
+        group_counts(phi, zm, st);
+        // the OR of the even and of the odd words (bf16 and fp16 at φ: their OR)
         let mut or_eo = 0u32;
         for c in bytes.chunks_exact(4) {
             or_eo |= u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
         }
-        let (or_e, or_o) = (or_eo & 0xFFFF, or_eo >> 16);
-        let nz16 = (zm.count_ones() - (32 - n) as u32) as u64;
-        let or16 = or_e | or_o;
-        h.first[phi][eb[0] as usize & 0xFF] += 1;
-        for c in [phi, 2 + phi] {
-            st[c].nzero += nz16;
-            st[c].lo_or |= or16;
-            st[c].count += n as u64;
-        }
-        // fp32 at φ: words (2i, 2i + 1), i < m: zero where both words are; at φ + 2:
-        // words (2i + 1, 2i + 2). Pairs end by word 31 (φ = 0, first) or 30
-        let both = zm & (zm >> 1);
-        let (m0, m1) = ((64 - phi) / 4, (62 - phi) / 4);
-        let lim = |m: usize, q: usize| -> u32 {
-            // bits q, q + 2, …, q + 2(m − 1)
-            let span = 2 * m as u32 - 1;
-            (0x5555_5555u32 << q) & (u32::MAX >> (31 - (q as u32 + span - 1)))
-        };
-        // the OR of the odd words 1..=2m−1 (low half) and of the even words 2..=2m
-        // (high half) at φ + 2: the words at bytes 2 + 4i as u32, i < m1
+        let or16 = (or_eo & 0xFFFF) | (or_eo >> 16);
+        // fp32 at φ + 2: the words at bytes 2 + 4i as u32, i < m1 = 15
         let mut or_oe2 = 0u32;
-        for c in bytes[2..2 + 4 * m1].chunks_exact(4) {
+        for c in bytes[2..62].chunks_exact(4) {
             or_oe2 |= u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
         }
-        // the same at φ: the words at bytes 4i, i < m0 (all 16: `or_eo`)
-        let or_eo0 = if m0 == 16 {
-            or_eo
-        } else {
-            let mut o = 0u32;
-            for c in bytes[..4 * m0].chunks_exact(4) {
-                o |= u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
-            }
-            o
-        };
-        for (q, c, m, or) in [(0usize, 4 + phi, m0, or_eo0), (1, 6 + phi, m1, or_oe2)] {
-            st[c].nzero += (both & lim(m, q)).count_ones() as u64;
+        // fp32 at φ: the words at bytes 4i, i < m0 (all 16 at φ = 0: `or_eo`)
+        let m0 = (64 - phi) / 4;
+        let mut or_eo0 = 0u32;
+        for c in bytes[..4 * m0].chunks_exact(4) {
+            or_eo0 |= u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+        }
+        for (c, or) in [
+            (phi, or16),
+            (2 + phi, or16),
+            (4 + phi, or_eo0),
+            (6 + phi, or_oe2),
+        ] {
             st[c].lo_or |= or;
-            st[c].count += m as u64;
         }
     }
 }
@@ -2918,19 +2934,78 @@ pub(crate) fn group_equal(s: &[u8]) -> bool {
     }) == 0
 }
 
+/// The best of detection's float candidates (FORMAT.md §V2.6 "Detection"), their
+/// statistics `st` (bf16 φ 0, 1; fp16 φ 0, 1; fp32 φ 0, 1, 2, 3): its (value, bytes
+/// covered, type) and phase.
 #[inline(always)]
-fn detect_v2_body(src: &[u8]) -> (Dtype, Option<usize>) {
-    let n = src.len();
-    if n < MIN_CODED_INPUT {
-        return (Dtype::Raw, None);
+fn best_float(st: &[Stats; 8]) -> ((u64, u64, Dtype), usize) {
+    // per candidate: type, bytes covered and the lower bound of its value
+    // (candidates: bf16 φ 0, 1; fp16 φ 0, 1; fp32 φ 0, 1, 2, 3)
+    let cand: [(Dtype, u64, u64); 8] = std::array::from_fn(|c| {
+        let stc = &st[c];
+        match c {
+            0 | 1 => (Dtype::Bf16, 2 * stc.count, static_lb::<Bf16>(stc)),
+            2 | 3 => (Dtype::Fp16, 2 * stc.count, static_lb::<Fp16>(stc)),
+            _ => (Dtype::Fp32, 4 * stc.count, static_lb::<Fp32>(stc)),
+        }
+    });
+    // The best is the first candidate (in the order above) of the least value /
+    // bytes. Evaluated in the order of their lower bounds (as value / bytes), so
+    // that the best is found early: a candidate whose bound is above the best's
+    // value, or equal to it with a later index, cannot replace it (not evaluated).
+    let below = |v: u64, b: u64, c: usize, best: &(u64, u64, usize)| {
+        let (l, r) = (
+            (v as u128) * (best.1 as u128),
+            (best.0 as u128) * (b as u128),
+        );
+        l < r || (l == r && c < best.2)
+    };
+    let mut order: [usize; 8] = std::array::from_fn(|c| c);
+    order.sort_by(|&x, &y| {
+        let (l, r) = (
+            (cand[x].2 as u128) * (cand[y].1 as u128),
+            (cand[y].2 as u128) * (cand[x].1 as u128),
+        );
+        l.cmp(&r).then(x.cmp(&y))
+    });
+    // (value, bytes, candidate)
+    let mut bc: Option<(u64, u64, usize)> = None;
+    for c in order {
+        let (dt, bytes, lb) = cand[c];
+        if bc.is_some_and(|b| !below(lb, bytes, c, &b)) {
+            continue;
+        }
+        let value = match dt {
+            Dtype::Bf16 => choose::<Bf16>(&st[c], false).value,
+            Dtype::Fp16 => choose::<Fp16>(&st[c], false).value,
+            _ => choose::<Fp32>(&st[c], false).value,
+        };
+        if bc.is_none_or(|b| below(value, bytes, c, &b)) {
+            bc = Some((value, bytes, c));
+        }
     }
-    let g = (n / 1024).clamp(1, 64);
-    let units = n / 64;
-    // statistics per (type, phase): bf16 0..2, fp16 2..4, fp32 4..8
-    let mut st: [Stats; 8] = Default::default();
+    let (value, bytes, c) = bc.expect("eight candidates");
+    ((value, bytes, cand[c].0), [0, 1, 0, 1, 0, 1, 2, 3][c])
+}
+
+/// Detection's pass over its `g` groups of 64 bytes (FORMAT.md §V2.6
+/// "Detection"): [`group_stats`] of each group that is not all one byte; returns
+/// how many were. With AVX-512, `avx512::detect_groups` (the same statistics).
+#[inline(always)]
+fn detect_groups(
+    src: &[u8],
+    g: usize,
+    st: &mut [Stats; 8],
+    h: &mut GroupHists,
+    sub: &mut [u64; 2],
+) -> u64 {
+    let units = src.len() / 64;
+    #[cfg(target_arch = "x86_64")]
+    if crate::avx512::enabled() {
+        // SAFETY: `enabled`: the CPU has the AVX-512 features.
+        return unsafe { crate::avx512::detect_groups(src, g, st, h, sub) };
+    }
     let mut used = 0u64;
-    let mut h = GroupHists::new();
-    let mut sub = [0u64; 2];
     for j in 0..g {
         let off = 64 * (j * units / g);
         let s = &src[off..off + 64];
@@ -2938,50 +3013,31 @@ fn detect_v2_body(src: &[u8]) -> (Dtype, Option<usize>) {
             continue;
         }
         used += 1;
-        group_stats(s, &mut st, &mut h, &mut sub);
+        group_stats(s, st, h, sub);
     }
+    used
+}
+
+#[inline(always)]
+fn detect_v2_body(src: &[u8]) -> (Dtype, Option<usize>) {
+    let n = src.len();
+    if n < MIN_CODED_INPUT {
+        return (Dtype::Raw, None);
+    }
+    let g = (n / 1024).clamp(1, 64);
+    // statistics per (type, phase): bf16 0..2, fp16 2..4, fp32 4..8
+    let mut st: [Stats; 8] = Default::default();
+    let mut h = GroupHists::new();
+    let mut sub = [0u64; 2];
+    let used = detect_groups(src, g, &mut st, &mut h, &mut sub);
     if used == 0 {
         return (Dtype::Raw, None);
     }
-    h.finish(&mut st);
-    // (value, bytes covered): compare value / bytes; and the best's phase
-    let mut best = (u64::MAX, 1u64, Dtype::Raw);
-    let mut best_phi = 0;
-    for (c, stc) in st.iter().enumerate() {
-        let (dt, w) = match c {
-            0 | 1 => (Dtype::Bf16, 2u64),
-            2 | 3 => (Dtype::Fp16, 2),
-            _ => (Dtype::Fp32, 4),
-        };
-        let bytes = stc.count * w;
-        // a candidate whose lower bound is not below the best (as value / bytes)
-        // cannot replace it: not evaluated
-        if best.0 != u64::MAX {
-            let lb = match dt {
-                Dtype::Bf16 => static_lb::<Bf16>(stc),
-                Dtype::Fp16 => static_lb::<Fp16>(stc),
-                _ => static_lb::<Fp32>(stc),
-            };
-            if (lb as u128) * (best.1 as u128) >= (best.0 as u128) * (bytes as u128) {
-                continue;
-            }
-        }
-        let value = match dt {
-            Dtype::Bf16 => choose::<Bf16>(stc, false).value,
-            Dtype::Fp16 => choose::<Fp16>(stc, false).value,
-            _ => choose::<Fp32>(stc, false).value,
-        };
-        if best.0 == u64::MAX
-            || (value as u128) * (best.1 as u128) < (best.0 as u128) * (bytes as u128)
-        {
-            best = (value, bytes, dt);
-            // candidates: bf16 φ 0, 1; fp16 φ 0, 1; fp32 φ 0, 1, 2, 3
-            best_phi = [0, 1, 0, 1, 0, 1, 2, 3][c];
-        }
-    }
+    let hbytes = h.finish(&mut st);
+    let (best, best_phi) = best_float(&st);
     let float = best.2;
     // fp8 byte codes and FP16N (FORMAT.md §V2.10)
-    let best = crate::v2_byte::detect_more(src, best, &st, sub, &h.bytes(), used, g as u64 - used);
+    let best = crate::v2_byte::detect_more(src, best, &st, sub, &hbytes, used, g as u64 - used);
     // raw unless the estimate saves more than 1/32 of the sampled bits
     if best.0 * 32 >= 31 * 8 * SAMPLE_STRIDE as u64 * best.1 {
         (Dtype::Raw, None)
@@ -3325,6 +3381,153 @@ mod tests {
         }
     }
 
+    /// Detection test sources: 1 to 70 groups of floats of each type at odd offsets,
+    /// sparse and random bytes, constant groups.
+    fn detect_sources() -> Vec<Vec<u8>> {
+        let mut x = 0x9E37_79B9_7F4A_7C15u64;
+        let mut rnd = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        (0..600usize)
+            .map(|case| {
+                let n = 256 + (rnd() % (70 * 1024)) as usize;
+                let kind = case % 6;
+                (0..n)
+                    .map(|i| {
+                        let r = rnd();
+                        match kind {
+                            0 => r as u8,
+                            // bf16-like, half zero words, at an odd start
+                            1 => {
+                                if (i / 2 + case) % 2 == 0 {
+                                    0
+                                } else if (i + case) % 2 == 1 {
+                                    0x3C | (r as u8 & 3)
+                                } else {
+                                    r as u8
+                                }
+                            }
+                            // fp16 subnormals and zeros
+                            2 => {
+                                if (i + case) % 2 == 1 {
+                                    (r % 3) as u8
+                                } else {
+                                    r as u8
+                                }
+                            }
+                            // constant runs of 64 and more bytes between fp32-like bytes
+                            3 => {
+                                if (i / 256) % 3 == 0 {
+                                    7
+                                } else if (i + case) % 4 == 3 {
+                                    0x3E | (r as u8 & 1)
+                                } else {
+                                    r as u8
+                                }
+                            }
+                            // fp32 holding bf16 at φ = 1 (bytes 1, 2 mod 4 zero) but for
+                            // bytes 61, 62 of a group, the head of an element no phase-1
+                            // element of the group holds
+                            5 => {
+                                if i % 4 == 0 || i % 4 == 3 || (i % 64 >= 61 && r % 2 == 0) {
+                                    r as u8
+                                } else {
+                                    0
+                                }
+                            }
+                            _ => {
+                                if r % 7 == 0 {
+                                    r as u8
+                                } else {
+                                    0
+                                }
+                            }
+                        }
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+
+    /// Detection's AVX-512 pass (`avx512::detect_groups`) gives the portable pass's
+    /// statistics, histograms and group count.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn detect_groups_avx512_matches() {
+        if !crate::avx512::set_enabled(true) {
+            eprintln!("skipped: this CPU has no AVX-512 (F, BW, VL, VBMI, VBMI2)");
+            return;
+        }
+        for (case, src) in detect_sources().iter().enumerate() {
+            let g = (src.len() / 1024).clamp(1, 64);
+            let run = |avx: bool| {
+                crate::avx512::set_enabled(avx);
+                let mut st: [Stats; 8] = Default::default();
+                let mut h = GroupHists::new();
+                let mut sub = [0u64; 2];
+                let used = detect_groups(src, g, &mut st, &mut h, &mut sub);
+                (st, h, sub, used)
+            };
+            let (a, b) = (run(false), run(true));
+            assert_eq!((a.2, a.3), (b.2, b.3), "case {case}: subnormals, groups");
+            assert!(
+                a.1.hb == b.1.hb && a.1.first == b.1.first && a.1.byte0 == b.1.byte0,
+                "case {case}: histograms"
+            );
+            for c in 0..8 {
+                assert_eq!(
+                    (a.0[c].nzero, a.0[c].count, a.0[c].lo_or),
+                    (b.0[c].nzero, b.0[c].count, b.0[c].lo_or),
+                    "case {case} candidate {c}"
+                );
+            }
+        }
+        crate::avx512::set_enabled(true);
+    }
+
+    /// The float candidates taken in the order of their lower bounds give the rule's
+    /// best: the first (in candidate order) of the least value / bytes.
+    #[test]
+    fn best_float_matches_the_rule() {
+        for (case, src) in detect_sources().iter().enumerate() {
+            let g = (src.len() / 1024).clamp(1, 64);
+            let mut st: [Stats; 8] = Default::default();
+            let mut h = GroupHists::new();
+            let mut sub = [0u64; 2];
+            if detect_groups(src, g, &mut st, &mut h, &mut sub) == 0 {
+                continue;
+            }
+            h.finish(&mut st);
+            // and with one candidate's statistics copied to another of its type
+            // (ties: the first wins)
+            let (a, b) = [(0, 1), (2, 3), (4, 6), (5, 7), (4, 5), (7, 4)][case % 6];
+            for st in [st, {
+                let mut t = st;
+                t[b] = t[a];
+                t
+            }] {
+                let mut want = (u64::MAX, 1u64, Dtype::Raw, 0usize);
+                for (c, stc) in st.iter().enumerate() {
+                    let (dt, bytes, value) = match c {
+                        0 | 1 => (Dtype::Bf16, 2 * stc.count, choose::<Bf16>(stc, false).value),
+                        2 | 3 => (Dtype::Fp16, 2 * stc.count, choose::<Fp16>(stc, false).value),
+                        _ => (Dtype::Fp32, 4 * stc.count, choose::<Fp32>(stc, false).value),
+                    };
+                    if want.0 == u64::MAX
+                        || (value as u128) * (want.1 as u128) < (want.0 as u128) * (bytes as u128)
+                    {
+                        want = (value, bytes, dt, [0, 1, 0, 1, 0, 1, 2, 3][c]);
+                    }
+                }
+                let (b, phi) = best_float(&st);
+                assert_eq!((b.0, b.1, b.2, phi), want, "case {case}");
+            }
+        }
+    }
+
     /// Detection's shared-read statistics equal [`Stats::add`] per candidate, on
     /// floats of each type at every offset, zeros, constant runs and random bytes.
     #[test]
@@ -3402,7 +3605,7 @@ mod tests {
                 }
             }
             assert_eq!(sub, want_sub, "case {case} subnormals");
-            h.finish(&mut st);
+            let hbytes = h.finish(&mut st);
             let mut want: [Stats; 8] = Default::default();
             for s in [&g[..], &g2[..]] {
                 for phi in 0..2 {
@@ -3426,7 +3629,7 @@ mod tests {
             for &b in g.iter().chain(g2.iter()) {
                 want_bytes[b as usize] += 1;
             }
-            assert_eq!(h.bytes(), want_bytes, "case {case} bytes");
+            assert_eq!(hbytes, want_bytes, "case {case} bytes");
         }
     }
 
