@@ -59,12 +59,75 @@ pub fn set_enabled(on: bool) -> bool {
     on
 }
 
+/// Byte permutes that gather byte plane `t` of 64 elements from two vectors (`a`:
+/// elements 0..32 of bf16, `b` the rest) or four (fp32, 16 elements a vector).
+#[cfg(target_arch = "x86_64")]
+struct Gather {
+    /// bf16: byte `i` is element `i`'s byte 0 (`lo`), byte 1 (`hi`) (`vpermt2b`)
+    lo: std::arch::x86_64::__m512i,
+    hi: std::arch::x86_64::__m512i,
+    /// fp32: from two vectors, bytes 0..32 are the 32 elements' byte 0, bytes 32..64
+    /// their byte 1 (`b01`); bytes 2 and 3 (`b23`)
+    b01: std::arch::x86_64::__m512i,
+    b23: std::arch::x86_64::__m512i,
+}
+
+#[cfg(target_arch = "x86_64")]
+impl Gather {
+    #[inline]
+    #[target_feature(
+        enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vbmi2,popcnt,avx2,bmi1,bmi2"
+    )]
+    unsafe fn new() -> Gather {
+        use std::arch::x86_64::*;
+        let v = |f: &dyn Fn(usize) -> usize| {
+            let ix: [u8; 64] = std::array::from_fn(|i| f(i) as u8);
+            _mm512_loadu_si512(ix.as_ptr() as *const _)
+        };
+        Gather {
+            lo: v(&|i| 2 * i),
+            hi: v(&|i| 2 * i + 1),
+            b01: v(&|i| 4 * (i % 32) + i / 32),
+            b23: v(&|i| 4 * (i % 32) + 2 + i / 32),
+        }
+    }
+}
+
+/// Of 64 elements' top bytes, byte 3 (`b3`) and 2 (`b2`) of fp32 (bytes 1 and 0 of
+/// bf16), per byte: the key (the exponent field, `b3 << 1 | b2 >> 7`) and plane
+/// 1's byte (sign and mantissa top, `b3 & 0x80 | b2 & 0x7F`).
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vbmi2,popcnt,avx2,bmi1,bmi2")]
+unsafe fn key_p1(
+    b3: std::arch::x86_64::__m512i,
+    b2: std::arch::x86_64::__m512i,
+) -> [std::arch::x86_64::__m512i; 2] {
+    use std::arch::x86_64::*;
+    let ones = _mm512_set1_epi8(1);
+    let m80 = _mm512_set1_epi8(0x80u8 as i8);
+    // (16-bit shift: the bit it moves into a byte from the next is masked off)
+    let top = _mm512_srli_epi16::<7>(b2);
+    [
+        _mm512_ternarylogic_epi32::<0xF8>(_mm512_add_epi8(b3, b3), top, ones),
+        _mm512_ternarylogic_epi32::<0xCA>(m80, b3, b2),
+    ]
+}
+
+/// Whether one of the four 16-bit parts of `nz` (a mask of elements that are not 0)
+/// is 0.
+#[inline(always)]
+fn has_zero16(nz: u64) -> bool {
+    (nz.wrapping_sub(0x0001_0001_0001_0001) & !nz & 0x8000_8000_8000_8000) != 0
+}
+
 /// bf16 under `Z` (FORMAT.md §V2.7): for elements `0 .. n` of `src` (`n` a multiple
 /// of 32), `keys[i]` is element `i`'s exponent field, and the plane byte (sign,
 /// mantissa) of each element that is not 0 is appended to `p1` at `q`. Returns the
 /// new `q`, the number of elements equal to 0, whether an element that is not 0
 /// has exponent field 0 (an escaped `e = 0`), and whether a step of 64 source bytes
-/// was all zero (a zero line, where `src` starts on one).
+/// was all zero (a zero line, where `src` starts on one). 64 elements a step (bytes
+/// gathered by plane, then per byte), the last 32 alone.
 ///
 /// # Safety
 /// The CPU must support AVX-512 F, BW, VL, VBMI, VBMI2, AVX2, BMI1, BMI2 and POPCNT ([`enabled`]).
@@ -78,16 +141,37 @@ pub(crate) unsafe fn split_z_bf16(
     mut q: usize,
 ) -> (usize, u32, bool, bool) {
     use std::arch::x86_64::*;
-    // every store below (32 bytes at q <= q0 + 32·g) stays inside p1
+    // every store below (64 bytes at q <= q0 + 64·g; 32 at q <= q0 + n − 32) stays
+    // inside p1
     assert!(n.is_multiple_of(32) && src.len() >= 2 * n && keys.len() >= n && p1.len() >= q + n);
+    let gt = Gather::new();
+    let (mut nzs, mut e0, mut zl) = (0u32, false, false);
+    for g in 0..n / 64 {
+        let a = _mm512_loadu_si512(src.as_ptr().add(128 * g) as *const _);
+        let b = _mm512_loadu_si512(src.as_ptr().add(128 * g + 64) as *const _);
+        let (lo, hi) = (
+            _mm512_permutex2var_epi8(a, gt.lo, b),
+            _mm512_permutex2var_epi8(a, gt.hi, b),
+        );
+        let nz = _mm512_test_epi8_mask(_mm512_or_si512(lo, hi), _mm512_set1_epi8(-1));
+        let [k, pb] = key_p1(hi, lo);
+        e0 |= _mm512_mask_testn_epi8_mask(nz, k, k) != 0;
+        // a line is 32 elements
+        zl |= nz as u32 == 0 || (nz >> 32) as u32 == 0;
+        _mm512_storeu_si512(keys.as_mut_ptr().add(64 * g) as *mut _, k);
+        let c = _mm512_maskz_compress_epi8(nz, pb);
+        _mm512_storeu_si512(p1.as_mut_ptr().add(q) as *mut _, c);
+        let cnt = nz.count_ones();
+        q += cnt as usize;
+        nzs += cnt;
+    }
     let m7f = _mm512_set1_epi16(0x7F);
     let m80 = _mm512_set1_epi16(0x80);
     let fexp = _mm512_set1_epi16(0x7F80);
-    let (mut nzs, mut e0, mut zl) = (0u32, 0u32, false);
-    for g in 0..n / 32 {
+    for g in 2 * (n / 64)..n / 32 {
         let x = _mm512_loadu_si512(src.as_ptr().add(64 * g) as *const _);
         let nz = _mm512_test_epi16_mask(x, x);
-        e0 |= _mm512_mask_testn_epi16_mask(nz, x, fexp);
+        e0 |= _mm512_mask_testn_epi16_mask(nz, x, fexp) != 0;
         let k = _mm512_cvtepi16_epi8(_mm512_srli_epi16::<7>(x));
         _mm256_storeu_si256(keys.as_mut_ptr().add(32 * g) as *mut __m256i, k);
         let pb = _mm512_or_si512(
@@ -101,12 +185,14 @@ pub(crate) unsafe fn split_z_bf16(
         q += cnt as usize;
         nzs += cnt;
     }
-    (q, n as u32 - nzs, e0 != 0, zl)
+    (q, n as u32 - nzs, e0, zl)
 }
 
 /// fp32 under `Z`, as [`split_z_bf16`]: keys, and the bytes of the three planes
 /// (sign and mantissa top, mantissa middle, mantissa low) of each element that is
-/// not 0 appended to `p1`, `lo1`, `lo0` at `q`; `n` a multiple of 16.
+/// not 0 appended to `p1`, `lo1`, `lo0` at `q`; `n` a multiple of 16. Returns as
+/// [`split_z_bf16`], and the OR of the elements' low 16 bits (planes `lo1`, `lo0`).
+/// 64 elements a step (bytes gathered by plane, then per byte), the last 16s alone.
 ///
 /// # Safety
 /// As [`split_z_bf16`].
@@ -118,8 +204,10 @@ pub(crate) unsafe fn split_z_fp32(
     keys: &mut [u8],
     planes: [&mut [u8]; 3],
     mut q: usize,
-) -> (usize, u32, bool, bool) {
+) -> (usize, u32, bool, bool, u32) {
     use std::arch::x86_64::*;
+    // every store below (64 bytes at q <= q0 + 64·g; 16 at q <= q0 + n − 16) stays
+    // inside the planes
     assert!(
         n.is_multiple_of(16)
             && src.len() >= 4 * n
@@ -127,14 +215,57 @@ pub(crate) unsafe fn split_z_fp32(
             && planes.iter().all(|p| p.len() >= q + n)
     );
     let [p1, lo1, lo0] = planes;
+    let gt = Gather::new();
+    let (mut nzs, mut e0, mut zl) = (0u32, false, false);
+    // ORs of plane bytes 0 and 1 (64-element steps), of the last elements
+    let (mut or0, mut or1, mut or_lo) = (
+        _mm512_setzero_si512(),
+        _mm512_setzero_si512(),
+        _mm512_setzero_si512(),
+    );
+    for g in 0..n / 64 {
+        let ld = |k: usize| _mm512_loadu_si512(src.as_ptr().add(256 * g + 64 * k) as *const _);
+        let (x0, x1, x2, x3) = (ld(0), ld(1), ld(2), ld(3));
+        // bytes 0 and 1 (2 and 3) of elements 0..32 and of 32..64
+        let (l01, h01) = (
+            _mm512_permutex2var_epi8(x0, gt.b01, x1),
+            _mm512_permutex2var_epi8(x2, gt.b01, x3),
+        );
+        let (l23, h23) = (
+            _mm512_permutex2var_epi8(x0, gt.b23, x1),
+            _mm512_permutex2var_epi8(x2, gt.b23, x3),
+        );
+        let b0 = _mm512_shuffle_i64x2::<0x44>(l01, h01);
+        let b1 = _mm512_shuffle_i64x2::<0xEE>(l01, h01);
+        let b2 = _mm512_shuffle_i64x2::<0x44>(l23, h23);
+        let b3 = _mm512_shuffle_i64x2::<0xEE>(l23, h23);
+        let lo = _mm512_or_si512(b0, b1);
+        (or0, or1) = (_mm512_or_si512(or0, b0), _mm512_or_si512(or1, b1));
+        let nz = _mm512_test_epi8_mask(
+            _mm512_ternarylogic_epi32::<0xFE>(lo, b2, b3),
+            _mm512_set1_epi8(-1),
+        );
+        let [k, pb] = key_p1(b3, b2);
+        e0 |= _mm512_mask_testn_epi8_mask(nz, k, k) != 0;
+        // a line is 16 elements
+        zl |= has_zero16(nz);
+        _mm512_storeu_si512(keys.as_mut_ptr().add(64 * g) as *mut _, k);
+        for (p, v) in [(&mut *p1, pb), (&mut *lo1, b1), (&mut *lo0, b0)] {
+            let c = _mm512_maskz_compress_epi8(nz, v);
+            _mm512_storeu_si512(p.as_mut_ptr().add(q) as *mut _, c);
+        }
+        let cnt = nz.count_ones();
+        q += cnt as usize;
+        nzs += cnt as u32;
+    }
     let m7f = _mm512_set1_epi32(0x7F);
     let m80 = _mm512_set1_epi32(0x80);
     let fexp = _mm512_set1_epi32(0x7F80_0000);
-    let (mut nzs, mut e0, mut zl) = (0u32, 0u32, false);
-    for g in 0..n / 16 {
+    for g in 4 * (n / 64)..n / 16 {
         let x = _mm512_loadu_si512(src.as_ptr().add(64 * g) as *const _);
+        or_lo = _mm512_or_si512(or_lo, x);
         let nz = _mm512_test_epi32_mask(x, x);
-        e0 |= _mm512_mask_testn_epi32_mask(nz, x, fexp) as u32;
+        e0 |= _mm512_mask_testn_epi32_mask(nz, x, fexp) != 0;
         zl |= nz == 0;
         let k = _mm512_cvtepi32_epi8(_mm512_srli_epi32::<23>(x));
         _mm_storeu_si128(keys.as_mut_ptr().add(16 * g) as *mut __m128i, k);
@@ -154,7 +285,13 @@ pub(crate) unsafe fn split_z_fp32(
         q += cnt as usize;
         nzs += cnt;
     }
-    (q, n as u32 - nzs, e0 != 0, zl)
+    let byte_or = |v: __m512i| {
+        let w = _mm512_reduce_or_epi32(v) as u32;
+        let w = w | (w >> 16);
+        (w | (w >> 8)) & 0xFF
+    };
+    let lo16 = (byte_or(or1) << 8) | byte_or(or0) | (_mm512_reduce_or_epi32(or_lo) as u32 & 0xFFFF);
+    (q, n as u32 - nzs, e0, zl, lo16)
 }
 
 /// Detection's pass over its `g` groups of 64 bytes (`v2::detect_groups`): the

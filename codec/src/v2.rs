@@ -1377,8 +1377,10 @@ fn encode_coded_body<T: V2, const V: bool>(
             s.seg_zeros.clear();
             s.esc0.clear();
             let mut zsum = 0usize;
-            // a zero line seen by the AVX-512 split (`split_lines`)
+            // a zero line seen by the AVX-512 split (`split_lines`); the OR of the
+            // elements' low 16 bits (fp32's planes `lo1`, `lo0`) it saw
             let mut zero_line = false;
+            let mut fused_lo = 0u32;
             if ch.z {
                 let mut q = 0;
                 for j in 0..ns {
@@ -1413,15 +1415,18 @@ fn encode_coded_body<T: V2, const V: bool>(
                         let xs = &kept[i0 * w..];
                         let keys = &mut s.keys[i0..];
                         // SAFETY: `fused`: the CPU has the AVX-512 features (`avx512::enabled`).
-                        let (q1, z, e, zl) = unsafe {
+                        let (q1, z, e, zl, lo) = unsafe {
                             if T::W == 2 {
-                                crate::avx512::split_z_bf16(xs, nv, keys, p1, q)
+                                let (q1, z, e, zl) =
+                                    crate::avx512::split_z_bf16(xs, nv, keys, p1, q);
+                                (q1, z, e, zl, 0)
                             } else {
                                 crate::avx512::split_z_fp32(xs, nv, keys, [p1, lo1, lo0], q)
                             }
                         };
                         (q, zc, e0) = (q1, z, e);
                         zero_line |= zl;
+                        fused_lo |= lo;
                         let mut or = 0;
                         for i in i0 + nv..i1 {
                             let x = T::load(kept, i);
@@ -1437,6 +1442,7 @@ fn encode_coded_body<T: V2, const V: bool>(
                             or |= x;
                         }
                         zero_line |= i0 + nv < i1 && or == 0;
+                        fused_lo |= or & 0xFFFF;
                         s.seg_zeros.push(zc);
                         s.esc0.push(e0);
                         zsum += zc as usize;
@@ -1492,7 +1498,9 @@ fn encode_coded_body<T: V2, const V: bool>(
                 crate::coltab::rotate_kept_keys::<T>(&mut s.keys[..k_elems], el, m, col0, ct);
             }
             let p_elems = k_elems - zsum;
-            let lo_or = if T::W == 4 {
+            let lo_or = if T::W == 4 && fused {
+                fused_lo
+            } else if T::W == 4 {
                 let or = |v: &[u8]| v.iter().fold(0u8, |a, &b| a | b) as u32;
                 (or(&lo1[..p_elems]) << 8) | or(&lo0[..p_elems])
             } else {

@@ -89,6 +89,11 @@ fn avx512_paths_write_the_avx2_frames() {
         let mut late = relu_like(ty, n, 16);
         late[n / 2 + 1000..n / 2 + 1256].fill(0);
         cases.push((format!("relu, one late line {}", ty.name()), late));
+        // one zero line alone, the second of a 128-byte step (the split takes 64
+        // bf16 or fp32 elements a step)
+        let mut odd = relu_like(ty, n, 18);
+        odd[n / 2 + 64 * 21..n / 2 + 64 * 22].fill(0);
+        cases.push((format!("relu, one odd line {}", ty.name()), odd));
         let mut tail = relu_like(ty, n - 64 + 2 * w, 17);
         let tl = tail.len();
         tail[tl - 2 * w..].fill(0);
