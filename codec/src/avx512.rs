@@ -563,6 +563,56 @@ unsafe fn expand32(p: &[u8], j: usize, nz: u32) -> Option<std::arch::x86_64::__m
     Some(_mm256_maskz_expand_epi8(nz, v))
 }
 
+/// [`expand32`] for up to 64 keys (`nz`).
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vbmi2,popcnt,avx2,bmi1,bmi2")]
+unsafe fn expand64(p: &[u8], j: usize, nz: u64) -> Option<std::arch::x86_64::__m512i> {
+    use std::arch::x86_64::*;
+    let c = nz.count_ones();
+    if j + c as usize > p.len() {
+        return None;
+    }
+    let v = if j + 64 <= p.len() {
+        _mm512_loadu_si512(p.as_ptr().add(j) as *const _)
+    } else {
+        _mm512_maskz_loadu_epi8(_bzhi_u64(!0, c), p.as_ptr().add(j) as *const i8)
+    };
+    Some(_mm512_maskz_expand_epi8(nz, v))
+}
+
+/// [`top_bytes`] for 64 elements.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vbmi2,popcnt,avx2,bmi1,bmi2")]
+unsafe fn top_bytes64(
+    k: std::arch::x86_64::__m512i,
+    p: std::arch::x86_64::__m512i,
+) -> [std::arch::x86_64::__m512i; 2] {
+    use std::arch::x86_64::*;
+    let m80 = _mm512_set1_epi8(0x80u8 as i8);
+    [
+        _mm512_ternarylogic_epi32::<0xCA>(m80, _mm512_slli_epi16::<7>(k), p),
+        _mm512_ternarylogic_epi32::<0xCA>(m80, p, _mm512_srli_epi16::<1>(k)),
+    ]
+}
+
+/// Interleaving permutes (`vpermt2b`, `vpermt2w`): the `h`-th half (elements
+/// `32h .. 32h + 32`) of two 64-lane vectors `a`, `b` as pairs `a[m], b[m]`.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vbmi2,popcnt,avx2,bmi1,bmi2")]
+unsafe fn zip_index<const WORDS: bool>(h: usize) -> std::arch::x86_64::__m512i {
+    use std::arch::x86_64::*;
+    if WORDS {
+        let ix: [u16; 32] = std::array::from_fn(|t| (32 * (t % 2) + 16 * h + t / 2) as u16);
+        _mm512_loadu_si512(ix.as_ptr() as *const _)
+    } else {
+        let ix: [u8; 64] = std::array::from_fn(|t| (64 * (t % 2) + 32 * h + t / 2) as u8);
+        _mm512_loadu_si512(ix.as_ptr() as *const _)
+    }
+}
+
 /// The low and high bytes of elements whose exponent field is `k` and whose byte
 /// plane 1 (sign, top mantissa bits) is `p`, per byte: `(p & 0x7F) | (k << 7)`
 /// and `(p & 0x80) | (k >> 1)` (bf16's two bytes; fp32's top two).
@@ -603,6 +653,21 @@ pub(crate) unsafe fn join_z_bf16(keys: &[u8], p1: &[u8], out: &mut [u8]) -> bool
     }
     let ix = _mm512_loadu_si512(ix.as_ptr() as *const _);
     let (mut i, mut j) = (0, 0);
+    // 64 keys a step: the two output halves by one `vpermt2b` each
+    let (z0, z1) = (zip_index::<false>(0), zip_index::<false>(1));
+    while i + 64 <= n {
+        let kv = _mm512_loadu_si512(keys.as_ptr().add(i) as *const _);
+        let nz = _mm512_test_epi8_mask(kv, kv);
+        let Some(pe) = expand64(p1, j, nz) else {
+            return false;
+        };
+        let [b0, b1] = top_bytes64(kv, pe);
+        let o = out.as_mut_ptr().add(2 * i);
+        _mm512_storeu_si512(o as *mut _, _mm512_permutex2var_epi8(b0, z0, b1));
+        _mm512_storeu_si512(o.add(64) as *mut _, _mm512_permutex2var_epi8(b0, z1, b1));
+        j += nz.count_ones() as usize;
+        i += 64;
+    }
     while i < n {
         let lm = _bzhi_u32(!0, (n - i).min(32) as u32);
         let kv = _mm256_maskz_loadu_epi8(lm, keys.as_ptr().add(i) as *const i8);
@@ -646,6 +711,43 @@ pub(crate) unsafe fn join_z_fp32(
     }
     let ix = _mm512_loadu_si512(ix.as_ptr() as *const _);
     let (mut i, mut j) = (0, 0);
+    // 64 keys a step: byte pairs (lo0, lo1) and (top bytes) by `vpermt2b`, then the
+    // four output quarters from the pairs by `vpermt2w`
+    let (z0, z1) = (zip_index::<false>(0), zip_index::<false>(1));
+    let (w0, w1) = (zip_index::<true>(0), zip_index::<true>(1));
+    while i + 64 <= n {
+        let kv = _mm512_loadu_si512(keys.as_ptr().add(i) as *const _);
+        let nz = _mm512_test_epi8_mask(kv, kv);
+        macro_rules! plane64 {
+            ($p:expr) => {
+                if $p.is_empty() {
+                    _mm512_setzero_si512()
+                } else {
+                    let Some(v) = expand64($p, j, nz) else {
+                        return false;
+                    };
+                    v
+                }
+            };
+        }
+        let [b2, b3] = top_bytes64(kv, plane64!(p1));
+        let (l0, l1) = (plane64!(lo0), plane64!(lo1));
+        let o = out.as_mut_ptr().add(4 * i);
+        for (h, z) in [z0, z1].into_iter().enumerate() {
+            let lo = _mm512_permutex2var_epi8(l0, z, l1);
+            let hi = _mm512_permutex2var_epi8(b2, z, b3);
+            _mm512_storeu_si512(
+                o.add(128 * h) as *mut _,
+                _mm512_permutex2var_epi16(lo, w0, hi),
+            );
+            _mm512_storeu_si512(
+                o.add(128 * h + 64) as *mut _,
+                _mm512_permutex2var_epi16(lo, w1, hi),
+            );
+        }
+        j += nz.count_ones() as usize;
+        i += 64;
+    }
     while i < n {
         let lm = _bzhi_u32(!0, (n - i).min(16) as u32);
         let kv = _mm256_maskz_loadu_epi8(lm, keys.as_ptr().add(i) as *const i8);
