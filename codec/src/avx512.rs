@@ -59,38 +59,13 @@ pub fn set_enabled(on: bool) -> bool {
     on
 }
 
-/// Byte permutes that gather byte plane `t` of 64 elements from two vectors (`a`:
-/// elements 0..32 of bf16, `b` the rest) or four (fp32, 16 elements a vector).
+/// A byte permute's index vector: byte `i` is `f(i)`.
 #[cfg(target_arch = "x86_64")]
-struct Gather {
-    /// bf16: byte `i` is element `i`'s byte 0 (`lo`), byte 1 (`hi`) (`vpermt2b`)
-    lo: std::arch::x86_64::__m512i,
-    hi: std::arch::x86_64::__m512i,
-    /// fp32: from two vectors, bytes 0..32 are the 32 elements' byte 0, bytes 32..64
-    /// their byte 1 (`b01`); bytes 2 and 3 (`b23`)
-    b01: std::arch::x86_64::__m512i,
-    b23: std::arch::x86_64::__m512i,
-}
-
-#[cfg(target_arch = "x86_64")]
-impl Gather {
-    #[inline]
-    #[target_feature(
-        enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vbmi2,popcnt,avx2,bmi1,bmi2"
-    )]
-    unsafe fn new() -> Gather {
-        use std::arch::x86_64::*;
-        let v = |f: &dyn Fn(usize) -> usize| {
-            let ix: [u8; 64] = std::array::from_fn(|i| f(i) as u8);
-            _mm512_loadu_si512(ix.as_ptr() as *const _)
-        };
-        Gather {
-            lo: v(&|i| 2 * i),
-            hi: v(&|i| 2 * i + 1),
-            b01: v(&|i| 4 * (i % 32) + i / 32),
-            b23: v(&|i| 4 * (i % 32) + 2 + i / 32),
-        }
-    }
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vbmi2,popcnt,avx2,bmi1,bmi2")]
+unsafe fn byte_index(f: impl Fn(usize) -> usize) -> std::arch::x86_64::__m512i {
+    let ix: [u8; 64] = std::array::from_fn(|i| f(i) as u8);
+    std::arch::x86_64::_mm512_loadu_si512(ix.as_ptr() as *const _)
 }
 
 /// Of 64 elements' top bytes, byte 3 (`b3`) and 2 (`b2`) of fp32 (bytes 1 and 0 of
@@ -144,14 +119,15 @@ pub(crate) unsafe fn split_z_bf16(
     // every store below (64 bytes at q <= q0 + 64·g; 32 at q <= q0 + n − 32) stays
     // inside p1
     assert!(n.is_multiple_of(32) && src.len() >= 2 * n && keys.len() >= n && p1.len() >= q + n);
-    let gt = Gather::new();
+    // from two vectors (elements 0..32, 32..64): byte i is element i's byte 0 (1)
+    let (ilo, ihi) = (byte_index(|i| 2 * i), byte_index(|i| 2 * i + 1));
     let (mut nzs, mut e0, mut zl) = (0u32, false, false);
     for g in 0..n / 64 {
         let a = _mm512_loadu_si512(src.as_ptr().add(128 * g) as *const _);
         let b = _mm512_loadu_si512(src.as_ptr().add(128 * g + 64) as *const _);
         let (lo, hi) = (
-            _mm512_permutex2var_epi8(a, gt.lo, b),
-            _mm512_permutex2var_epi8(a, gt.hi, b),
+            _mm512_permutex2var_epi8(a, ilo, b),
+            _mm512_permutex2var_epi8(a, ihi, b),
         );
         let nz = _mm512_test_epi8_mask(_mm512_or_si512(lo, hi), _mm512_set1_epi8(-1));
         let [k, pb] = key_p1(hi, lo);
@@ -215,7 +191,10 @@ pub(crate) unsafe fn split_z_fp32(
             && planes.iter().all(|p| p.len() >= q + n)
     );
     let [p1, lo1, lo0] = planes;
-    let gt = Gather::new();
+    // from two vectors (32 elements): bytes 0..32 are the elements' byte 0, bytes
+    // 32..64 their byte 1 (`i01`); bytes 2 and 3 (`i23`)
+    let i01 = byte_index(|i| 4 * (i % 32) + i / 32);
+    let i23 = byte_index(|i| 4 * (i % 32) + 2 + i / 32);
     let (mut nzs, mut e0, mut zl) = (0u32, false, false);
     // ORs of plane bytes 0 and 1 (64-element steps), of the last elements
     let (mut or0, mut or1, mut or_lo) = (
@@ -228,12 +207,12 @@ pub(crate) unsafe fn split_z_fp32(
         let (x0, x1, x2, x3) = (ld(0), ld(1), ld(2), ld(3));
         // bytes 0 and 1 (2 and 3) of elements 0..32 and of 32..64
         let (l01, h01) = (
-            _mm512_permutex2var_epi8(x0, gt.b01, x1),
-            _mm512_permutex2var_epi8(x2, gt.b01, x3),
+            _mm512_permutex2var_epi8(x0, i01, x1),
+            _mm512_permutex2var_epi8(x2, i01, x3),
         );
         let (l23, h23) = (
-            _mm512_permutex2var_epi8(x0, gt.b23, x1),
-            _mm512_permutex2var_epi8(x2, gt.b23, x3),
+            _mm512_permutex2var_epi8(x0, i23, x1),
+            _mm512_permutex2var_epi8(x2, i23, x3),
         );
         let b0 = _mm512_shuffle_i64x2::<0x44>(l01, h01);
         let b1 = _mm512_shuffle_i64x2::<0xEE>(l01, h01);
@@ -314,11 +293,7 @@ pub(crate) unsafe fn detect_groups(
     use std::arch::x86_64::*;
     let units = src.len() / 64;
     // φ = 1: bytes 1 ..= 62 moved down one (bytes 62 and 63 zero: word 31 is none)
-    let mut ix = [0u8; 64];
-    for (i, v) in ix.iter_mut().enumerate() {
-        *v = (i as u8 + 1).min(63);
-    }
-    let ix1 = _mm512_loadu_si512(ix.as_ptr() as *const _);
+    let ix1 = byte_index(|i| (i + 1).min(63));
     // words moved down one: the 32-bit words at bytes 2 + 4i (fp32 at φ + 2)
     let mut iw = [0u16; 32];
     for (i, v) in iw.iter_mut().enumerate() {
@@ -542,28 +517,20 @@ pub(crate) unsafe fn code_keys<const WIDE: bool>(
     }
 }
 
-/// The plane bytes `p[j ..]` of the elements whose keys are not 0 (`nz`: up to 32
-/// keys), spread one per element (0 under a key 0): the inverse of the encoder's
-/// compaction. Reads `p[j .. j + nz.count_ones()]` only, or nothing and `None`
-/// where `p` is shorter.
+/// [`expand64`] for up to 32 keys.
 #[cfg(target_arch = "x86_64")]
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vbmi2,popcnt,avx2,bmi1,bmi2")]
 unsafe fn expand32(p: &[u8], j: usize, nz: u32) -> Option<std::arch::x86_64::__m256i> {
-    use std::arch::x86_64::*;
-    let c = nz.count_ones();
-    if j + c as usize > p.len() {
-        return None;
-    }
-    let v = if j + 32 <= p.len() {
-        _mm256_loadu_si256(p.as_ptr().add(j) as *const __m256i)
-    } else {
-        _mm256_maskz_loadu_epi8(_bzhi_u32(!0, c), p.as_ptr().add(j) as *const i8)
-    };
-    Some(_mm256_maskz_expand_epi8(nz, v))
+    // the low 32 lanes of the 64-lane spread (which reads the same bytes, or more
+    // of `p` where it has them)
+    expand64(p, j, nz as u64).map(|v| std::arch::x86_64::_mm512_castsi512_si256(v))
 }
 
-/// [`expand32`] for up to 64 keys (`nz`).
+/// The plane bytes `p[j ..]` of the elements whose keys are not 0 (`nz`: up to 64
+/// keys), spread one per element (0 under a key 0): the inverse of the encoder's
+/// compaction. Reads `p[j .. j + nz.count_ones()]` only, or nothing and `None`
+/// where `p` is shorter ([`expand32`] for 32 keys).
 #[cfg(target_arch = "x86_64")]
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vbmi2,popcnt,avx2,bmi1,bmi2")]
@@ -581,7 +548,10 @@ unsafe fn expand64(p: &[u8], j: usize, nz: u64) -> Option<std::arch::x86_64::__m
     Some(_mm512_maskz_expand_epi8(nz, v))
 }
 
-/// [`top_bytes`] for 64 elements.
+/// The low and high bytes of elements whose exponent field is `k` and whose byte
+/// plane 1 (sign, top mantissa bits) is `p`, per byte: `(p & 0x7F) | (k << 7)`
+/// and `(p & 0x80) | (k >> 1)` (bf16's two bytes; fp32's top two), 64 elements
+/// ([`top_bytes`] for 32).
 #[cfg(target_arch = "x86_64")]
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vbmi2,popcnt,avx2,bmi1,bmi2")]
@@ -591,6 +561,7 @@ unsafe fn top_bytes64(
 ) -> [std::arch::x86_64::__m512i; 2] {
     use std::arch::x86_64::*;
     let m80 = _mm512_set1_epi8(0x80u8 as i8);
+    // 16-bit shifts: the bits they move across a byte are the ones masked off
     [
         _mm512_ternarylogic_epi32::<0xCA>(m80, _mm512_slli_epi16::<7>(k), p),
         _mm512_ternarylogic_epi32::<0xCA>(m80, p, _mm512_srli_epi16::<1>(k)),
@@ -608,14 +579,11 @@ unsafe fn zip_index<const WORDS: bool>(h: usize) -> std::arch::x86_64::__m512i {
         let ix: [u16; 32] = std::array::from_fn(|t| (32 * (t % 2) + 16 * h + t / 2) as u16);
         _mm512_loadu_si512(ix.as_ptr() as *const _)
     } else {
-        let ix: [u8; 64] = std::array::from_fn(|t| (64 * (t % 2) + 32 * h + t / 2) as u8);
-        _mm512_loadu_si512(ix.as_ptr() as *const _)
+        byte_index(|t| 64 * (t % 2) + 32 * h + t / 2)
     }
 }
 
-/// The low and high bytes of elements whose exponent field is `k` and whose byte
-/// plane 1 (sign, top mantissa bits) is `p`, per byte: `(p & 0x7F) | (k << 7)`
-/// and `(p & 0x80) | (k >> 1)` (bf16's two bytes; fp32's top two).
+/// [`top_bytes64`] for 32 elements.
 #[cfg(target_arch = "x86_64")]
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vbmi2,popcnt,avx2,bmi1,bmi2")]
@@ -624,12 +592,9 @@ unsafe fn top_bytes(
     p: std::arch::x86_64::__m256i,
 ) -> [std::arch::x86_64::__m256i; 2] {
     use std::arch::x86_64::*;
-    let m80 = _mm256_set1_epi8(0x80u8 as i8);
-    // 16-bit shifts: the bits they move across a byte are the ones masked off
-    [
-        _mm256_ternarylogic_epi32::<0xCA>(m80, _mm256_slli_epi16::<7>(k), p),
-        _mm256_ternarylogic_epi32::<0xCA>(m80, p, _mm256_srli_epi16::<1>(k)),
-    ]
+    // the low 32 lanes of the 64-lane form
+    top_bytes64(_mm512_castsi256_si512(k), _mm512_castsi256_si512(p))
+        .map(|v| _mm512_castsi512_si256(v))
 }
 
 /// bf16 under `Z`, the inverse of [`split_z_bf16`]: element `i` of `out` from
@@ -647,11 +612,7 @@ pub(crate) unsafe fn join_z_bf16(keys: &[u8], p1: &[u8], out: &mut [u8]) -> bool
     let n = keys.len();
     assert!(out.len() >= 2 * n);
     // byte 2k + t of the output: byte k of part t (low bytes, high bytes)
-    let mut ix = [0u8; 64];
-    for (b, v) in ix.iter_mut().enumerate() {
-        *v = (32 * (b % 2) + b / 2) as u8;
-    }
-    let ix = _mm512_loadu_si512(ix.as_ptr() as *const _);
+    let ix = byte_index(|b| 32 * (b % 2) + b / 2);
     let (mut i, mut j) = (0, 0);
     // 64 keys a step: the two output halves by one `vpermt2b` each
     let (z0, z1) = (zip_index::<false>(0), zip_index::<false>(1));
@@ -705,33 +666,30 @@ pub(crate) unsafe fn join_z_fp32(
     let n = keys.len();
     assert!(out.len() >= 4 * n);
     // byte 4k + t of the output: byte k of part t (lo0, lo1, then the top bytes)
-    let mut ix = [0u8; 64];
-    for (b, v) in ix.iter_mut().enumerate() {
-        *v = (16 * (b % 4) + b / 4) as u8;
-    }
-    let ix = _mm512_loadu_si512(ix.as_ptr() as *const _);
+    let ix = byte_index(|b| 16 * (b % 4) + b / 4);
     let (mut i, mut j) = (0, 0);
     // 64 keys a step: byte pairs (lo0, lo1) and (top bytes) by `vpermt2b`, then the
     // four output quarters from the pairs by `vpermt2w`
     let (z0, z1) = (zip_index::<false>(0), zip_index::<false>(1));
     let (w0, w1) = (zip_index::<true>(0), zip_index::<true>(1));
+    // a plane's bytes spread under the mask `nz` (an omitted plane: 0)
+    macro_rules! plane {
+        ($p:expr, $nz:expr) => {
+            if $p.is_empty() {
+                _mm512_setzero_si512()
+            } else {
+                let Some(v) = expand64($p, j, $nz) else {
+                    return false;
+                };
+                v
+            }
+        };
+    }
     while i + 64 <= n {
         let kv = _mm512_loadu_si512(keys.as_ptr().add(i) as *const _);
         let nz = _mm512_test_epi8_mask(kv, kv);
-        macro_rules! plane64 {
-            ($p:expr) => {
-                if $p.is_empty() {
-                    _mm512_setzero_si512()
-                } else {
-                    let Some(v) = expand64($p, j, nz) else {
-                        return false;
-                    };
-                    v
-                }
-            };
-        }
-        let [b2, b3] = top_bytes64(kv, plane64!(p1));
-        let (l0, l1) = (plane64!(lo0), plane64!(lo1));
+        let [b2, b3] = top_bytes64(kv, plane!(p1, nz));
+        let (l0, l1) = (plane!(lo0, nz), plane!(lo1, nz));
         let o = out.as_mut_ptr().add(4 * i);
         for (h, z) in [z0, z1].into_iter().enumerate() {
             let lo = _mm512_permutex2var_epi8(l0, z, l1);
@@ -752,20 +710,12 @@ pub(crate) unsafe fn join_z_fp32(
         let lm = _bzhi_u32(!0, (n - i).min(16) as u32);
         let kv = _mm256_maskz_loadu_epi8(lm, keys.as_ptr().add(i) as *const i8);
         let nz = _mm256_test_epi8_mask(kv, kv);
-        macro_rules! plane {
-            ($p:expr) => {
-                if $p.is_empty() {
-                    _mm256_setzero_si256()
-                } else {
-                    let Some(v) = expand32($p, j, nz) else {
-                        return false;
-                    };
-                    v
-                }
-            };
-        }
-        let [b2, b3] = top_bytes(kv, plane!(p1));
-        let lo = _mm256_inserti128_si256::<1>(plane!(lo0), _mm256_castsi256_si128(plane!(lo1)));
+        let pl32 = |v: __m512i| _mm512_castsi512_si256(v);
+        let [b2, b3] = top_bytes(kv, pl32(plane!(p1, nz as u64)));
+        let lo = _mm256_inserti128_si256::<1>(
+            pl32(plane!(lo0, nz as u64)),
+            _mm256_castsi256_si128(pl32(plane!(lo1, nz as u64))),
+        );
         let hi = _mm256_inserti128_si256::<1>(b2, _mm256_castsi256_si128(b3));
         let x =
             _mm512_permutexvar_epi8(ix, _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi));
