@@ -47,6 +47,7 @@
 //! All functions are thread-safe; the only global state is the AVX-512 switch
 //! ([`set_avx512`]), which changes speed, not bytes.
 
+mod avx2_z;
 mod avx512;
 pub mod codes;
 pub mod coltab;
@@ -58,6 +59,8 @@ mod parallel;
 mod v2;
 mod v2_byte;
 
+#[doc(hidden)]
+pub use avx2_z::set_enabled as set_avx2_z;
 pub use avx512::set_enabled as set_avx512;
 pub use decode::{decompress, frame_info, Decoder};
 pub use encode::detect as detect_v1;

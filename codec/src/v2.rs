@@ -231,7 +231,7 @@ impl V2 for Fp32 {
 const COMPACT: [[u8; 8]; 256] = shuffles(false);
 const EXPAND: [[u8; 8]; 256] = shuffles(true);
 
-const fn shuffles(expand: bool) -> [[u8; 8]; 256] {
+pub(crate) const fn shuffles(expand: bool) -> [[u8; 8]; 256] {
     let mut t = [[0x80u8; 8]; 256];
     let mut m = 0;
     while m < 256 {
@@ -1233,13 +1233,14 @@ fn encode_coded_body<T: V2, const V: bool>(
         // block with none is coded whole)
         let nl = gbytes.div_ceil(LINE);
         let find_lines = !fast || phase_st.nzero != 0;
-        // Fast, Z, AVX-512 split (bf16, fp32): the split finds zero lines itself
-        // (each of its 64-byte steps is a line) in place of the scan; a block that
-        // has one is coded again with the scan. Tried where the last block this
-        // thread scanned had none (same frames either way).
+        // Fast, Z, fused split (bf16, fp32; AVX-512 or AVX2): the split finds zero
+        // lines itself (each line is a whole number of its steps) in place of the
+        // scan; a block that has one is coded again with the scan. Tried where the
+        // last block this thread scanned had none (same frames either way).
         let avx512 = V && crate::avx512::z_paths(T::MODE);
+        let z_fused = avx512 || (V && crate::avx2_z::z_paths(T::MODE));
         let mut split_lines =
-            fast && find_lines && avx512 && phase_static.best.z && !LINES_SEEN.get();
+            fast && find_lines && z_fused && phase_static.best.z && !LINES_SEEN.get();
         loop {
             // whole lines (`chunks_exact`: no per-line length clamp), then the short one;
             // runs counted only when a line is elided
@@ -1357,9 +1358,9 @@ fn encode_coded_body<T: V2, const V: bool>(
             let (p1, rest) = out[pa..].split_at_mut(k_elems);
             let (lo1, rest) = rest.split_at_mut(lo_len);
             let lo0 = &mut rest[..lo_len];
-            // bf16 and fp32 under Z with AVX-512: the split and the Z compaction below
-            // are one pass (`avx512::split_z_*`)
-            let fused = avx512 && ch.z;
+            // bf16 and fp32 under Z: the split and the Z compaction below are one pass
+            // (`avx512::split_z_*`, `avx2_z::split_z_*`)
+            let fused = z_fused && ch.z;
             if !fused {
                 let keys = &mut s.keys[..k_elems];
                 #[cfg(target_arch = "x86_64")]
@@ -1414,14 +1415,21 @@ fn encode_coded_body<T: V2, const V: bool>(
                         let nv = (i1 - i0) / (LINE / w) * (LINE / w);
                         let xs = &kept[i0 * w..];
                         let keys = &mut s.keys[i0..];
-                        // SAFETY: `fused`: the CPU has the AVX-512 features (`avx512::enabled`).
+                        // SAFETY: `fused`: V (the CPU has AVX2, BMI2 and POPCNT), and
+                        // `avx512`: it has the AVX-512 features (`avx512::enabled`).
                         let (q1, z, e, zl, lo) = unsafe {
+                            use crate::{avx2_z, avx512};
                             if T::W == 2 {
-                                let (q1, z, e, zl) =
-                                    crate::avx512::split_z_bf16(xs, nv, keys, p1, q);
+                                let (q1, z, e, zl) = if avx512 {
+                                    avx512::split_z_bf16(xs, nv, keys, p1, q)
+                                } else {
+                                    avx2_z::split_z_bf16(xs, nv, keys, p1, q)
+                                };
                                 (q1, z, e, zl, 0)
+                            } else if avx512 {
+                                avx512::split_z_fp32(xs, nv, keys, [p1, lo1, lo0], q)
                             } else {
-                                crate::avx512::split_z_fp32(xs, nv, keys, [p1, lo1, lo0], q)
+                                avx2_z::split_z_fp32(xs, nv, keys, [p1, lo1, lo0], q)
                             }
                         };
                         (q, zc, e0) = (q1, z, e);
@@ -2195,16 +2203,17 @@ fn key_group<T: V2, const V: bool>(
             lane_finish::<T>(set, stream, &mut keys[q], lanes[q].n, &mut kl[q]);
         }
     }
-    // bf16 and fp32 under Z with AVX-512: spread and join in one pass, which also
-    // checks the plane lengths (`avx512::join_z_*`)
+    // bf16 and fp32 under Z: spread and join in one pass, which also checks the
+    // plane lengths (`avx512::join_z_*`, `avx2_z::join_z_*`)
     let z512 = pl.z && V && crate::avx512::z_paths(T::MODE);
+    let z_fused = z512 || (pl.z && V && crate::avx2_z::z_paths(T::MODE));
     let mut zm = [[0u8; SEG_ELEMS / 8]; LANES];
     for q in 0..g {
         let (k, l) = (&kl[q], &lanes[q]);
         if k.bad != 0 || 8 * k.base as u64 + k.bp != l.end {
             return false;
         }
-        if pl.z && !z512 {
+        if pl.z && !z_fused {
             // one bit per key, set for a non-ZERO key, 8 keys a byte (the spread's
             // masks), and their count; 32 keys at a time (`l.n <= SEG_ELEMS`, itself a
             // multiple of 32: whole words stay inside the keys and the masks)
@@ -2245,14 +2254,17 @@ fn key_group<T: V2, const V: bool>(
         let (p1, lo1, lo0) = (&pl.p1[pp..pe], lo(pl.lo1, pp, pe), lo(pl.lo0, pp, pe));
         if !pl.z {
             T::join_v2(ks, p1, lo1, lo0, o);
-        } else if z512 {
+        } else if z_fused {
             #[cfg(target_arch = "x86_64")]
-            // SAFETY: `z512`: the CPU has the AVX-512 features (`enabled`).
+            // SAFETY: `z_fused`: V (the CPU has AVX2, BMI2 and POPCNT), and `z512`:
+            // it has the AVX-512 features (`avx512::enabled`).
             let exact = unsafe {
-                if T::W == 2 {
-                    crate::avx512::join_z_bf16(ks, p1, o)
-                } else {
-                    crate::avx512::join_z_fp32(ks, p1, lo1, lo0, o)
+                use crate::{avx2_z, avx512};
+                match (T::W == 2, z512) {
+                    (true, true) => avx512::join_z_bf16(ks, p1, o),
+                    (true, false) => avx2_z::join_z_bf16(ks, p1, o),
+                    (false, true) => avx512::join_z_fp32(ks, p1, lo1, lo0, o),
+                    (false, false) => avx2_z::join_z_fp32(ks, p1, lo1, lo0, o),
                 }
             };
             #[cfg(not(target_arch = "x86_64"))]

@@ -1,11 +1,13 @@
 //! The AVX-512 encoder paths (bf16 and fp32 split with Z's compaction; the 64-key
-//! packer) write the same frames as the AVX2 paths and the portable encoder, and
-//! the AVX-512 decoder path (Z's spread and join) reads every frame, intact or
-//! with bits flipped, as the AVX2 decoder does, on
-//! data made to reach each of their branches: escapes in one half of a 64-key step,
-//! long codes (16- and 8-element chunks over 56 bits), escaped `e = 0` under Z,
-//! sub-segments whose length is not a multiple of 64 or 32, and misaligned starts.
-//! One test: the switch (`set_avx512`) is process-wide.
+//! packer) and the AVX2 ones of Z (`avx2_z`: the split with its compaction) write
+//! the same frames as the older AVX2 path (version 1's split, then an 8-byte
+//! compaction) and the portable encoder, and the AVX-512 and `avx2_z` decoder paths
+//! (Z's spread and join) read every frame, intact or with bits flipped, as the older
+//! AVX2 decoder does, on data made to reach each of their branches: escapes in one
+//! half of a 64-key step, long codes (16- and 8-element chunks over 56 bits),
+//! escaped `e = 0` under Z, sub-segments whose length is not a multiple of 64 or
+//! 32, and misaligned starts. One test: the switches (`set_avx512`, `set_avx2_z`)
+//! are process-wide. Without AVX-512 it compares the AVX2 paths alone.
 mod common;
 use common::{Rng, *};
 use nccl_zip_codec::*;
@@ -40,14 +42,28 @@ fn spread(ty: Ty, nbytes: usize, span: u32, seed: u64) -> Vec<u8> {
     v
 }
 
+/// The vector paths compared with the reference (the older AVX2 path): AVX-512's
+/// where the CPU has it, then `avx2_z`.
+const PATHS: [(&str, bool, bool); 2] = [("AVX-512", true, true), ("avx2_z", false, true)];
+
+/// Switches to `(avx512, avx2_z)`; false where the CPU lacks AVX-512 and it was asked.
+fn switch(avx512: bool, avx2_z: bool) -> bool {
+    set_avx2_z(avx2_z);
+    set_avx512(avx512) == avx512
+}
+
 #[test]
-fn avx512_paths_write_the_avx2_frames() {
-    if !set_avx512(true) {
-        println!(
-            "skipped: this CPU lacks AVX-512 F, BW, VL, VBMI or VBMI2 (or NCCL_ZIP_CODEC_AVX512=0)"
-        );
+fn vector_paths_write_the_avx2_frames() {
+    if !std::is_x86_feature_detected!("avx2") {
+        println!("skipped: this CPU lacks AVX2");
         return;
     }
+    if !switch(true, true) {
+        println!(
+            "AVX-512 paths skipped: this CPU lacks AVX-512 F, BW, VL, VBMI or VBMI2; comparing the AVX2 paths"
+        );
+    }
+    let paths: Vec<_> = PATHS.iter().filter(|p| switch(p.1, p.2)).collect();
     let n = 1 << 17;
     let mut cases: Vec<(String, Vec<u8>)> = Vec::new();
     for ty in [Ty::Bf16, Ty::Fp16, Ty::Fp32] {
@@ -94,6 +110,10 @@ fn avx512_paths_write_the_avx2_frames() {
         let mut odd = relu_like(ty, n, 18);
         odd[n / 2 + 64 * 21..n / 2 + 64 * 22].fill(0);
         cases.push((format!("relu, one odd line {}", ty.name()), odd));
+        // and the first of one (avx2_z's fp32 split takes two lines a step)
+        let mut even = relu_like(ty, n, 19);
+        even[n / 2 + 64 * 20..n / 2 + 64 * 21].fill(0);
+        cases.push((format!("relu, one even line {}", ty.name()), even));
         let mut tail = relu_like(ty, n - 64 + 2 * w, 17);
         let tl = tail.len();
         tail[tl - 2 * w..].fill(0);
@@ -122,25 +142,21 @@ fn avx512_paths_write_the_avx2_frames() {
                         dtype,
                         ..EncodeOptions::default()
                     };
-                    assert!(set_avx512(true));
-                    let a = frame(src, &o);
-                    set_avx512(false);
+                    assert!(switch(false, false));
                     let b = frame(src, &o);
-                    assert!(
-                        a == b,
-                        "AVX-512 and AVX2 frames differ: {name}, +{k}, {o:?}"
-                    );
+                    for &&(path, x, z) in &paths {
+                        assert!(switch(x, z));
+                        let a = frame(src, &o);
+                        assert!(a == b, "{path} and AVX2 frames differ: {name}, +{k}, {o:?}");
+                    }
                     // and the portable encoder's
-                    assert!(set_avx512(true));
                     same_as_scalar(src, &o);
-                    let mut out = vec![0u8; src.len()];
-                    decompress(&a, &mut out).unwrap();
-                    assert!(out == src, "round trip: {name}, +{k}, {o:?}");
-                    // the AVX-512 decoder (Z's spread and join) and the AVX2 one
-                    // agree on corrupt frames too: the same bytes or both an error
+                    // the vector decoders (Z's spread and join) and the older AVX2
+                    // one agree on corrupt frames too: the same bytes or both an
+                    // error; intact, they give the source
                     let mut r = Rng::new(compared as u64);
                     for t in 0..4 {
-                        let mut f = a.clone();
+                        let mut f = b.clone();
                         if t > 0 {
                             let fl = f.len();
                             for _ in 0..t {
@@ -148,18 +164,22 @@ fn avx512_paths_write_the_avx2_frames() {
                                 f[i] ^= 1 << (r.next_u64() % 8);
                             }
                         }
-                        let mut o1 = vec![0u8; src.len()];
                         let mut o2 = vec![0u8; src.len()];
-                        assert!(set_avx512(true));
-                        let r1 = decompress(&f, &mut o1);
-                        set_avx512(false);
+                        assert!(switch(false, false));
                         let r2 = decompress(&f, &mut o2);
-                        assert!(
-                            r1.is_ok() == r2.is_ok() && (r1.is_err() || o1 == o2),
-                            "AVX-512 and AVX2 decoders differ: {name}, +{k}, {o:?}, {t} flips"
-                        );
+                        if t == 0 {
+                            assert!(r2.is_ok() && o2 == src, "round trip: {name}, +{k}, {o:?}");
+                        }
+                        for &&(path, x, z) in &paths {
+                            let mut o1 = vec![0u8; src.len()];
+                            assert!(switch(x, z));
+                            let r1 = decompress(&f, &mut o1);
+                            assert!(
+                                r1.is_ok() == r2.is_ok() && (r1.is_err() || o1 == o2),
+                                "{path} and AVX2 decoders differ: {name}, +{k}, {o:?}, {t} flips"
+                            );
+                        }
                     }
-                    assert!(set_avx512(true));
                     compared += 1;
                 }
             }
