@@ -38,14 +38,16 @@
 //!   versions; [`detect_v2`] is version 2's type detection.
 //! * Where the CPU has AVX-512 F, BW, VL, VBMI and VBMI2, version 2's encoder and
 //!   decoder take AVX-512 paths (same bytes); `NCCL_ZIP_CODEC_AVX512=0` or
-//!   [`set_avx512`] turns them off.
+//!   [`set_avx512`] turns them off. Elsewhere on x86-64, the split and join under
+//!   Z of bf16 and fp32 have AVX2 forms (same bytes; `NCCL_ZIP_CODEC_AVX2_Z=0`
+//!   turns them off).
 //! * [`compress_parallel`] / [`decompress_parallel`] spread the blocks of large buffers
 //!   over threads (same bytes as the single-thread encoder; the parallel decoder does
 //!   not keep the ascending write order).
 //! * The `nccl-zip` command-line tool is `src/bin/nccl-zip/` in the plugin crate.
 //!
 //! All functions are thread-safe; the only global state is the AVX-512 switch
-//! ([`set_avx512`]), which changes speed, not bytes.
+//! ([`set_avx512`]) and the AVX2 one of Z, which change speed, not bytes.
 
 mod avx2_z;
 mod avx512;
