@@ -1234,7 +1234,7 @@ fn encode_coded_body<T: V2, const V: bool>(
         let nl = gbytes.div_ceil(LINE);
         let find_lines = !fast || phase_st.nzero != 0;
         // Fast, Z, fused split (bf16, fp32; AVX-512 or AVX2): the split finds zero
-        // lines itself (each line is a whole number of its steps) in place of the
+        // lines itself (its steps are one or two whole lines) in place of the
         // scan; a block that has one is coded again with the scan. Tried where the
         // last block this thread scanned had none (same frames either way).
         let avx512 = V && crate::avx512::z_paths(T::MODE);
