@@ -11,33 +11,18 @@
 //! join), stays for fp16 and for tests and benchmarks that compare the two (same
 //! bytes).
 
-use std::sync::atomic::{AtomicU8, Ordering};
-
-/// 0: not yet known; 1: off; 2: on.
-static STATE: AtomicU8 = AtomicU8::new(0);
+static SWITCH: crate::avx512::Switch = crate::avx512::Switch::new("NCCL_ZIP_CODEC_AVX2_Z");
 
 /// Turns the AVX2 `Z` paths on or off for the whole process (tests and benchmarks
 /// that compare them with the older path: frames are the same bytes either way).
 pub fn set_enabled(on: bool) {
-    STATE.store(if on { 2 } else { 1 }, Ordering::Relaxed);
-}
-
-fn enabled() -> bool {
-    match STATE.load(Ordering::Relaxed) {
-        0 => {
-            let on = !std::env::var("NCCL_ZIP_CODEC_AVX2_Z").is_ok_and(|v| v.trim() == "0");
-            set_enabled(on);
-            on
-        }
-        s => s == 2,
-    }
+    SWITCH.set(on);
 }
 
 /// Whether blocks of `mode` take these paths where AVX-512's are off: bf16 and fp32.
 #[inline]
 pub(crate) fn z_paths(mode: u8) -> bool {
-    use crate::format::{MODE_BF16, MODE_FP32};
-    cfg!(target_arch = "x86_64") && (mode == MODE_BF16 || mode == MODE_FP32) && enabled()
+    crate::avx512::z_mode(mode) && SWITCH.get(|| true)
 }
 
 #[cfg(target_arch = "x86_64")]

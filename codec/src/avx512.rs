@@ -7,8 +7,43 @@
 
 use std::sync::atomic::{AtomicU8, Ordering};
 
-/// 0: not yet known; 1: off; 2: on.
-static STATE: AtomicU8 = AtomicU8::new(0);
+/// A process-wide on/off switch for a vector path: first read from what the CPU has
+/// and an environment variable (`0`: off), read once; tests and benchmarks set it.
+pub(crate) struct Switch {
+    /// 0: not yet known; 1: off; 2: on.
+    state: AtomicU8,
+    var: &'static str,
+}
+
+impl Switch {
+    pub(crate) const fn new(var: &'static str) -> Switch {
+        Switch {
+            state: AtomicU8::new(0),
+            var,
+        }
+    }
+
+    /// Whether the path is on: where `avail()` and the variable is not `0`, unless
+    /// [`Switch::set`] said otherwise.
+    #[inline]
+    pub(crate) fn get(&self, avail: impl Fn() -> bool) -> bool {
+        match self.state.load(Ordering::Relaxed) {
+            0 => {
+                let off = std::env::var(self.var).is_ok_and(|v| v.trim() == "0");
+                let on = avail() && !off;
+                self.set(on);
+                on
+            }
+            s => s == 2,
+        }
+    }
+
+    pub(crate) fn set(&self, on: bool) {
+        self.state.store(if on { 2 } else { 1 }, Ordering::Relaxed);
+    }
+}
+
+static SWITCH: Switch = Switch::new("NCCL_ZIP_CODEC_AVX512");
 
 fn cpu_has() -> bool {
     #[cfg(target_arch = "x86_64")]
@@ -31,23 +66,21 @@ fn cpu_has() -> bool {
 /// and `NCCL_ZIP_CODEC_AVX512` is not `0` (read once).
 #[inline]
 pub(crate) fn enabled() -> bool {
-    match STATE.load(Ordering::Relaxed) {
-        0 => {
-            let off = std::env::var("NCCL_ZIP_CODEC_AVX512").is_ok_and(|v| v.trim() == "0");
-            let on = cpu_has() && !off;
-            STATE.store(if on { 2 } else { 1 }, Ordering::Relaxed);
-            on
-        }
-        s => s == 2,
-    }
+    SWITCH.get(cpu_has)
 }
 
 /// Whether blocks of `mode` take the AVX-512 paths of `Z` (the encoder's split with
 /// its compaction, the decoder's spread and join): bf16 and fp32 where [`enabled`].
 #[inline]
 pub(crate) fn z_paths(mode: u8) -> bool {
+    z_mode(mode) && enabled()
+}
+
+/// Whether blocks of `mode` have vector paths of `Z` at all (bf16 and fp32, x86-64).
+#[inline]
+pub(crate) fn z_mode(mode: u8) -> bool {
     use crate::format::{MODE_BF16, MODE_FP32};
-    cfg!(target_arch = "x86_64") && (mode == MODE_BF16 || mode == MODE_FP32) && enabled()
+    cfg!(target_arch = "x86_64") && (mode == MODE_BF16 || mode == MODE_FP32)
 }
 
 /// Turns the AVX-512 paths on (where the CPU has them) or off, for the whole
@@ -55,7 +88,7 @@ pub(crate) fn z_paths(mode: u8) -> bool {
 /// paths: frames are the same bytes either way.
 pub fn set_enabled(on: bool) -> bool {
     let on = on && cpu_has();
-    STATE.store(if on { 2 } else { 1 }, Ordering::Relaxed);
+    SWITCH.set(on);
     on
 }
 
