@@ -49,6 +49,7 @@
 //! All functions are thread-safe; the only global state is the AVX-512 switch
 //! ([`set_avx512`]) and the AVX2 one of Z, which change speed, not bytes.
 
+mod avx2_detect;
 mod avx2_z;
 mod avx512;
 pub mod codes;

@@ -3008,9 +3008,37 @@ fn best_float(st: &[Stats; 8]) -> ((u64, u64, Dtype), usize) {
     ((value, bytes, cand[c].0), [0, 1, 0, 1, 0, 1, 2, 3][c])
 }
 
+/// Which form of detection's pass over its groups runs: the portable one, or (the
+/// same statistics) `avx2_detect::detect_groups` or `avx512::detect_groups`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum GroupPass {
+    Portable,
+    #[cfg(target_arch = "x86_64")]
+    Avx2,
+    #[cfg(target_arch = "x86_64")]
+    Avx512,
+}
+
+impl GroupPass {
+    /// The fastest this CPU has (AVX-512 where [`crate::avx512::enabled`]).
+    #[inline]
+    fn best() -> GroupPass {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if crate::avx512::enabled() {
+                return GroupPass::Avx512;
+            }
+            if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("popcnt") {
+                return GroupPass::Avx2;
+            }
+        }
+        GroupPass::Portable
+    }
+}
+
 /// Detection's pass over its `g` groups of 64 bytes (FORMAT.md §V2.6
 /// "Detection"): [`group_stats`] of each group that is not all one byte; returns
-/// how many were. With AVX-512, `avx512::detect_groups` (the same statistics).
+/// how many were. With AVX2 or AVX-512, their forms of it (the same statistics).
 #[inline(always)]
 fn detect_groups(
     src: &[u8],
@@ -3019,11 +3047,28 @@ fn detect_groups(
     h: &mut GroupHists,
     sub: &mut [u64; 2],
 ) -> u64 {
+    detect_groups_by(GroupPass::best(), src, g, st, h, sub)
+}
+
+/// [`detect_groups`] by the form `pass` (which the CPU must have).
+#[inline(always)]
+fn detect_groups_by(
+    pass: GroupPass,
+    src: &[u8],
+    g: usize,
+    st: &mut [Stats; 8],
+    h: &mut GroupHists,
+    sub: &mut [u64; 2],
+) -> u64 {
     let units = src.len() / 64;
-    #[cfg(target_arch = "x86_64")]
-    if crate::avx512::enabled() {
-        // SAFETY: `enabled`: the CPU has the AVX-512 features.
-        return unsafe { crate::avx512::detect_groups(src, g, st, h, sub) };
+    match pass {
+        // SAFETY: `best` chose it, or a test checked: the CPU has the features.
+        #[cfg(target_arch = "x86_64")]
+        GroupPass::Avx512 => return unsafe { crate::avx512::detect_groups(src, g, st, h, sub) },
+        // SAFETY: as above.
+        #[cfg(target_arch = "x86_64")]
+        GroupPass::Avx2 => return unsafe { crate::avx2_detect::detect_groups(src, g, st, h, sub) },
+        GroupPass::Portable => {}
     }
     let mut used = 0u64;
     for j in 0..g {
@@ -3472,40 +3517,54 @@ mod tests {
             .collect()
     }
 
-    /// Detection's AVX-512 pass (`avx512::detect_groups`) gives the portable pass's
-    /// statistics, histograms and group count.
+    /// Detection's AVX2 and AVX-512 passes (`avx2_detect::detect_groups`,
+    /// `avx512::detect_groups`) give the portable pass's statistics, histograms and
+    /// group count (each where the CPU has it).
     #[cfg(target_arch = "x86_64")]
     #[test]
-    fn detect_groups_avx512_matches() {
-        if !crate::avx512::set_enabled(true) {
-            eprintln!("skipped: this CPU has no AVX-512 (F, BW, VL, VBMI, VBMI2)");
-            return;
+    fn detect_groups_vector_passes_match() {
+        let mut passes = vec![];
+        if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("popcnt") {
+            passes.push(GroupPass::Avx2);
+        }
+        if crate::avx512::set_enabled(true) {
+            passes.push(GroupPass::Avx512);
+        } else {
+            eprintln!("AVX-512 pass skipped: this CPU has no AVX-512 (F, BW, VL, VBMI, VBMI2)");
+        }
+        if passes.is_empty() {
+            eprintln!("skipped: this CPU has neither AVX2 nor AVX-512");
         }
         for (case, src) in detect_sources().iter().enumerate() {
             let g = (src.len() / 1024).clamp(1, 64);
-            let run = |avx: bool| {
-                crate::avx512::set_enabled(avx);
+            let run = |pass: GroupPass| {
                 let mut st: [Stats; 8] = Default::default();
                 let mut h = GroupHists::new();
                 let mut sub = [0u64; 2];
-                let used = detect_groups(src, g, &mut st, &mut h, &mut sub);
+                let used = detect_groups_by(pass, src, g, &mut st, &mut h, &mut sub);
                 (st, h, sub, used)
             };
-            let (a, b) = (run(false), run(true));
-            assert_eq!((a.2, a.3), (b.2, b.3), "case {case}: subnormals, groups");
-            assert!(
-                a.1.hb == b.1.hb && a.1.first == b.1.first && a.1.byte0 == b.1.byte0,
-                "case {case}: histograms"
-            );
-            for c in 0..8 {
+            let a = run(GroupPass::Portable);
+            for &pass in &passes {
+                let b = run(pass);
                 assert_eq!(
-                    (a.0[c].nzero, a.0[c].count, a.0[c].lo_or),
-                    (b.0[c].nzero, b.0[c].count, b.0[c].lo_or),
-                    "case {case} candidate {c}"
+                    (a.2, a.3),
+                    (b.2, b.3),
+                    "{pass:?} case {case}: subnormals, groups"
                 );
+                assert!(
+                    a.1.hb == b.1.hb && a.1.first == b.1.first && a.1.byte0 == b.1.byte0,
+                    "{pass:?} case {case}: histograms"
+                );
+                for c in 0..8 {
+                    assert_eq!(
+                        (a.0[c].nzero, a.0[c].count, a.0[c].lo_or),
+                        (b.0[c].nzero, b.0[c].count, b.0[c].lo_or),
+                        "{pass:?} case {case} candidate {c}"
+                    );
+                }
             }
         }
-        crate::avx512::set_enabled(true);
     }
 
     /// The float candidates taken in the order of their lower bounds give the rule's
