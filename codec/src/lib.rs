@@ -40,7 +40,8 @@
 //!   decoder take AVX-512 paths (same bytes); `NCCL_ZIP_CODEC_AVX512=0` or
 //!   [`set_avx512`] turns them off. Elsewhere on x86-64, the split and join under
 //!   Z of bf16 and fp32 have AVX2 forms (same bytes; `NCCL_ZIP_CODEC_AVX2_Z=0`
-//!   turns them off).
+//!   turns them off), and so has detection's pass over its sample (same
+//!   statistics).
 //! * [`compress_parallel`] / [`decompress_parallel`] spread the blocks of large buffers
 //!   over threads (same bytes as the single-thread encoder; the parallel decoder does
 //!   not keep the ascending write order).
