@@ -3038,21 +3038,10 @@ impl GroupPass {
 
 /// Detection's pass over its `g` groups of 64 bytes (FORMAT.md §V2.6
 /// "Detection"): [`group_stats`] of each group that is not all one byte; returns
-/// how many were. With AVX2 or AVX-512, their forms of it (the same statistics).
+/// how many were. By the form `pass` (which the CPU must have; the AVX2 and AVX-512
+/// forms give the same statistics).
 #[inline(always)]
 fn detect_groups(
-    src: &[u8],
-    g: usize,
-    st: &mut [Stats; 8],
-    h: &mut GroupHists,
-    sub: &mut [u64; 2],
-) -> u64 {
-    detect_groups_by(GroupPass::best(), src, g, st, h, sub)
-}
-
-/// [`detect_groups`] by the form `pass` (which the CPU must have).
-#[inline(always)]
-fn detect_groups_by(
     pass: GroupPass,
     src: &[u8],
     g: usize,
@@ -3094,7 +3083,7 @@ fn detect_v2_body(src: &[u8]) -> (Dtype, Option<usize>) {
     let mut st: [Stats; 8] = Default::default();
     let mut h = GroupHists::new();
     let mut sub = [0u64; 2];
-    let used = detect_groups(src, g, &mut st, &mut h, &mut sub);
+    let used = detect_groups(GroupPass::best(), src, g, &mut st, &mut h, &mut sub);
     if used == 0 {
         return (Dtype::Raw, None);
     }
@@ -3541,7 +3530,7 @@ mod tests {
                 let mut st: [Stats; 8] = Default::default();
                 let mut h = GroupHists::new();
                 let mut sub = [0u64; 2];
-                let used = detect_groups_by(pass, src, g, &mut st, &mut h, &mut sub);
+                let used = detect_groups(pass, src, g, &mut st, &mut h, &mut sub);
                 (st, h, sub, used)
             };
             let a = run(GroupPass::Portable);
@@ -3576,7 +3565,7 @@ mod tests {
             let mut st: [Stats; 8] = Default::default();
             let mut h = GroupHists::new();
             let mut sub = [0u64; 2];
-            if detect_groups(src, g, &mut st, &mut h, &mut sub) == 0 {
+            if detect_groups(GroupPass::best(), src, g, &mut st, &mut h, &mut sub) == 0 {
                 continue;
             }
             h.finish(&mut st);
